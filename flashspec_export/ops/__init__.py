@@ -1,0 +1,88 @@
+"""Public entry point of the FlashSpec ops, dispatching through one registry.
+
+>>> tokens, num_emitted = verify_resample(hidden, lm_head, draft_tokens, temperature=1.0)
+>>> token, max_logit = tiled_argmax(hidden_1d, lm_head)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from flashspec_export.ops import registry, validation
+from flashspec_export.ops.registry import backends
+
+
+def verify_resample(
+    hidden: torch.Tensor,
+    lm_head: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    temperature: float | torch.Tensor = 1.0,
+    seed: int | torch.Tensor = 0,
+    positions: int | torch.Tensor = 0,
+    vocab_size: int | None = None,
+    *,
+    return_logprobs: bool = False,
+    backend: str = "reference",
+    check_values: bool = True,
+):
+    """Verify γ greedy drafts per sequence and emit the next tokens (DESIGN.md, VerifyResample).
+
+    Parameters
+    ----------
+    hidden : [N, γ + 1, H] float32 / bfloat16 / float16; row i is the target state after the
+        prefix and the drafts ``d[:i]``
+    lm_head : [V, H], same dtype and device as ``hidden``
+    draft_tokens : [N, γ] int64, ids in [0, vocab_size)
+    temperature : float or [N] tensor, >= 0; 0 means a greedy target
+    seed : int or [N] int64 tensor, >= 0
+    positions : int or [N] int64 tensor, absolute position of row 0 (keys the noise)
+    vocab_size : LM-head rows >= vocab_size are padding (default: V)
+    return_logprobs : also return the target log-probabilities of the emitted tokens
+    backend : one of ``backends("verify_resample")``
+    check_values : check value ranges and finiteness (reads data back to the host)
+
+    Returns
+    -------
+    tokens : [N, γ + 1] int64, accepted drafts, then the recovered or bonus token, then -1
+    num_emitted : [N] int64 in 1..γ + 1
+    logprobs : [N, γ + 1] float32 (only with ``return_logprobs``), 0 past ``num_emitted``
+    """
+    inputs = validation.check_verify_inputs(
+        hidden, lm_head, draft_tokens, temperature, seed, positions, vocab_size, check_values
+    )
+    result = registry.resolve("verify_resample", backend)(
+        *inputs, return_logprobs=return_logprobs
+    )
+    return tuple(result) if return_logprobs else (result.tokens, result.num_emitted)
+
+
+def tiled_argmax(
+    hidden: torch.Tensor,
+    lm_head: torch.Tensor,
+    vocab_size: int | None = None,
+    *,
+    backend: str = "reference",
+    check_values: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy drafting: ``argmax_v hidden · lm_head[v]`` without materialising the logits.
+
+    Parameters
+    ----------
+    hidden : [N, H] float32 / bfloat16 / float16
+    lm_head : [V, H], same dtype and device
+    vocab_size : LM-head rows >= vocab_size are padding (default: V)
+    backend : one of ``backends("tiled_argmax")``
+    check_values : check finiteness (reads data back to the host)
+
+    Returns
+    -------
+    token : [N] int64, the lowest index among the maximal logits
+    max_logit : [N] float32
+    """
+    hidden, lm_head, vocab_size = validation.check_argmax_inputs(
+        hidden, lm_head, vocab_size, check_values
+    )
+    return registry.resolve("tiled_argmax", backend)(hidden, lm_head, vocab_size)
+
+
+__all__ = ["backends", "tiled_argmax", "verify_resample"]

@@ -1,0 +1,182 @@
+"""Boundary checks for the public ops: clear errors that name the argument and what was expected.
+
+Shape, dtype and device checks cost nothing. Value checks (NaN/Inf, token ranges, temperatures,
+seeds) read the data back to the host; ``check_values=False`` skips them in a hot loop whose
+inputs are already known to be valid.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+
+from flashspec_export.reference import noise
+
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+class VerifyInputs(NamedTuple):
+    """Canonical ``VerifyResample`` inputs (all on ``hidden.device``)."""
+
+    hidden: torch.Tensor  # [N, γ + 1, H]
+    lm_head: torch.Tensor  # [V, H]
+    draft_tokens: torch.Tensor  # [N, γ] int64
+    temperature: torch.Tensor  # [N] float32
+    seed: torch.Tensor  # [N] int64
+    positions: torch.Tensor  # [N] int64
+    vocab_size: int
+
+
+def _shape(t: torch.Tensor) -> str:
+    return "(" + ", ".join(str(d) for d in t.shape) + ")"
+
+
+def _require_tensor(name: str, value, expected: str) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor {expected}, got {type(value).__name__}")
+    return value
+
+
+def _check_float_tensor(name: str, t: torch.Tensor, expected: str) -> None:
+    if t.dtype not in FLOAT_DTYPES:
+        raise TypeError(
+            f"{name}: unsupported dtype {t.dtype}; expected {expected} of float32, bfloat16 "
+            "or float16"
+        )
+
+
+def _check_finite(name: str, t: torch.Tensor) -> None:
+    if not bool(torch.isfinite(t).all()):
+        bad = int((~torch.isfinite(t)).sum())
+        raise ValueError(f"{name}: contains {bad} NaN/Inf value(s); expected finite values")
+
+
+def check_lm_head(lm_head, hidden_size: int, hidden: torch.Tensor, vocab_size) -> tuple:
+    """Validate ``lm_head [V, H]`` against ``hidden``; returns (lm_head, vocab_size)."""
+    lm_head = _require_tensor("lm_head", lm_head, "[V, H]")
+    if lm_head.dim() != 2 or lm_head.shape[1] != hidden_size:
+        raise ValueError(
+            f"lm_head: expected shape [V, H] with H = {hidden_size} (the last dimension of "
+            f"hidden), got {_shape(lm_head)}"
+        )
+    if lm_head.dtype != hidden.dtype:
+        raise TypeError(
+            f"lm_head: dtype {lm_head.dtype} differs from hidden's {hidden.dtype}; expected the "
+            "same dtype"
+        )
+    if lm_head.device != hidden.device:
+        raise ValueError(f"lm_head: on {lm_head.device}, expected hidden's device {hidden.device}")
+    padded_vocab = lm_head.shape[0]
+    if padded_vocab < 1:
+        raise ValueError("lm_head: empty vocabulary (V = 0); expected V >= 1")
+    if padded_vocab > noise.MAX_TOKEN:
+        raise ValueError(f"lm_head: V = {padded_vocab} exceeds the noise key range {noise.MAX_TOKEN}")
+    if vocab_size is None:
+        vocab_size = padded_vocab
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
+        raise TypeError(f"vocab_size: expected an int or None, got {type(vocab_size).__name__}")
+    if not 1 <= vocab_size <= padded_vocab:
+        raise ValueError(
+            f"vocab_size: expected 1 <= vocab_size <= {padded_vocab} (lm_head rows), got {vocab_size}"
+        )
+    return lm_head, vocab_size
+
+
+def _per_row(name, value, n: int, device, dtype, kind: str) -> torch.Tensor:
+    """A python scalar, 0-d or [N] tensor -> [N] tensor of ``dtype``."""
+    if isinstance(value, torch.Tensor):
+        if value.dim() > 1 or (value.dim() == 1 and value.shape[0] != n):
+            raise ValueError(f"{name}: expected a scalar or shape [{n}] (N), got {_shape(value)}")
+        if dtype.is_floating_point and not value.dtype.is_floating_point:
+            raise TypeError(f"{name}: expected a floating-point tensor, got {value.dtype}")
+        if not dtype.is_floating_point and value.dtype not in (torch.int64, torch.int32):
+            raise TypeError(f"{name}: expected an int64 tensor, got {value.dtype}")
+        return value.to(device=device, dtype=dtype).expand(n).contiguous()
+    if isinstance(value, bool) or not isinstance(value, kind):
+        expected = "float" if dtype.is_floating_point else "int"
+        raise TypeError(f"{name}: expected a {expected} or a [{n}] tensor, got {type(value).__name__}")
+    return torch.full((n,), value, dtype=dtype, device=device)
+
+
+def _check_range(name: str, t: torch.Tensor, low, high, what: str) -> None:
+    if t.numel() and not bool(((t >= low) & (t <= high)).all()):
+        bad = t[~((t >= low) & (t <= high))][0].item()
+        raise ValueError(f"{name}: expected {what}, got {bad}")
+
+
+def check_temperature(temperature, n: int, device, check_values: bool) -> torch.Tensor:
+    """float or [N] tensor -> [N] float32, finite and >= 0 (0: greedy)."""
+    if isinstance(temperature, float | int) and not isinstance(temperature, bool):
+        if not math.isfinite(temperature) or temperature < 0:
+            raise ValueError(f"temperature: expected a finite value >= 0, got {temperature}")
+    t = _per_row("temperature", temperature, n, device, torch.float32, (float, int))
+    if check_values and not bool((torch.isfinite(t) & (t >= 0)).all()):
+        bad = t[~(torch.isfinite(t) & (t >= 0))][0].item()
+        raise ValueError(f"temperature: expected finite values >= 0, got {bad}")
+    return t
+
+
+def check_verify_inputs(
+    hidden,
+    lm_head,
+    draft_tokens,
+    temperature,
+    seed,
+    positions,
+    vocab_size,
+    check_values: bool,
+) -> VerifyInputs:
+    """Validate and canonicalise ``verify_resample`` arguments (see ``ops.verify_resample``)."""
+    hidden = _require_tensor("hidden", hidden, "[N, gamma + 1, H]")
+    if hidden.dim() != 3:
+        raise ValueError(f"hidden: expected shape [N, gamma + 1, H], got {_shape(hidden)}")
+    n, rows, hidden_size = hidden.shape
+    if n == 0:
+        raise ValueError("hidden: empty batch (N = 0); expected N >= 1 sequences")
+    if rows == 0 or hidden_size == 0:
+        raise ValueError(f"hidden: expected gamma + 1 >= 1 rows and H >= 1, got {_shape(hidden)}")
+    _check_float_tensor("hidden", hidden, "[N, gamma + 1, H]")
+    gamma = rows - 1
+    lm_head, vocab_size = check_lm_head(lm_head, hidden_size, hidden, vocab_size)
+
+    draft_tokens = _require_tensor("draft_tokens", draft_tokens, f"[{n}, {gamma}]")
+    if draft_tokens.shape != (n, gamma):
+        raise ValueError(
+            f"draft_tokens: expected shape [N, gamma] = [{n}, {gamma}] (from hidden "
+            f"{_shape(hidden)}), got {_shape(draft_tokens)}"
+        )
+    if draft_tokens.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"draft_tokens: expected an int64 tensor, got {draft_tokens.dtype}")
+    draft_tokens = draft_tokens.to(device=hidden.device, dtype=torch.int64)
+
+    device = hidden.device
+    temperature = check_temperature(temperature, n, device, check_values)
+    seed = _per_row("seed", seed, n, device, torch.int64, (int,))
+    positions = _per_row("positions", positions, n, device, torch.int64, (int,))
+    if check_values:
+        _check_finite("hidden", hidden)
+        _check_finite("lm_head", lm_head[:vocab_size])
+        _check_range("draft_tokens", draft_tokens, 0, vocab_size - 1, f"ids in [0, {vocab_size})")
+        _check_range("seed", seed, 0, noise.MAX_SEED, "values >= 0")
+        top = noise.MAX_POSITION - gamma
+        _check_range("positions", positions, 0, top, f"values in [0, {top}] (position + gamma < 2**31 - 1)")
+    return VerifyInputs(hidden, lm_head, draft_tokens, temperature, seed, positions, vocab_size)
+
+
+def check_argmax_inputs(hidden, lm_head, vocab_size, check_values: bool):
+    """Validate ``tiled_argmax`` arguments; returns (hidden, lm_head, vocab_size)."""
+    hidden = _require_tensor("hidden", hidden, "[N, H]")
+    if hidden.dim() != 2:
+        raise ValueError(f"hidden: expected shape [N, H], got {_shape(hidden)}")
+    if hidden.shape[0] == 0:
+        raise ValueError("hidden: empty batch (N = 0); expected N >= 1 rows")
+    if hidden.shape[1] == 0:
+        raise ValueError(f"hidden: expected H >= 1, got {_shape(hidden)}")
+    _check_float_tensor("hidden", hidden, "[N, H]")
+    lm_head, vocab_size = check_lm_head(lm_head, hidden.shape[1], hidden, vocab_size)
+    if check_values:
+        _check_finite("hidden", hidden)
+        _check_finite("lm_head", lm_head[:vocab_size])
+    return hidden, lm_head, vocab_size
