@@ -1,0 +1,31 @@
+"""Markers skip by capability, never by catching an error.
+
+- ``gpu``: needs a CUDA device.
+- ``trt``: needs TensorRT (``import tensorrt``); TensorRT-RTX does not count.
+- ``slow``: opt-in with ``--runslow``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+
+def pytest_addoption(parser):
+    parser.addoption("--runslow", action="store_true", help="also run tests marked slow")
+
+
+def pytest_collection_modifyitems(config, items):
+    reasons = {}
+    if not torch.cuda.is_available():
+        reasons["gpu"] = "needs a CUDA device (torch.cuda.is_available() is False)"
+    if importlib.util.find_spec("tensorrt") is None:
+        reasons["trt"] = "needs TensorRT (the tensorrt module is not installed)"
+    if not config.getoption("--runslow"):
+        reasons["slow"] = "slow test: pass --runslow to run it"
+    for item in items:
+        for marker, reason in reasons.items():
+            if marker in item.keywords:
+                item.add_marker(pytest.mark.skip(reason=reason))

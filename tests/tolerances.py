@@ -1,0 +1,11 @@
+"""The one place float tolerances come from. Token ids are always compared exactly."""
+
+# Log-probabilities: fp32 log-sum-exp over tiles vs over the whole row (ulp-level differences).
+LOGPROB_ATOL = 2e-5
+LOGPROB_RTOL = 1e-5
+# max_logit of TiledArgmax: same fp32 dot products, possibly a different summation order.
+LOGIT_ATOL = 1e-4
+LOGIT_RTOL = 1e-5
+# Gumbel noise: one fp32 log/log1p evaluated by different math libraries.
+GUMBEL_RTOL = 1e-6
+GUMBEL_ATOL = 1e-6
