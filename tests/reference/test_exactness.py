@@ -1,0 +1,269 @@
+"""Statistical exactness: what VerifyResample emits is distributed as the target's own sampling.
+
+Set-up: ``lm_head`` is the identity, so each hidden row *is* a logit vector ``z`` and the target
+distribution of row i is ``p_i = softmax(z_i / T)``, known in closed form. Each test draws
+``N_SAMPLES`` = 20 000 independent steps (one per seed) and applies Pearson's chi-square test at
+level ``ALPHA`` = 1e-3 (tests/stats.py). Seeds are fixed, so the outcome is deterministic.
+
+Power: every case states the deviation of a named wrong sampler; ``test_wrong_samplers_are_caught``
+runs those wrong samplers through the same tests and requires rejection, and
+``test_power_against_residual_bug`` computes the analytic power (noncentral chi-square).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from flashspec_export import ops
+from flashspec_export.reference import noise, sampled_verify
+from flashspec_export.reference.sampled_verify import exponential_race
+from flashspec_export.reference.verify_resample import (
+    VerifyResult,
+    acceptance_uniform,
+    count_accepted,
+    select_emitted,
+)
+from tests.stats import ALPHA, chi_square_pvalue, power
+
+N_SAMPLES = 20_000
+VOCAB = 8
+DRAFT = 2  # the drafted token of row 0
+ROW1 = np.array([1.0, -1.0, 0.0, 2.0, 0.5, -0.5, 0.0, 1.0])  # logits of row 1 (after the draft)
+ROW2 = np.array([0.0, 1.5, -1.0, 0.5, 0.0, 2.0, -0.5, 0.5])
+DRAFT1 = 3  # the drafted token of row 1
+
+# Row-0 logit vectors (before temperature), all with the draft at index DRAFT.
+CASES = {
+    "peaked": np.array([0.0, 0.5, 2.5, 1.0, 0.0, -1.0, 0.0, 0.0]),
+    "flat": np.zeros(VOCAB),
+    "p(x)~1": np.array([0.0, 0.0, 8.0, 0.0, 0.0, 0.0, 0.0, 0.0]),  # p(x) = 0.9976 at T = 1
+    "p(x)~0": np.array([0.0, 0.0, -6.0, 0.0, 0.5, 0.0, 0.0, 0.0]),  # p(x) = 3e-4 at T = 1
+    "tie": np.array([2.0, 0.0, 2.0, 0.0, 1.0, 0.0, 0.0, 0.0]),  # draft tied with token 0
+}
+TEMPERATURES = [0.5, 1.0, 2.0]
+
+
+def softmax(z: np.ndarray, temperature: float) -> np.ndarray:
+    e = np.exp((z - z.max()) / temperature)
+    return e / e.sum()
+
+
+def pair_probs(p0: np.ndarray, p1: np.ndarray, q0: np.ndarray) -> np.ndarray:
+    """Law of the first two emitted tokens as categories: ``y`` (step stopped after one token)
+    and ``V + y * V + z`` (first token y was an accepted draft, second z).
+
+    For a draft x ~ q0: P(accepted, x = y) = min(q0(y), p0(y)), then the next token is drawn
+    from p1 (its hidden state is that of the accepted prefix); P(first = y, stop) =
+    p0(y) - min(q0(y), p0(y)). A greedy draft is q0 = one-hot(x).
+    """
+    accepted = np.minimum(q0, p0)
+    return np.concatenate([p0 - accepted, (accepted[:, None] * p1[None, :]).ravel()])
+
+
+def pair_categories(tokens: torch.Tensor, emitted: torch.Tensor) -> np.ndarray:
+    first, second = tokens[:, 0].numpy(), tokens[:, 1].numpy()
+    return np.where(emitted.numpy() == 1, first, VOCAB + first * VOCAB + second)
+
+
+def _hidden(rows: list[np.ndarray]) -> torch.Tensor:
+    """[N_SAMPLES, len(rows), V] fp32 hidden states = the logit rows (lm_head = identity)."""
+    return torch.tensor(np.stack(rows), dtype=torch.float32)[None].expand(N_SAMPLES, -1, -1)
+
+
+def greedy_draft_step(rows, drafts, temperature, backend="reference"):
+    """N_SAMPLES independent VerifyResample steps, seeds 0..N-1."""
+    n = N_SAMPLES
+    return ops.verify_resample(
+        _hidden(rows), torch.eye(VOCAB), torch.tensor([drafts]).expand(n, -1), temperature,
+        torch.arange(n), torch.full((n,), 100), backend=backend,
+    )
+
+
+@pytest.mark.parametrize("backend", ["reference", "standard"])
+@pytest.mark.parametrize("temperature", TEMPERATURES)
+@pytest.mark.parametrize("case", CASES)
+def test_first_token_is_target_distributed(backend, temperature, case):
+    """First emitted token ~ softmax(z0 / T) (one draft, x = 2)."""
+    z0 = CASES[case]
+    tokens, _ = greedy_draft_step([z0, ROW1], [DRAFT], temperature, backend)
+    assert chi_square_pvalue(tokens[:, 0].numpy(), softmax(z0, temperature)) > ALPHA
+
+
+@pytest.mark.parametrize("backend", ["reference", "standard"])
+@pytest.mark.parametrize("temperature", TEMPERATURES)
+@pytest.mark.parametrize("case", CASES)
+def test_first_two_tokens_follow_two_step_sampling(backend, temperature, case):
+    """(first, second) ~ the target's own two-step sampling given the drafts (γ = 2, so the
+    second token comes from the middle row: accepted draft or recovered)."""
+    z0 = CASES[case]
+    tokens, emitted = greedy_draft_step([z0, ROW1, ROW2], [DRAFT, DRAFT1], temperature, backend)
+    p0, p1 = softmax(z0, temperature), softmax(ROW1, temperature)
+    expected = pair_probs(p0, p1, np.eye(VOCAB)[DRAFT])
+    assert chi_square_pvalue(pair_categories(tokens, emitted), expected) > ALPHA
+
+
+@pytest.mark.parametrize("temperature", TEMPERATURES)
+def test_number_emitted_follows_acceptance_chain(temperature):
+    """γ = 4 drafts: P(num_emitted = k) = Π_{i<k-1} p_i(d_i) · (1 - p_{k-1}(d_{k-1})), and
+    Π_i p_i(d_i) for k = γ + 1 (acceptances are independent given the drafts)."""
+    rows = [CASES["peaked"], ROW1, ROW2, CASES["tie"], ROW1]
+    drafts = [DRAFT, DRAFT1, 5, 0]
+    _, emitted = greedy_draft_step(rows, drafts, temperature)
+    accept = np.array([softmax(rows[i], temperature)[d] for i, d in enumerate(drafts)])
+    survive = np.concatenate([[1.0], np.cumprod(accept)])
+    expected = np.concatenate([survive[:-1] * (1 - accept), survive[-1:]])
+    assert chi_square_pvalue(emitted.numpy() - 1, expected) > ALPHA
+
+
+@pytest.mark.parametrize("backend", ["reference", "standard"])
+def test_greedy_target_is_deterministic_argmax(backend):
+    """T = 0: every seed emits the argmax (ties: lowest index)."""
+    tokens, emitted = greedy_draft_step([CASES["tie"], ROW1], [DRAFT], 0.0, backend)
+    assert bool((tokens[:, 0] == 0).all()) and bool((emitted == 1).all())
+
+
+# --- sampled drafts (general q): Leviathan et al. Algorithm 1 -----------------------------------
+
+Q0 = softmax(np.array([0.0, 1.0, 1.5, -1.0, 0.0, 0.5, -0.5, 2.0]), 1.0)
+Q1 = softmax(np.array([1.0, 0.0, 0.0, 1.5, -1.0, 0.0, 0.5, 0.0]), 1.0)
+
+
+def sampled_step(rows, q_rows, temperature, residual="max(0, p - q)", accept="min(1, p/q)"):
+    """N_SAMPLES steps of the sampled-draft reference, drafts drawn from q by the draft stream.
+    ``residual`` / ``accept`` select wrong variants for the power test (defaults are correct)."""
+    n = N_SAMPLES
+    logits = _hidden(rows)
+    q = torch.tensor(np.stack(q_rows), dtype=torch.float32)[None].expand(n, -1, -1)
+    seeds, positions = torch.arange(n), torch.full((n,), 100)
+    temps = torch.full((n,), temperature)
+    drafts = sampled_verify.sample_draft(q, seeds, positions)
+    if residual == "max(0, p - q)" and accept == "min(1, p/q)":
+        return drafts, sampled_verify.verify_sampled(logits, q, drafts, temps, seeds, positions)
+    # Wrong variants, built from the same pieces.
+    gamma = drafts.shape[1]
+    p = sampled_verify.target_probs(logits, temps)
+    p_x = p[:, :gamma].gather(-1, drafts[..., None]).squeeze(-1)
+    q_x = q.gather(-1, drafts[..., None]).squeeze(-1)
+    u = acceptance_uniform(seeds, positions, gamma)
+    accepted = u <= p_x if accept == "p" else u * q_x <= p_x
+    weights = p[:, :gamma] if residual == "p" else (p[:, :gamma] - q).clamp_min(0)
+    weights = torch.cat([weights, p[:, gamma:]], dim=1)
+    row_pos = positions[:, None] + torch.arange(gamma + 1)
+    candidates = exponential_race(weights, seeds, row_pos, noise.STREAM_GUMBEL)
+    k = count_accepted(accepted)
+    return drafts, VerifyResult(select_emitted(k, drafts, candidates, -1), k + 1)
+
+
+def test_draft_sampler_follows_q():
+    drafts, _ = sampled_step([CASES["flat"], ROW1], [Q0], 1.0)
+    assert chi_square_pvalue(drafts[:, 0].numpy(), Q0) > ALPHA
+
+
+@pytest.mark.parametrize("temperature", TEMPERATURES)
+@pytest.mark.parametrize("case", CASES)
+def test_sampled_first_token_is_target_distributed(temperature, case):
+    z0 = CASES[case]
+    _, result = sampled_step([z0, ROW1], [Q0], temperature)
+    assert chi_square_pvalue(result.tokens[:, 0].numpy(), softmax(z0, temperature)) > ALPHA
+
+
+@pytest.mark.parametrize("temperature", TEMPERATURES)
+@pytest.mark.parametrize("case", CASES)
+def test_sampled_first_two_tokens_follow_two_step_sampling(temperature, case):
+    z0 = CASES[case]
+    _, result = sampled_step([z0, ROW1, ROW2], [Q0, Q1], temperature)
+    expected = pair_probs(softmax(z0, temperature), softmax(ROW1, temperature), Q0)
+    assert chi_square_pvalue(pair_categories(result.tokens, result.num_emitted), expected) > ALPHA
+
+
+def test_sampled_with_one_hot_q_reproduces_greedy_draft_op():
+    """A one-hot q is a greedy draft: same noise streams, hence the same tokens."""
+    rows = [CASES["peaked"], ROW1, ROW2]
+    one_hot = [np.eye(VOCAB)[DRAFT], np.eye(VOCAB)[DRAFT1]]
+    drafts, result = sampled_step(rows, one_hot, 1.0)
+    assert bool((drafts == torch.tensor([DRAFT, DRAFT1])).all())
+    tokens, emitted = greedy_draft_step(rows, [DRAFT, DRAFT1], 1.0, "standard")
+    assert torch.equal(result.tokens, tokens) and torch.equal(result.num_emitted, emitted)
+
+
+# --- the tests have power -------------------------------------------------------------------
+
+
+def _greedy_mutant(rows, drafts, temperature, mutation):
+    """Materialised greedy-draft verification with one deliberate bug."""
+    n, gamma = N_SAMPLES, len(drafts)
+    logits = _hidden(rows) / temperature
+    p = torch.softmax(logits, dim=-1)
+    d = torch.tensor([drafts]).expand(n, -1)
+    seeds, positions = torch.arange(n), torch.full((n,), 100)
+    p_rows = p[:, 1:] if mutation == "accept with the next row's p" else p[:, :gamma]
+    u = acceptance_uniform(seeds, positions, gamma)
+    accepted = u <= p_rows.gather(-1, d[..., None]).squeeze(-1)
+    residual = p[:, :gamma]
+    if mutation != "residual includes the draft":
+        residual = residual.scatter(-1, d[..., None], 0.0)
+    weights = torch.cat([residual, p[:, gamma:]], dim=1)
+    row_pos = positions[:, None] + torch.arange(gamma + 1)
+    stream = noise.STREAM_ACCEPT if mutation == "gumbel reuses the accept stream" else noise.STREAM_GUMBEL
+    candidates = exponential_race(weights, seeds, row_pos, stream)
+    k = count_accepted(accepted)
+    return select_emitted(k, d, candidates, -1), k + 1
+
+
+GREEDY_MUTANTS = [
+    "residual includes the draft",  # resampling from p instead of the residual
+    "accept with the next row's p",  # off-by-one in the acceptance rule
+    "gumbel reuses the accept stream",  # correlated acceptance and resampling noise
+]
+
+
+@pytest.mark.parametrize("mutation", [None, *GREEDY_MUTANTS])
+def test_wrong_samplers_are_caught(mutation):
+    """Each wrong greedy-draft sampler fails the pair test on the 'peaked' case at T = 1;
+    the harness itself (mutation None) passes and equals the standard path."""
+    rows = [CASES["peaked"], ROW1, ROW2]
+    tokens, emitted = _greedy_mutant(rows, [DRAFT, DRAFT1], 1.0, mutation)
+    expected = pair_probs(softmax(rows[0], 1.0), softmax(ROW1, 1.0), np.eye(VOCAB)[DRAFT])
+    pvalue = chi_square_pvalue(pair_categories(tokens, emitted), expected)
+    if mutation is None:
+        assert pvalue > ALPHA
+        s_tokens, _ = greedy_draft_step(rows, [DRAFT, DRAFT1], 1.0, "standard")
+        assert torch.equal(tokens, s_tokens)
+    else:
+        assert pvalue < ALPHA, mutation
+
+
+@pytest.mark.parametrize(
+    "variant", [dict(residual="p"), dict(accept="p")], ids=["residual is p", "accept ignores q"]
+)
+def test_wrong_sampled_draft_rules_are_caught(variant):
+    """Resampling from p instead of max(0, p - q), or accepting with p(x) instead of
+    min(1, p(x)/q(x)), fails the sampled pair test ('peaked', T = 1)."""
+    rows = [CASES["peaked"], ROW1, ROW2]
+    _, result = sampled_step(rows, [Q0, Q1], 1.0, **variant)
+    expected = pair_probs(softmax(rows[0], 1.0), softmax(ROW1, 1.0), Q0)
+    assert chi_square_pvalue(pair_categories(result.tokens, result.num_emitted), expected) < ALPHA
+
+
+def _measurable(case: str, temperature: float) -> bool:
+    """The residual bug moves (1 - p(x))·p(x) of mass; below 1e-3 no sample size used here can
+    see it (p(x) ~ 0 at any T, p(x) ~ 1 at T <= 1: the draft is (almost) never or always kept)."""
+    px = softmax(CASES[case], temperature)[DRAFT]
+    return (1 - px) * px >= 1e-3
+
+
+@pytest.mark.parametrize(
+    ("case", "temperature"),
+    [(c, t) for c in CASES for t in TEMPERATURES if _measurable(c, t)],
+)
+def test_power_against_residual_bug(case, temperature):
+    """Analytic power of the first-token test against 'residual includes the draft'
+    (P'(x) = p(x) + (1 - p(x))·p(x), P'(y) = (1 - p(x))·p(y)): at least 0.99 with N_SAMPLES at
+    level ALPHA wherever the bug moves at least 1e-3 of probability mass."""
+    p = softmax(CASES[case], temperature)
+    px = p[DRAFT]
+    wrong = (1 - px) * p
+    wrong[DRAFT] += px
+    assert power(p, wrong, N_SAMPLES) >= 0.99
