@@ -1,0 +1,216 @@
+"""Triton device functions for the FlashSpec noise (``flashspec_export.reference.noise``).
+
+The integer hash is bit-exact with the reference: every value lives in ``[0, P)``,
+``P = 2**31 - 1``, in int64, and every ``% P`` of the reference is computed with the Mersenne
+identity ``2**31 ≡ 1 (mod P)``: ``z % P == fold(z) % P`` with ``fold(z) = (z & P) + (z >> 31)``,
+followed by one conditional subtraction. The bounds that make one fold and one subtraction
+enough are stated next to each use. Integer division by 2**k becomes a shift and ``% 2**k`` a
+mask (all values are non-negative).
+
+Floats: ``uniform`` is exact. ``exponential`` / ``gumbel`` use ``log`` / ``log1p`` of the same
+fp32 arguments as the reference. With ``LIBDEVICE`` (compiled for CUDA) they are libdevice's
+``__nv_logf`` / ``__nv_log1pf``, the functions torch's CUDA kernels call, so they agree with the
+reference on the GPU to the bit. The Triton interpreter has no libdevice; there ``log`` is NumPy's
+and ``log1p(y)`` is ``log(1 + y) * y / ((1 + y) - 1)`` (``y`` when ``1 + y == 1``), the form
+the ONNX bodies use, within an ulp or two of ``log1p``.
+
+Cost per vocabulary element (``token_bits`` + ``gumbel_from_bits``): 7 int64 multiply-mods, two
+rotations and two logs, all in registers; no memory traffic.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+from flashspec_export.reference import noise
+
+P: tl.constexpr = tl.constexpr(noise.P)
+K_INIT: tl.constexpr = tl.constexpr(noise.K_INIT)
+K_A: tl.constexpr = tl.constexpr(noise.K_A)
+K_B: tl.constexpr = tl.constexpr(noise.K_B)
+K_MIX: tl.constexpr = tl.constexpr(noise.K_MIX)
+STREAM_ACCEPT: tl.constexpr = tl.constexpr(noise.STREAM_ACCEPT)
+STREAM_GUMBEL: tl.constexpr = tl.constexpr(noise.STREAM_GUMBEL)
+STREAM_DRAFT: tl.constexpr = tl.constexpr(noise.STREAM_DRAFT)
+_TWO_POW_30: tl.constexpr = tl.constexpr(2**30)
+_TWO_POW_M24: tl.constexpr = tl.constexpr(2.0**-24)
+_TWO_POW_M31: tl.constexpr = tl.constexpr(2.0**-31)
+
+
+@triton.jit
+def _sub_p(r):
+    """``r % P`` for int64 ``r`` in ``[0, 2P)``."""
+    return tl.where(r >= P, r - P, r)
+
+
+@triton.jit
+def add_mod(x, y):
+    """``(x + y) % P`` for int64 ``x, y`` in ``[0, P]`` with ``x + y < 2P``."""
+    return _sub_p(x + y)
+
+
+@triton.jit
+def mul_mod(x, y):
+    """``(x * y) % P`` for int64 ``x, y`` in ``[0, P)``.
+
+    ``z = x * y <= (P - 1)**2 < 2**62``; ``(z & P) <= P`` and ``(z >> 31) <= 2**31 - 4``, so the
+    fold is below ``2P`` and one subtraction finishes the reduction.
+    """
+    z = x * y
+    return _sub_p((z & P) + (z >> 31))
+
+
+@triton.jit
+def rnd(x):
+    """The hash round ``rot16(x**5 % P)`` on int64 ``x`` in ``[0, P)``."""
+    x2 = mul_mod(x, x)
+    x4 = mul_mod(x2, x2)
+    x5 = mul_mod(x4, x)
+    # rot16: (x % 2**16) * 2**15 + x // 2**16 — the 31-bit word rotated by 16.
+    return ((x5 & 0xFFFF) << 15) + (x5 >> 16)
+
+
+@triton.jit
+def row_keys(seed, position, stream):
+    """Row keys ``(a, b)`` of ``reference.noise.row_keys``.
+
+    ``seed`` int64 in ``[0, 2**63)``, ``position`` int64 in ``[0, P)``, ``stream`` a small int;
+    any broadcastable shapes. Returns int64 ``a`` in ``[1, P - 1]`` and ``b`` in ``[0, P)``.
+    """
+    seed = seed.to(tl.int64)
+    position = position.to(tl.int64)
+    s0 = seed & P  # seed % 2**31, in [0, P]: K_INIT + s0 < 2P
+    hi = seed >> 31  # below 2**32: one fold leaves at most P + 1
+    s1 = _sub_p((hi & P) + (hi >> 31))
+    h = rnd(add_mod(s0, K_INIT))
+    h = rnd(add_mod(h, s1))
+    h = rnd(add_mod(h, position))
+    h = rnd(add_mod(h, stream))
+    y = rnd(add_mod(h, K_A))
+    a = 1 + tl.where(y == P - 1, 0, y)  # 1 + y % (P - 1) for y in [0, P)
+    b = rnd(add_mod(h, K_B))
+    return a, b
+
+
+@triton.jit
+def token_bits(a, b, token):
+    """The hash integer in ``[0, P)`` of token ids ``token`` (int, ``[0, P)``) under ``(a, b)``."""
+    x = add_mod(mul_mod(a, token.to(tl.int64)), b)  # (a * token + b) % P
+    x = rnd(x)
+    return rnd(add_mod(x, K_MIX))
+
+
+@triton.jit
+def math_exp(x, LIBDEVICE: tl.constexpr):
+    """fp32 ``exp``: libdevice's ``__nv_expf`` (as torch on CUDA) when compiled, else NumPy's."""
+    if LIBDEVICE:
+        return libdevice.exp(x)
+    else:
+        return tl.exp(x)
+
+
+@triton.jit
+def math_log(x, LIBDEVICE: tl.constexpr):
+    """fp32 ``log``: libdevice's ``__nv_logf`` (as torch on CUDA) when compiled, else NumPy's."""
+    if LIBDEVICE:
+        return libdevice.log(x)
+    else:
+        return tl.log(x)
+
+
+@triton.jit
+def _log1p(y, LIBDEVICE: tl.constexpr):
+    if LIBDEVICE:
+        return libdevice.log1p(y)
+    else:
+        # log(1 + y) * y / ((1 + y) - 1): the rounding error of 1 + y cancels to first order.
+        z = 1.0 + y
+        d = z - 1.0
+        exact = tl.log(z) * y / tl.where(d == 0.0, 1.0, d)
+        return tl.where(d == 0.0, y, exact)
+
+
+@triton.jit
+def uniform_from_bits(x):
+    """fp32 ``(2 * (x // 256) + 1) * 2**-24``: exact, in ``(0, 1)``."""
+    return ((x >> 8) * 2 + 1).to(tl.float32) * _TWO_POW_M24
+
+
+@triton.jit
+def exponential_from_bits(x, LIBDEVICE: tl.constexpr):
+    """fp32 Exp(1) variate ``-log(1 - W)``, ``W = (x + 1) * 2**-31``, accurate near 0."""
+    k = x + 1
+    small = k < _TWO_POW_30
+    # Both branches are evaluated; each gets a harmless argument where it is not selected.
+    w = tl.where(small, k, 0).to(tl.float32) * _TWO_POW_M31
+    complement = tl.where(small, 1.0, (-(x - P)).to(tl.float32) * _TWO_POW_M31)
+    return tl.where(small, -_log1p(-w, LIBDEVICE), -math_log(complement, LIBDEVICE))
+
+
+@triton.jit
+def gumbel_from_bits(x, LIBDEVICE: tl.constexpr):
+    """fp32 standard Gumbel variate ``-log(E)``, in ``[-3.07, 21.5]``."""
+    return -math_log(exponential_from_bits(x, LIBDEVICE), LIBDEVICE)
+
+
+@triton.jit
+def _noise_kernel(
+    seed_ptr,  # [M] int64
+    position_ptr,  # [M] int64
+    token_ptr,  # [M] int64
+    bits_ptr,  # [M] int64 out
+    uniform_ptr,  # [M] float32 out
+    gumbel_ptr,  # [M] float32 out
+    num_values,
+    stream,
+    LIBDEVICE: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """Element-wise noise of (seed, position, token) triples; for tests and the ONNX bodies."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < num_values
+    seed = tl.load(seed_ptr + offs, mask=ok, other=0)
+    position = tl.load(position_ptr + offs, mask=ok, other=0)
+    token = tl.load(token_ptr + offs, mask=ok, other=0)
+    a, b = row_keys(seed, position, stream)
+    x = token_bits(a, b, token)
+    tl.store(bits_ptr + offs, x, mask=ok)
+    tl.store(uniform_ptr + offs, uniform_from_bits(x), mask=ok)
+    tl.store(gumbel_ptr + offs, gumbel_from_bits(x, LIBDEVICE), mask=ok)
+
+
+def use_libdevice(t) -> bool:
+    """Whether kernels launched on ``t``'s device are compiled (CUDA), not interpreted."""
+    return t.is_cuda and not triton.knobs.runtime.interpret
+
+
+def noise(seed, position, token, stream: int):
+    """Bits, uniform and Gumbel noise of int64 ``seed, position, token`` (same 1-D shape [M]).
+
+    Returns
+    -------
+    bits : [M] int64, uniform : [M] float32, gumbel : [M] float32 — as ``reference.noise.bits``,
+        ``uniform_from_bits`` and ``gumbel_from_bits``.
+    """
+    seed, position, token = (t.to(torch.int64).contiguous() for t in (seed, position, token))
+    bits = torch.empty_like(seed)
+    uniform = torch.empty(seed.shape, dtype=torch.float32, device=seed.device)
+    gumbel = torch.empty_like(uniform)
+    block = 1024
+    grid = (triton.cdiv(seed.numel(), block),)
+    _noise_kernel[grid](
+        seed,
+        position,
+        token,
+        bits,
+        uniform,
+        gumbel,
+        seed.numel(),
+        stream,
+        LIBDEVICE=use_libdevice(seed),
+        BLOCK=block,
+    )
+    return bits, uniform, gumbel

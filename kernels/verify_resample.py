@@ -1,0 +1,391 @@
+"""Triton ``VerifyResample``: verify γ greedy drafts and emit the next tokens in one LM-head stream.
+
+Terms are those of ``flashspec_export.reference.verify_resample`` (the specification). The rows
+of ``hidden [N, γ + 1, H]`` are flattened to ``R = N · (γ + 1)``; row ``r = n · (γ + 1) + i``.
+
+Stage 1 (``_verify_tiles_kernel``), grid ``(row blocks, vocabulary splits)``: a program owns
+``BLOCK_N`` flattened rows and a contiguous run of ``BLOCK_V``-id tiles. Per tile it forms the
+fp32 logits ``hidden_block · lm_head_tileᵀ / scale`` (``scale = T``, or 1 for greedy rows) and
+folds them into six running values per row:
+
+- ``m, s``: online softmax, ``s = Σ exp(l_v - m)`` rescaled by ``exp(m_old - m_new)``;
+- ``draft_logit``: ``l(x)`` of the drafted token ``x = d[n, i]`` (row γ has none);
+- ``best_score, best_index, best_logit``: the Gumbel-max candidate ``argmax (l_v + g_v)`` over
+  ``v != x`` (greedy rows: ``argmax l_v``, no exclusion), lowest index on ties, and its logit.
+
+The Gumbel noise ``g_v = gumbel(seed, position + i, v, STREAM_GUMBEL)`` is generated in
+registers: the row keys ``(a, b)`` once per program, then ``token_bits(a, b, v)`` per element.
+Memory traffic: the LM head is read once per row block (once in all when ``R <= BLOCK_N``); the
+hidden block is re-read per tile from L2; per (row, split) six scalars are written. No
+vocabulary-sized tensor exists outside registers.
+
+Stage 2 (``_verify_finalize_kernel``), one program per sequence: reduces the splits like the
+reference ``finalize`` (``M = max m``, ``S = Σ s · exp(m - M)``, ``LSE = M + log S``, best score
+with the lowest split on ties), draws ``u_i = uniform(seed, position + i, 0, STREAM_ACCEPT)``,
+accepts ``x`` iff ``u_i <= exp(l(x) - LSE)`` (greedy: iff ``x == argmax``), and writes tokens,
+``num_emitted`` and log-probabilities. No host synchronisation.
+
+The reference reduces per-tile summaries of 4096 ids; the splits here differ, so ``LSE`` may
+differ from it in the last ulps of fp32. Tokens agree except at near-ties.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+from flashspec_export.kernels.noise import (
+    STREAM_ACCEPT,
+    STREAM_GUMBEL,
+    gumbel_from_bits,
+    math_exp,
+    math_log,
+    row_keys,
+    token_bits,
+    uniform_from_bits,
+    use_libdevice,
+)
+from flashspec_export.kernels.tiled_argmax import (
+    KernelConfig,
+    cached_workspace,
+    choose_config,
+    dot_options,
+)
+
+from flashspec_export.reference.verify_resample import VerifyResult
+
+# Float fields of the stage-1 workspace [NUM_FIELDS, R, S]; the index field is a separate int32
+# [R, S] tensor.
+NUM_FLOAT_FIELDS = 5
+_MAX, _SUM_EXP, _DRAFT_LOGIT, _BEST_SCORE, _BEST_LOGIT = range(NUM_FLOAT_FIELDS)
+F_MAX: tl.constexpr = tl.constexpr(_MAX)
+F_SUM_EXP: tl.constexpr = tl.constexpr(_SUM_EXP)
+F_DRAFT_LOGIT: tl.constexpr = tl.constexpr(_DRAFT_LOGIT)
+F_BEST_SCORE: tl.constexpr = tl.constexpr(_BEST_SCORE)
+F_BEST_LOGIT: tl.constexpr = tl.constexpr(_BEST_LOGIT)
+
+
+@triton.jit
+def _verify_tiles_kernel(
+    hidden_ptr,  # [N, γ + 1, H]
+    lm_head_ptr,  # [V, H]
+    draft_ptr,  # [N, γ] int64
+    temperature_ptr,  # [N] float32
+    seed_ptr,  # [N] int64
+    positions_ptr,  # [N] int64
+    ws_float_ptr,  # [5, R, S] float32: max, sum_exp, draft_logit, best_score, best_logit
+    ws_index_ptr,  # [R, S] int32: best_index
+    num_rows,  # R = N · (γ + 1)
+    gamma,
+    vocab_size,
+    num_splits,
+    stride_hn,
+    stride_hi,
+    stride_hh,
+    stride_vv,
+    stride_vh,
+    stride_dn,
+    stride_di,
+    # Loop bounds are compile-time constants: H is fixed per model, and the Triton 3.6
+    # interpreter cannot take a runtime loop bound under NumPy >= 2.4 (triton-lang/triton#9171).
+    HIDDEN_SIZE: tl.constexpr,
+    TILES_PER_SPLIT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
+    LIBDEVICE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
+    pid_r = tl.program_id(0)
+    pid_s = tl.program_id(1)
+
+    # ---- per-row state, loaded once: sequence n, draft position i, temperature, noise keys
+    rows = pid_r * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < num_rows
+    seq = rows // (gamma + 1)
+    pos_i = rows - seq * (gamma + 1)
+    row_off = seq.to(tl.int64) * stride_hn + pos_i.to(tl.int64) * stride_hi  # [BLOCK_N]
+    temperature = tl.load(temperature_ptr + seq, mask=row_ok, other=1.0)
+    greedy = temperature == 0.0
+    scale = tl.where(greedy, 1.0, temperature)  # logits = dot / T, or the raw dot (greedy)
+    has_draft = row_ok & (pos_i < gamma)
+    draft = tl.load(draft_ptr + seq * stride_dn + pos_i * stride_di, mask=has_draft, other=-1)
+    seed = tl.load(seed_ptr + seq, mask=row_ok, other=0)
+    position = tl.load(positions_ptr + seq, mask=row_ok, other=0) + pos_i
+    key_a, key_b = row_keys(seed, position, STREAM_GUMBEL)  # [BLOCK_N] int64 each
+    excluded = tl.where(greedy, -1, draft)  # sampled rows draw the residual: x is left out
+
+    m = tl.full([BLOCK_N], float("-inf"), tl.float32)
+    s = tl.zeros([BLOCK_N], tl.float32)
+    draft_logit = tl.full([BLOCK_N], float("-inf"), tl.float32)
+    best_score = tl.full([BLOCK_N], float("-inf"), tl.float32)
+    best_index = tl.full([BLOCK_N], -1, tl.int32)
+    best_logit = tl.zeros([BLOCK_N], tl.float32)
+
+    # A fixed trip count: the last split may run past the vocabulary; its tiles are fully
+    # masked, load nothing, and change no running value.
+    for j in range(0, TILES_PER_SPLIT):
+        tile = pid_s * TILES_PER_SPLIT + j
+        tile_valid = tile * BLOCK_V < vocab_size
+        cols = tile * BLOCK_V + tl.arange(0, BLOCK_V)
+        col_ok = cols < vocab_size
+        col_off = cols.to(tl.int64) * stride_vv  # [BLOCK_V]
+        # dot[BLOCK_N, BLOCK_V] = Σ_k hidden[rows, k] · lm_head[cols, k], fp32 accumulation.
+        # The LM-head tile (BLOCK_V · H elements) is the only DRAM stream of the kernel.
+        acc = tl.zeros([BLOCK_N, BLOCK_V], dtype=tl.float32)
+        for k0 in range(0, HIDDEN_SIZE, BLOCK_H):
+            ks = k0 + tl.arange(0, BLOCK_H)
+            k_ok = ks < HIDDEN_SIZE
+            h = tl.load(
+                hidden_ptr + row_off[:, None] + ks[None, :] * stride_hh,
+                mask=row_ok[:, None] & k_ok[None, :],
+                other=0.0,
+            )  # [BLOCK_N, BLOCK_H]
+            w = tl.load(
+                lm_head_ptr + col_off[:, None] + ks[None, :] * stride_vh,
+                mask=col_ok[:, None] & k_ok[None, :],
+                other=0.0,
+            )  # [BLOCK_V, BLOCK_H]
+            if DOT_IN_FP32:
+                h = h.to(tl.float32)
+                w = w.to(tl.float32)
+            acc = tl.dot(h, tl.trans(w), acc, input_precision=DOT_PRECISION)
+        # IEEE division, as the reference's `logits / scale` (not a reciprocal multiply).
+        logits = tl.math.div_rn(acc, scale[:, None])
+        logits = tl.where(col_ok[None, :], logits, float("-inf"))  # padded ids: exp = 0
+
+        # Online softmax; m_ref stands in for m_new = -inf (nothing valid seen yet) so that
+        # exp(-inf - -inf) never occurs: s stays 0.
+        m_new = tl.maximum(m, tl.max(logits, 1))
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        s = s * tl.exp(m - m_ref) + tl.sum(tl.exp(logits - m_ref[:, None]), 1)
+        m = m_new
+
+        is_draft = cols[None, :] == draft[:, None]  # [BLOCK_N, BLOCK_V]
+        draft_logit = tl.maximum(draft_logit, tl.max(tl.where(is_draft, logits, float("-inf")), 1))
+
+        # Gumbel-max candidate: 7 int64 mulmods and 2 logs per element, all in registers.
+        g = gumbel_from_bits(token_bits(key_a[:, None], key_b[:, None], cols[None, :]), LIBDEVICE)
+        score = tl.where(greedy[:, None], logits, logits + g)
+        score = tl.where(cols[None, :] == excluded[:, None], float("-inf"), score)
+        tile_best, tile_arg = tl.max(
+            score, 1, return_indices=True, return_indices_tie_break_left=True
+        )
+        tile_logit = tl.sum(
+            tl.where(tl.arange(0, BLOCK_V)[None, :] == tile_arg[:, None], logits, 0.0), 1
+        )
+        # Strict '>' keeps the earlier (lower-index) tile on ties; best_index < 0 seeds the run.
+        take = (tile_best > best_score) | ((best_index < 0) & tile_valid)
+        best_score = tl.where(take, tile_best, best_score)
+        best_index = tl.where(take, tile * BLOCK_V + tile_arg, best_index)
+        best_logit = tl.where(take, tile_logit, best_logit)
+
+    plane = num_rows * num_splits
+    ws_off = rows * num_splits + pid_s
+    tl.store(ws_float_ptr + F_MAX * plane + ws_off, m, mask=row_ok)
+    tl.store(ws_float_ptr + F_SUM_EXP * plane + ws_off, s, mask=row_ok)
+    tl.store(ws_float_ptr + F_DRAFT_LOGIT * plane + ws_off, draft_logit, mask=row_ok)
+    tl.store(ws_float_ptr + F_BEST_SCORE * plane + ws_off, best_score, mask=row_ok)
+    tl.store(ws_float_ptr + F_BEST_LOGIT * plane + ws_off, best_logit, mask=row_ok)
+    tl.store(ws_index_ptr + ws_off, best_index, mask=row_ok)
+
+
+@triton.jit
+def _verify_finalize_kernel(
+    ws_float_ptr,  # [5, R, S] float32
+    ws_index_ptr,  # [R, S] int32
+    draft_ptr,  # [N, γ] int64
+    temperature_ptr,  # [N] float32
+    seed_ptr,  # [N] int64
+    positions_ptr,  # [N] int64
+    tokens_ptr,  # [N, γ + 1] int64 out
+    num_emitted_ptr,  # [N] int64 out
+    logprobs_ptr,  # [N, γ + 1] float32 out (only with RETURN_LOGPROBS)
+    num_rows,
+    gamma,
+    num_splits,
+    stride_dn,
+    stride_di,
+    RETURN_LOGPROBS: tl.constexpr,
+    LIBDEVICE: tl.constexpr,
+    BLOCK_R: tl.constexpr,  # >= γ + 1
+    BLOCK_S: tl.constexpr,  # >= S
+):
+    n = tl.program_id(0)
+    i = tl.arange(0, BLOCK_R)  # draft position
+    split = tl.arange(0, BLOCK_S)
+    row_ok = i <= gamma
+    mask = row_ok[:, None] & (split[None, :] < num_splits)
+    plane = num_rows * num_splits
+    off = (n * (gamma + 1) + i)[:, None] * num_splits + split[None, :]  # [BLOCK_R, BLOCK_S]
+
+    # ---- reduce the splits (the reference `finalize`, with splits in place of tiles)
+    m = tl.load(ws_float_ptr + F_MAX * plane + off, mask=mask, other=float("-inf"))
+    s = tl.load(ws_float_ptr + F_SUM_EXP * plane + off, mask=mask, other=0.0)
+    big_m = tl.where(row_ok, tl.max(m, 1), 0.0)  # padding rows: 0, never -inf - -inf
+    total = tl.where(row_ok, tl.sum(s * math_exp(m - big_m[:, None], LIBDEVICE), 1), 1.0)
+    lse = big_m + math_log(total, LIBDEVICE)
+    draft_logit = tl.max(
+        tl.load(ws_float_ptr + F_DRAFT_LOGIT * plane + off, mask=mask, other=float("-inf")), 1
+    )
+    score = tl.load(ws_float_ptr + F_BEST_SCORE * plane + off, mask=mask, other=float("-inf"))
+    _, best_split = tl.max(score, 1, return_indices=True, return_indices_tie_break_left=True)
+    chosen = split[None, :] == best_split[:, None]
+    index = tl.load(ws_index_ptr + off, mask=mask, other=0)
+    best_index = tl.sum(tl.where(chosen, index, 0), 1).to(tl.int64)  # [BLOCK_R]
+    logit = tl.load(ws_float_ptr + F_BEST_LOGIT * plane + off, mask=mask, other=0.0)
+    best_logit = tl.sum(tl.where(chosen, logit, 0.0), 1)
+
+    # ---- accept drafts left to right: k = the first rejected position (γ if none)
+    has_draft = i < gamma
+    draft = tl.load(draft_ptr + n * stride_dn + i * stride_di, mask=has_draft, other=-1)
+    greedy = tl.load(temperature_ptr + n) == 0.0
+    seed = tl.load(seed_ptr + n)
+    position = tl.load(positions_ptr + n) + i
+    key_a, key_b = row_keys(seed, position, STREAM_ACCEPT)
+    u = uniform_from_bits(token_bits(key_a, key_b, tl.zeros_like(i)))
+    draft_logprob = draft_logit - lse
+    sampled_accept = u <= math_exp(draft_logprob, LIBDEVICE)
+    accept = has_draft & tl.where(greedy, draft == best_index, sampled_accept)
+    k = tl.min(tl.where(accept, BLOCK_R, i), 0)  # row γ never accepts, so k <= γ
+
+    # ---- emit: drafts before k, the candidate of row k (recovered or bonus), then -1
+    tokens = tl.where(i < k, draft, tl.where(i == k, best_index, -1))
+    tl.store(tokens_ptr + n * (gamma + 1) + i, tokens, mask=row_ok)
+    tl.store(num_emitted_ptr + n, (k + 1).to(tl.int64))
+    if RETURN_LOGPROBS:
+        logprobs = tl.where(i < k, draft_logprob, tl.where(i == k, best_logit - lse, 0.0))
+        tl.store(logprobs_ptr + n * (gamma + 1) + i, logprobs, mask=row_ok)
+
+
+class VerifyWorkspace(NamedTuple):
+    """Stage-1 summaries: ``floats [5, R, S]`` float32 and ``index [R, S]`` int32."""
+
+    floats: torch.Tensor
+    index: torch.Tensor
+
+
+def make_workspace(rows: int, num_splits: int, device: torch.device) -> VerifyWorkspace:
+    """Allocate a workspace for ``rows = N · (γ + 1)`` flattened rows and ``num_splits`` splits."""
+    return VerifyWorkspace(
+        torch.empty((NUM_FLOAT_FIELDS, rows, num_splits), dtype=torch.float32, device=device),
+        torch.empty((rows, num_splits), dtype=torch.int32, device=device),
+    )
+
+
+def verify_resample(
+    hidden: torch.Tensor,
+    lm_head: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    temperature: torch.Tensor,
+    seed: torch.Tensor,
+    positions: torch.Tensor,
+    vocab_size: int,
+    *,
+    return_logprobs: bool = False,
+    config: KernelConfig | None = None,
+    workspace: VerifyWorkspace | None = None,
+) -> VerifyResult:
+    """Verify γ greedy drafts per sequence and emit the next tokens (Triton, two launches).
+
+    Parameters
+    ----------
+    hidden : [N, γ + 1, H] float32 / bfloat16 / float16
+    lm_head : [V, H], same dtype as ``hidden``
+    draft_tokens : [N, γ] int64, ids in [0, vocab_size)
+    temperature : [N] float32, >= 0 (0: greedy target)
+    seed : [N] int64, >= 0
+    positions : [N] int64, absolute position of row 0 (keys the noise)
+    vocab_size : logical vocabulary; LM-head rows >= vocab_size are padding
+    return_logprobs : also return the target log-probabilities of the emitted tokens
+    config : launch configuration (default: ``choose_config`` for ``N · (γ + 1)`` rows)
+    workspace : stage-1 buffers from ``make_workspace(N · (γ + 1), config.num_splits, device)``;
+        default: buffers cached per (device, rows, splits)
+
+    Returns
+    -------
+    VerifyResult(tokens [N, γ + 1] int64, num_emitted [N] int64, logprobs [N, γ + 1] or None)
+    """
+    n, width, hidden_size = hidden.shape
+    gamma = width - 1
+    rows = n * width
+    device = hidden.device
+    if config is None:
+        config = choose_config(rows, hidden_size, vocab_size, hidden.dtype, device)
+    splits = config.num_splits
+    if workspace is None:
+        workspace = cached_workspace(
+            ("verify_resample", device, rows, splits),
+            lambda: make_workspace(rows, splits, device),
+        )
+    if workspace.floats.shape != (NUM_FLOAT_FIELDS, rows, splits) or workspace.index.shape != (
+        rows,
+        splits,
+    ):
+        raise ValueError(
+            f"workspace: expected make_workspace({rows}, {splits}) (N·(γ+1) rows, num_splits)"
+        )
+    temperature, seed, positions = (t.contiguous() for t in (temperature, seed, positions))
+    # γ = 0 has no drafts to read; any int64 tensor stands in for the (never loaded) pointer.
+    drafts = draft_tokens if gamma > 0 else seed
+    stride_dn, stride_di = draft_tokens.stride() if gamma > 0 else (0, 0)
+    libdevice = use_libdevice(hidden)
+
+    tokens = torch.empty((n, width), dtype=torch.int64, device=device)
+    num_emitted = torch.empty(n, dtype=torch.int64, device=device)
+    logprobs = (
+        torch.empty((n, width), dtype=torch.float32, device=device) if return_logprobs else None
+    )
+
+    tiles = triton.cdiv(vocab_size, config.block_v)
+    _verify_tiles_kernel[(triton.cdiv(rows, config.block_n), splits)](
+        hidden,
+        lm_head,
+        drafts,
+        temperature,
+        seed,
+        positions,
+        workspace.floats,
+        workspace.index,
+        rows,
+        gamma,
+        vocab_size,
+        splits,
+        *hidden.stride(),
+        *lm_head.stride(),
+        stride_dn,
+        stride_di,
+        HIDDEN_SIZE=hidden_size,
+        TILES_PER_SPLIT=triton.cdiv(tiles, splits),
+        **dot_options(hidden),
+        LIBDEVICE=libdevice,
+        BLOCK_N=config.block_n,
+        BLOCK_V=config.block_v,
+        BLOCK_H=config.block_h,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )
+    _verify_finalize_kernel[(n,)](
+        workspace.floats,
+        workspace.index,
+        drafts,
+        temperature,
+        seed,
+        positions,
+        tokens,
+        num_emitted,
+        logprobs if return_logprobs else tokens,  # placeholder pointer, never written
+        rows,
+        gamma,
+        splits,
+        stride_dn,
+        stride_di,
+        RETURN_LOGPROBS=return_logprobs,
+        LIBDEVICE=libdevice,
+        BLOCK_R=triton.next_power_of_2(width),
+        BLOCK_S=triton.next_power_of_2(splits),
+    )
+    return VerifyResult(tokens, num_emitted, logprobs)
