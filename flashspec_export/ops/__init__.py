@@ -50,9 +50,7 @@ def verify_resample(
     inputs = validation.check_verify_inputs(
         hidden, lm_head, draft_tokens, temperature, seed, positions, vocab_size, check_values
     )
-    result = registry.resolve("verify_resample", backend)(
-        *inputs, return_logprobs=return_logprobs
-    )
+    result = registry.resolve("verify_resample", backend)(*inputs, return_logprobs=return_logprobs)
     return tuple(result) if return_logprobs else (result.tokens, result.num_emitted)
 
 

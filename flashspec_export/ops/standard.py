@@ -22,7 +22,15 @@ from flashspec_export.reference.verify_resample import (
 
 
 def verify_resample(
-    hidden, lm_head, draft_tokens, temperature, seed, positions, vocab_size, *, return_logprobs=False
+    hidden,
+    lm_head,
+    draft_tokens,
+    temperature,
+    seed,
+    positions,
+    vocab_size,
+    *,
+    return_logprobs=False,
 ) -> VerifyResult:
     """Materialised ``VerifyResample``; arguments as ``reference.verify_resample``."""
     gamma = draft_tokens.shape[1]

@@ -72,14 +72,17 @@ def check_lm_head(lm_head, hidden_size: int, hidden: torch.Tensor, vocab_size) -
     if padded_vocab < 1:
         raise ValueError("lm_head: empty vocabulary (V = 0); expected V >= 1")
     if padded_vocab > noise.MAX_TOKEN:
-        raise ValueError(f"lm_head: V = {padded_vocab} exceeds the noise key range {noise.MAX_TOKEN}")
+        raise ValueError(
+            f"lm_head: V = {padded_vocab} exceeds the noise key range {noise.MAX_TOKEN}"
+        )
     if vocab_size is None:
         vocab_size = padded_vocab
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
         raise TypeError(f"vocab_size: expected an int or None, got {type(vocab_size).__name__}")
     if not 1 <= vocab_size <= padded_vocab:
         raise ValueError(
-            f"vocab_size: expected 1 <= vocab_size <= {padded_vocab} (lm_head rows), got {vocab_size}"
+            f"vocab_size: expected 1 <= vocab_size <= {padded_vocab} (lm_head rows), "
+            f"got {vocab_size}"
         )
     return lm_head, vocab_size
 
@@ -96,7 +99,9 @@ def _per_row(name, value, n: int, device, dtype, kind: str) -> torch.Tensor:
         return value.to(device=device, dtype=dtype).expand(n).contiguous()
     if isinstance(value, bool) or not isinstance(value, kind):
         expected = "float" if dtype.is_floating_point else "int"
-        raise TypeError(f"{name}: expected a {expected} or a [{n}] tensor, got {type(value).__name__}")
+        raise TypeError(
+            f"{name}: expected a {expected} or a [{n}] tensor, got {type(value).__name__}"
+        )
     return torch.full((n,), value, dtype=dtype, device=device)
 
 
@@ -108,13 +113,13 @@ def _check_range(name: str, t: torch.Tensor, low, high, what: str) -> None:
 
 def check_temperature(temperature, n: int, device, check_values: bool) -> torch.Tensor:
     """float or [N] tensor -> [N] float32, finite and >= 0 (0: greedy)."""
-    if isinstance(temperature, float | int) and not isinstance(temperature, bool):
-        if not math.isfinite(temperature) or temperature < 0:
-            raise ValueError(f"temperature: expected a finite value >= 0, got {temperature}")
     t = _per_row("temperature", temperature, n, device, torch.float32, (float, int))
-    if check_values and not bool((torch.isfinite(t) & (t >= 0)).all()):
-        bad = t[~(torch.isfinite(t) & (t >= 0))][0].item()
-        raise ValueError(f"temperature: expected finite values >= 0, got {bad}")
+    if isinstance(temperature, torch.Tensor):
+        if check_values and not bool((torch.isfinite(t) & (t >= 0)).all()):
+            bad = t[~(torch.isfinite(t) & (t >= 0))][0].item()
+            raise ValueError(f"temperature: expected finite values >= 0, got {bad}")
+    elif not (math.isfinite(temperature) and temperature >= 0):
+        raise ValueError(f"temperature: expected a finite value >= 0, got {temperature}")
     return t
 
 
@@ -161,7 +166,9 @@ def check_verify_inputs(
         _check_range("draft_tokens", draft_tokens, 0, vocab_size - 1, f"ids in [0, {vocab_size})")
         _check_range("seed", seed, 0, noise.MAX_SEED, "values >= 0")
         top = noise.MAX_POSITION - gamma
-        _check_range("positions", positions, 0, top, f"values in [0, {top}] (position + gamma < 2**31 - 1)")
+        _check_range(
+            "positions", positions, 0, top, f"values in [0, {top}] (position + gamma < 2**31 - 1)"
+        )
     return VerifyInputs(hidden, lm_head, draft_tokens, temperature, seed, positions, vocab_size)
 
 

@@ -41,7 +41,9 @@ def exponential_race(
     [N, R] int64 token ids
     """
     token = torch.arange(weights.shape[-1], device=weights.device)
-    e = noise.exponential_from_bits(noise.bits(seed[:, None, None], positions[..., None], token, stream))
+    e = noise.exponential_from_bits(
+        noise.bits(seed[:, None, None], positions[..., None], token, stream)
+    )
     return (weights / e).argmax(dim=-1)
 
 

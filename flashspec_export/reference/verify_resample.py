@@ -133,7 +133,9 @@ def finalize(
     draft_logprob = draft_logit - lse[:, :gamma]  # [N, γ]
     u = acceptance_uniform(seed, positions, gamma)  # [N, γ]
     greedy = (temperature == 0)[:, None]
-    accept = torch.where(greedy, draft_tokens == best_index[:, :gamma], u <= torch.exp(draft_logprob))
+    accept = torch.where(
+        greedy, draft_tokens == best_index[:, :gamma], u <= torch.exp(draft_logprob)
+    )
 
     num_accepted = count_accepted(accept)
     tokens = select_emitted(num_accepted, draft_tokens, best_index, fill=-1)

@@ -76,8 +76,13 @@ def greedy_draft_step(rows, drafts, temperature, backend="reference"):
     """N_SAMPLES independent VerifyResample steps, seeds 0..N-1."""
     n = N_SAMPLES
     return ops.verify_resample(
-        _hidden(rows), torch.eye(VOCAB), torch.tensor([drafts]).expand(n, -1), temperature,
-        torch.arange(n), torch.full((n,), 100), backend=backend,
+        _hidden(rows),
+        torch.eye(VOCAB),
+        torch.tensor([drafts]).expand(n, -1),
+        temperature,
+        torch.arange(n),
+        torch.full((n,), 100),
+        backend=backend,
     )
 
 
@@ -206,7 +211,11 @@ def _greedy_mutant(rows, drafts, temperature, mutation):
         residual = residual.scatter(-1, d[..., None], 0.0)
     weights = torch.cat([residual, p[:, gamma:]], dim=1)
     row_pos = positions[:, None] + torch.arange(gamma + 1)
-    stream = noise.STREAM_ACCEPT if mutation == "gumbel reuses the accept stream" else noise.STREAM_GUMBEL
+    stream = (
+        noise.STREAM_ACCEPT
+        if mutation == "gumbel reuses the accept stream"
+        else noise.STREAM_GUMBEL
+    )
     candidates = exponential_race(weights, seeds, row_pos, stream)
     k = count_accepted(accepted)
     return select_emitted(k, d, candidates, -1), k + 1

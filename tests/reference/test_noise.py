@@ -14,7 +14,9 @@ from flashspec_export.reference import noise
 from tests.stats import ALPHA
 from tests.tolerances import GUMBEL_ATOL, GUMBEL_RTOL
 
-VECTORS = json.loads((pathlib.Path(__file__).parents[1] / "data" / "noise_vectors.json").read_text())
+VECTORS = json.loads(
+    (pathlib.Path(__file__).parents[1] / "data" / "noise_vectors.json").read_text()
+)
 
 
 def _spec_bits(seed: int, position: int, token: int, stream: int) -> int:
@@ -61,7 +63,9 @@ def test_matches_independent_transcription_of_the_spec():
         position = int(rng.integers(0, noise.MAX_POSITION + 1))
         token = int(rng.integers(0, noise.MAX_TOKEN + 1)) if i % 2 else i
         stream = i % 3
-        assert int(_bits(seed, position, token, stream)) == _spec_bits(seed, position, token, stream)
+        assert int(_bits(seed, position, token, stream)) == _spec_bits(
+            seed, position, token, stream
+        )
 
 
 def test_ranges_and_tail():
@@ -115,7 +119,9 @@ def _assert_independent(a: np.ndarray, b: np.ndarray):
     "other",
     [
         pytest.param(dict(seed=7, position=3, stream=noise.STREAM_GUMBEL, shift=1), id="token+1"),
-        pytest.param(dict(seed=7, position=4, stream=noise.STREAM_GUMBEL, shift=0), id="position+1"),
+        pytest.param(
+            dict(seed=7, position=4, stream=noise.STREAM_GUMBEL, shift=0), id="position+1"
+        ),
         pytest.param(dict(seed=8, position=3, stream=noise.STREAM_GUMBEL, shift=0), id="seed+1"),
         pytest.param(dict(seed=7, position=3, stream=noise.STREAM_ACCEPT, shift=0), id="stream"),
         pytest.param(dict(seed=7 + 2**31, position=3, stream=1, shift=0), id="seed-high-word"),
@@ -125,7 +131,9 @@ def test_independence_of_neighbours(other):
     """Noise of neighbouring token ids, positions, seeds and streams is independent."""
     n = 2**20
     base = _block(n=n + 1)
-    shifted = _block(seed=other["seed"], position=other["position"], stream=other["stream"], n=n + 1)
+    shifted = _block(
+        seed=other["seed"], position=other["position"], stream=other["stream"], n=n + 1
+    )
     _assert_independent(base[:n], shifted[other["shift"] : other["shift"] + n])
 
 

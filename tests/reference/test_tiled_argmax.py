@@ -11,9 +11,15 @@ from tests.tolerances import LOGIT_ATOL, LOGIT_RTOL
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize(("n", "hidden_size", "vocab", "padded"), [
-    (1, 40, 111, 111), (3, 72, 1000, 1024), (17, 16, 4099, 4160), (64, 24, 32000, 32000),
-])
+@pytest.mark.parametrize(
+    ("n", "hidden_size", "vocab", "padded"),
+    [
+        (1, 40, 111, 111),
+        (3, 72, 1000, 1024),
+        (17, 16, 4099, 4160),
+        (64, 24, 32000, 32000),
+    ],
+)
 def test_matches_materialised_argmax(dtype, n, hidden_size, vocab, padded):
     g = torch.Generator().manual_seed(vocab)
     hidden = torch.randn(n, hidden_size, generator=g).to(dtype)

@@ -30,25 +30,81 @@ def test_good_input_passes():
 @pytest.mark.parametrize(
     ("overrides", "error", "match"),
     [
-        (dict(hidden=torch.randn(2, 8)), ValueError, r"hidden: expected shape \[N, gamma \+ 1, H\]"),
+        (
+            dict(hidden=torch.randn(2, 8)),
+            ValueError,
+            r"hidden: expected shape \[N, gamma \+ 1, H\]",
+        ),
         (dict(hidden=torch.randn(0, 3, 8)), ValueError, r"hidden: empty batch"),
-        (dict(hidden=torch.randn(2, 3, 8).double()), TypeError, r"hidden: unsupported dtype torch.float64"),
-        (dict(hidden=torch.randint(0, 5, (2, 3, 8))), TypeError, r"hidden: unsupported dtype torch.int64"),
+        (
+            dict(hidden=torch.randn(2, 3, 8).double()),
+            TypeError,
+            r"hidden: unsupported dtype torch.float64",
+        ),
+        (
+            dict(hidden=torch.randint(0, 5, (2, 3, 8))),
+            TypeError,
+            r"hidden: unsupported dtype torch.int64",
+        ),
         (dict(hidden=[[1.0]]), TypeError, r"hidden: expected a torch.Tensor"),
-        (dict(lm_head=torch.randn(16, 7)), ValueError, r"lm_head: expected shape \[V, H\] with H = 8"),
+        (
+            dict(lm_head=torch.randn(16, 7)),
+            ValueError,
+            r"lm_head: expected shape \[V, H\] with H = 8",
+        ),
         (dict(lm_head=torch.randn(16, 8, 1)), ValueError, r"lm_head: expected shape \[V, H\]"),
-        (dict(lm_head=torch.randn(16, 8).half()), TypeError, r"lm_head: dtype torch.float16 differs"),
-        (dict(draft_tokens=torch.zeros(2, 3, dtype=torch.int64)), ValueError, r"draft_tokens: expected shape \[N, gamma\] = \[2, 2\]"),
-        (dict(draft_tokens=torch.zeros(2, 2)), TypeError, r"draft_tokens: expected an int64 tensor"),
-        (dict(draft_tokens=torch.tensor([[0, 16], [0, 0]])), ValueError, r"draft_tokens: expected ids in \[0, 16\), got 16"),
-        (dict(draft_tokens=torch.tensor([[0, -1], [0, 0]])), ValueError, r"draft_tokens: expected ids in \[0, 16\), got -1"),
-        (dict(draft_tokens=torch.tensor([[0, 12], [0, 0]]), vocab_size=10), ValueError, r"draft_tokens: expected ids in \[0, 10\)"),
-        (dict(temperature=-1.0), ValueError, r"temperature: expected a finite value >= 0, got -1.0"),
+        (
+            dict(lm_head=torch.randn(16, 8).half()),
+            TypeError,
+            r"lm_head: dtype torch.float16 differs",
+        ),
+        (
+            dict(draft_tokens=torch.zeros(2, 3, dtype=torch.int64)),
+            ValueError,
+            r"draft_tokens: expected shape \[N, gamma\] = \[2, 2\]",
+        ),
+        (
+            dict(draft_tokens=torch.zeros(2, 2)),
+            TypeError,
+            r"draft_tokens: expected an int64 tensor",
+        ),
+        (
+            dict(draft_tokens=torch.tensor([[0, 16], [0, 0]])),
+            ValueError,
+            r"draft_tokens: expected ids in \[0, 16\), got 16",
+        ),
+        (
+            dict(draft_tokens=torch.tensor([[0, -1], [0, 0]])),
+            ValueError,
+            r"draft_tokens: expected ids in \[0, 16\), got -1",
+        ),
+        (
+            dict(draft_tokens=torch.tensor([[0, 12], [0, 0]]), vocab_size=10),
+            ValueError,
+            r"draft_tokens: expected ids in \[0, 10\)",
+        ),
+        (
+            dict(temperature=-1.0),
+            ValueError,
+            r"temperature: expected a finite value >= 0, got -1.0",
+        ),
         (dict(temperature=float("nan")), ValueError, r"temperature: expected a finite value >= 0"),
         (dict(temperature=float("inf")), ValueError, r"temperature: expected a finite value >= 0"),
-        (dict(temperature=torch.tensor([1.0, -0.5])), ValueError, r"temperature: expected finite values >= 0, got -0.5"),
-        (dict(temperature=torch.tensor([1.0, float("nan")])), ValueError, r"temperature: expected finite values >= 0"),
-        (dict(temperature=torch.ones(3)), ValueError, r"temperature: expected a scalar or shape \[2\]"),
+        (
+            dict(temperature=torch.tensor([1.0, -0.5])),
+            ValueError,
+            r"temperature: expected finite values >= 0, got -0.5",
+        ),
+        (
+            dict(temperature=torch.tensor([1.0, float("nan")])),
+            ValueError,
+            r"temperature: expected finite values >= 0",
+        ),
+        (
+            dict(temperature=torch.ones(3)),
+            ValueError,
+            r"temperature: expected a scalar or shape \[2\]",
+        ),
         (dict(temperature="hot"), TypeError, r"temperature: expected a float"),
         (dict(seed=-3), ValueError, r"seed: expected values >= 0, got -3"),
         (dict(seed=1.5), TypeError, r"seed: expected a int or a \[2\] tensor"),
@@ -58,7 +114,11 @@ def test_good_input_passes():
         (dict(vocab_size=17), ValueError, r"vocab_size: expected 1 <= vocab_size <= 16"),
         (dict(vocab_size=0), ValueError, r"vocab_size: expected 1 <= vocab_size <= 16"),
         (dict(vocab_size=4.0), TypeError, r"vocab_size: expected an int or None"),
-        (dict(backend="cuda-nope"), ValueError, r"backend: unknown backend 'cuda-nope' for verify_resample; expected one of reference, standard"),
+        (
+            dict(backend="cuda-nope"),
+            ValueError,
+            r"backend: unknown backend 'cuda-nope' for verify_resample; expected one of reference",
+        ),
     ],
 )
 def test_bad_input_is_named(overrides, error, match):
@@ -96,8 +156,16 @@ def test_check_values_false_skips_only_value_checks():
     [
         (dict(hidden=torch.randn(2, 3, 8)), ValueError, r"hidden: expected shape \[N, H\]"),
         (dict(hidden=torch.randn(0, 8)), ValueError, r"hidden: empty batch"),
-        (dict(lm_head=torch.randn(16, 9)), ValueError, r"lm_head: expected shape \[V, H\] with H = 8"),
-        (dict(hidden=torch.randn(2, 8).double(), lm_head=torch.randn(16, 8).double()), TypeError, r"hidden: unsupported dtype"),
+        (
+            dict(lm_head=torch.randn(16, 9)),
+            ValueError,
+            r"lm_head: expected shape \[V, H\] with H = 8",
+        ),
+        (
+            dict(hidden=torch.randn(2, 8).double(), lm_head=torch.randn(16, 8).double()),
+            TypeError,
+            r"hidden: unsupported dtype",
+        ),
         (dict(vocab_size=20), ValueError, r"vocab_size: expected 1 <= vocab_size <= 16"),
         (dict(hidden=torch.full((2, 8), float("nan"))), ValueError, r"hidden: contains 16 NaN/Inf"),
     ],

@@ -18,8 +18,16 @@ MIXED_T = torch.tensor([0.0, 0.5, 1.0, 2.0, 1.0, 0.0, 0.7])
 def _run(case, backend, **kw):
     hidden, lm_head, drafts, temps, seeds, positions, vocab = case
     return ops.verify_resample(
-        hidden, lm_head, drafts, temps, seeds, positions, vocab, return_logprobs=True,
-        backend=backend, **kw,
+        hidden,
+        lm_head,
+        drafts,
+        temps,
+        seeds,
+        positions,
+        vocab,
+        return_logprobs=True,
+        backend=backend,
+        **kw,
     )
 
 
@@ -67,7 +75,7 @@ def test_output_layout():
 
 
 def test_logprobs_are_target_log_softmax():
-    hidden, lm_head, drafts, temps, seeds, positions, vocab = make_case(
+    hidden, lm_head, drafts, temps, seeds, positions, _ = make_case(
         9, 3, 16, 200, torch.float32, temperature=MIXED_T[:2].repeat(5)[:9], seed=5
     )
     tokens, emitted, logprobs = ops.verify_resample(
@@ -87,16 +95,20 @@ def _one_hot_case(logits_rows, drafts, temperature, seed=0):
     hidden = logits_rows[None].float()  # [1, γ+1, V]
     lm_head = torch.eye(vocab)
     return ops.verify_resample(
-        hidden, lm_head, torch.tensor([drafts], dtype=torch.int64), temperature, seed, 0, return_logprobs=True
+        hidden,
+        lm_head,
+        torch.tensor([drafts], dtype=torch.int64),
+        temperature,
+        seed,
+        0,
+        return_logprobs=True,
     )
 
 
 def test_golden_greedy_target():
     """T = 0: drafts 2 and 0 match the argmax of rows 0 and 1; row 2's argmax is 3, not the
     draft 1, so the step emits [2, 0, 3] and stops (the bonus row 3 is never reached)."""
-    rows = torch.tensor(
-        [[0.0, 1, 5, 2], [9.0, 1, 5, 2], [0.0, 4, 1, 6], [7.0, 0, 0, 0]]
-    )
+    rows = torch.tensor([[0.0, 1, 5, 2], [9.0, 1, 5, 2], [0.0, 4, 1, 6], [7.0, 0, 0, 0]])
     tokens, emitted, _ = _one_hot_case(rows, [2, 0, 1], 0.0)
     assert tokens.tolist() == [[2, 0, 3, -1]]
     assert emitted.tolist() == [3]
@@ -137,7 +149,9 @@ def test_vocab_padding_is_never_emitted():
     hidden, lm_head, drafts, temps, seeds, positions, _ = make_case(50, 3, 16, 100, torch.float32)
     lm_head = torch.cat([lm_head, hidden[0, :1].repeat(28, 1) * 50])  # 28 padded rows
     for backend in ("reference", "standard"):
-        tokens, _ = ops.verify_resample(hidden, lm_head, drafts, temps, seeds, positions, 100, backend=backend)
+        tokens, _ = ops.verify_resample(
+            hidden, lm_head, drafts, temps, seeds, positions, 100, backend=backend
+        )
         assert int(tokens.max()) < 100
 
 
@@ -159,7 +173,9 @@ def test_independent_of_tile_size(block_v):
         60, 4, 16, 500, torch.float32, temperature=MIXED_T[:3].repeat(20), seed=2
     )
     base = ref.verify_resample(hidden, lm_head, drafts, temps, seeds, positions, vocab)
-    tiled = ref.verify_resample(hidden, lm_head, drafts, temps, seeds, positions, vocab, block_v=block_v)
+    tiled = ref.verify_resample(
+        hidden, lm_head, drafts, temps, seeds, positions, vocab, block_v=block_v
+    )
     assert torch.equal(base.tokens, tiled.tokens)
     assert torch.equal(base.num_emitted, tiled.num_emitted)
 
@@ -182,7 +198,7 @@ def test_independent_of_batch_layout():
 
 
 def test_scalar_arguments_broadcast():
-    hidden, lm_head, drafts, _, _, _, vocab = make_case(5, 2, 16, 50, torch.float32)
+    hidden, lm_head, drafts, *_ = make_case(5, 2, 16, 50, torch.float32)
     a = ops.verify_resample(hidden, lm_head, drafts, 0.8, 123, 7)
     b = ops.verify_resample(
         hidden, lm_head, drafts, torch.full((5,), 0.8), torch.full((5,), 123), torch.full((5,), 7)
