@@ -1,0 +1,243 @@
+"""Side-by-side GPU timing of the FlashSpec ops against cuBLAS and the materialised path.
+
+For one LM head (V, H, dtype) and a sweep of row counts R = N·(γ+1), every provider runs on the
+same inputs in the same process:
+
+- ``verify_resample[triton]``: the fused one-pass verify-and-resample;
+- ``tiled_argmax[triton]``: the fused greedy drafter;
+- ``matmul``: cuBLAS ``hidden @ lm_head.T`` alone (the floor the fused ops aim for);
+- ``matmul+argmax``: cuBLAS followed by ``argmax`` (the unfused drafter);
+- ``standard``: the materialised serving-stack verify path (``ops`` backend "standard").
+
+Each provider is captured in a CUDA graph (launch gaps excluded, as in a deployed engine) and its
+replays timed with CUDA events; the report gives the median and the 10th / 90th percentiles, and
+the LM-head bytes streamed per second as a fraction of the measured device-to-device copy
+bandwidth (bytes read plus written by a large ``copy_``).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import subprocess
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from flashspec_export import ops
+from flashspec_export.config import HeadShape
+
+PROVIDERS = ("verify_resample", "tiled_argmax", "matmul", "matmul+argmax", "standard")
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    heads: tuple[str, ...] = ("llama3-8b", "qwen3-8b", "gemma3-12b")
+    rows: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+    providers: tuple[str, ...] = PROVIDERS
+    dtype: str = "bfloat16"
+    gamma: int = 3  # rows R >= γ + 1 are laid out as N = R / (γ + 1) sequences
+    temperature: float = 1.0
+    repeats: int = 50
+    warmup: int = 5
+
+
+@dataclass
+class Measurement:
+    head: str
+    vocab_size: int
+    hidden_size: int
+    rows: int
+    provider: str
+    median_us: float
+    p10_us: float
+    p90_us: float
+    weight_gbps: float  # LM-head bytes / median time
+    copy_fraction: float  # weight_gbps / measured copy bandwidth
+    extra: dict = field(default_factory=dict)
+
+
+def environment() -> dict:
+    """GPU, driver, CUDA and library versions, for the JSON report."""
+    import triton
+
+    props = torch.cuda.get_device_properties(0)
+    return {
+        "gpu": props.name,
+        "sm_count": props.multi_processor_count,
+        "cuda": torch.version.cuda,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "driver": _driver_version(),
+        "python": platform.python_version(),
+    }
+
+
+def _driver_version() -> str:
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return out.stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def time_graph(fn: Callable[[], object], repeats: int, warmup: int) -> list[float]:
+    """Per-replay times in µs of ``fn`` captured in a CUDA graph."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):  # compile and allocate outside the capture
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    for _ in range(warmup):
+        graph.replay()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return times
+
+
+def copy_bandwidth_gbps(nbytes: int = 2**30, repeats: int = 20) -> float:
+    """Device-to-device copy bandwidth, bytes read plus bytes written per second (GB/s)."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    times = time_graph(lambda: dst.copy_(src), repeats, 3)
+    return 2 * nbytes / (statistics.median(times) * 1e-6) / 1e9
+
+
+def _layout(rows: int, gamma: int) -> tuple[int, int]:
+    """(N, γ) with N·(γ+1) = rows: γ as configured when it divides, else one sequence."""
+    if rows % (gamma + 1) == 0:
+        return rows // (gamma + 1), gamma
+    return 1, rows - 1
+
+
+def _providers(shape: HeadShape, rows: int, config: BenchConfig, lm_head: torch.Tensor):
+    n, gamma = _layout(rows, config.gamma)
+    dtype = lm_head.dtype
+    g = torch.Generator(device="cuda").manual_seed(rows)
+    hidden = torch.randn(n, gamma + 1, shape.hidden_size, device="cuda", dtype=dtype, generator=g)
+    flat = hidden.reshape(rows, shape.hidden_size)
+    drafts = torch.randint(0, shape.vocab_size, (n, gamma), device="cuda", generator=g)
+    temps = torch.full((n,), config.temperature, device="cuda")
+    seeds = torch.arange(n, device="cuda")
+    positions = torch.zeros(n, dtype=torch.int64, device="cuda")
+    vocab = shape.vocab_size
+
+    def verify(backend):
+        return lambda: ops.verify_resample(
+            hidden,
+            lm_head,
+            drafts,
+            temps,
+            seeds,
+            positions,
+            vocab,
+            backend=backend,
+            check_values=False,
+        )
+
+    return {
+        "verify_resample": verify("triton"),
+        "tiled_argmax": lambda: ops.tiled_argmax(
+            flat, lm_head, vocab, backend="triton", check_values=False
+        ),
+        "matmul": lambda: flat @ lm_head.T,
+        "matmul+argmax": lambda: (flat @ lm_head[:vocab].T).argmax(dim=-1),
+        "standard": verify("standard"),
+    }
+
+
+def run(config: BenchConfig, progress: Callable[[str], None] = lambda _: None) -> dict:
+    """Run the sweep; returns {"environment", "copy_gbps", "config", "measurements"}."""
+    copy_gbps = copy_bandwidth_gbps()
+    dtype = getattr(torch, config.dtype)
+    measurements = []
+    for head in config.heads:
+        shape = HeadShape.from_name(head)
+        lm_head = torch.randn(shape.padded_vocab, shape.hidden_size, device="cuda", dtype=dtype)
+        lm_head *= shape.hidden_size**-0.5
+        weight_bytes = lm_head.numel() * lm_head.element_size()
+        for rows in config.rows:
+            for name, fn in _providers(shape, rows, config, lm_head).items():
+                if name not in config.providers:
+                    continue
+                times = sorted(time_graph(fn, config.repeats, config.warmup))
+                median = statistics.median(times)
+                gbps = weight_bytes / (median * 1e-6) / 1e9
+                measurements.append(
+                    Measurement(
+                        head,
+                        shape.vocab_size,
+                        shape.hidden_size,
+                        rows,
+                        name,
+                        median,
+                        times[len(times) // 10],
+                        times[(9 * len(times)) // 10],
+                        gbps,
+                        gbps / copy_gbps,
+                    )
+                )
+                progress(
+                    f"{head:>11} R={rows:<4} {name:>16}: {median:9.1f} us "
+                    f"({100 * gbps / copy_gbps:5.1f}% of copy bw)"
+                )
+            torch.cuda.empty_cache()
+        del lm_head
+    return {
+        "environment": environment(),
+        "copy_gbps": copy_gbps,
+        "config": asdict(config),
+        "measurements": [asdict(m) for m in measurements],
+    }
+
+
+def write_report(report: dict, json_path: str, png_path: str | None = None) -> None:
+    """Write the JSON report and, if asked, a plot: µs vs rows, one panel per head."""
+    with open(json_path, "w") as f:
+        json.dump(report, f, indent=1)
+    if png_path is None:
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    heads = list(dict.fromkeys(m["head"] for m in report["measurements"]))
+    fig, axes = plt.subplots(1, len(heads), figsize=(5.5 * len(heads), 4.5), squeeze=False)
+    for ax, head in zip(axes[0], heads, strict=True):
+        for provider in PROVIDERS:
+            points = [
+                (m["rows"], m["median_us"])
+                for m in report["measurements"]
+                if m["head"] == head and m["provider"] == provider
+            ]
+            if points:
+                ax.plot(*zip(*points, strict=True), marker="o", label=provider)
+        ax.set(
+            xscale="log",
+            yscale="log",
+            xlabel="rows N·(γ+1)",
+            ylabel="µs (median)",
+            title=f"{head} ({report['environment']['gpu']})",
+        )
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=120)
