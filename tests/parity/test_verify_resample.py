@@ -1,0 +1,173 @@
+"""VerifyResample parity: every backend emits the reference's tokens, exactly.
+
+Shapes break the tiling on purpose: odd batches, γ = 0..8, a logical vocabulary that is neither a
+multiple of any tile nor the LM head's row count (padding rows must never be chosen), H not a
+multiple of the hidden chunk. Temperatures are mixed per row (0 = greedy next to sampled rows),
+seeds and positions differ per row and reach the ends of their ranges. Drafts are the target's
+own greedy choice for most positions (make_case), so multi-token emission, rejection and the bonus
+token all occur. Log-probabilities are compared with the tolerances of tests/tolerances.py.
+
+Under the Triton interpreter (no GPU) the kernels are slow: shapes stay tiny.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flashspec_export import ops
+from flashspec_export.reference import noise
+from tests.cases import make_case
+from tests.tolerances import LOGPROB_ATOL, LOGPROB_RTOL
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+# Greedy rows sit next to sampled rows of several temperatures in every batch.
+MIXED_T = torch.tensor([0.0, 1.0, 0.7, 0.0, 1.5, 0.5, 2.0])
+
+
+@pytest.fixture(params=[b for b in ops.backends("verify_resample") if b != "reference"])
+def backend(request):
+    if request.param == "triton":
+        pytest.importorskip("triton")
+    return request.param
+
+
+def _case(n, gamma, hidden_size, vocab, padded, dtype, seed):
+    """make_case with mixed temperatures and keys at the ends of their ranges, on DEVICE."""
+    temps = MIXED_T[torch.arange(n) % len(MIXED_T)]
+    hidden, lm_head, drafts, temps, seeds, positions, vocab = make_case(
+        n, gamma, hidden_size, vocab, dtype, padded_vocab=padded, temperature=temps, seed=seed
+    )
+    seeds[0] = noise.MAX_SEED  # both halves of the seed in play
+    seeds[n // 2] = 2**31 + n  # just past the low half
+    positions[-1] = noise.MAX_POSITION - gamma  # the last position any row may key
+    tensors = (hidden, lm_head, drafts, temps, seeds, positions)
+    return (*(t.to(DEVICE) for t in tensors), vocab)
+
+
+def _run(case, backend):
+    return ops.verify_resample(*case, return_logprobs=True, backend=backend)
+
+
+def _assert_parity(case, backend):
+    tokens, emitted, logprobs = _run(case, "reference")
+    b_tokens, b_emitted, b_logprobs = _run(case, backend)
+    assert torch.equal(b_tokens, tokens), (b_tokens, tokens)
+    assert torch.equal(b_emitted, emitted)
+    torch.testing.assert_close(b_logprobs, logprobs, atol=LOGPROB_ATOL, rtol=LOGPROB_RTOL)
+    return tokens, emitted
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(
+    ("n", "gamma", "hidden_size", "vocab", "padded"),
+    [
+        (1, 0, 40, 111, 128),  # one sequence, bonus token only, tiny vocabulary
+        (3, 4, 72, 1000, 1024),
+        (17, 1, 40, 4099, 4099),  # odd batch, vocabulary one past a power-of-two tile
+        (4, 8, 72, 4099, 4160),  # the longest draft
+    ],
+)
+def test_tokens_match_reference(backend, dtype, n, gamma, hidden_size, vocab, padded):
+    case = _case(n, gamma, hidden_size, vocab, padded, dtype, seed=n + gamma)
+    _assert_parity(case, backend)
+
+
+@pytest.mark.parametrize("gamma", range(9))
+def test_every_gamma(backend, gamma):
+    """γ = 0..8 on an odd batch; the dtype rotates with γ to keep the sweep small."""
+    case = _case(3, gamma, 40, 1000, 1024, DTYPES[gamma % 3], seed=100 + gamma)
+    _assert_parity(case, backend)
+
+
+def test_every_outcome_is_exercised(backend):
+    """Enough sequences that 1..γ+1 emitted tokens all occur (checked on the reference, so the
+    parity is not vacuous); 96 flattened rows also span more than one row block."""
+    case = _case(24, 3, 40, 1000, 1000, torch.float32, seed=7)
+    _, emitted = _assert_parity(case, backend)
+    assert set(emitted.tolist()) == {1, 2, 3, 4}
+
+
+def test_greedy_ties_go_to_the_lowest_index(backend):
+    """Golden case: integer-valued inputs make exact ties, whatever the summation order.
+
+    Rows 11, 500, 700 and 3000 of the LM head are equal and score highest: ties within a tile,
+    across tiles and (with the interpreter's configuration) across splits. Greedy rows (T = 0)
+    must take 11: a draft of 500 is rejected (500 != argmax) and 11 is emitted in its place.
+    """
+    g = torch.Generator().manual_seed(3)
+    n, gamma, hidden_size, vocab = 2, 2, 40, 4099
+    hidden = torch.randint(-2, 3, (n, gamma + 1, hidden_size), generator=g).float()
+    lm_head = torch.randint(-1, 2, (vocab + 61, hidden_size), generator=g).float()
+    hidden[:, :] = hidden[0, 0]  # every row sees the same tie
+    for row in (11, 500, 700, 3000):
+        lm_head[row] = 4 * hidden[0, 0].sign()  # the largest dot product: 4 · Σ|h|
+    drafts = torch.tensor([[500, 11], [11, 11]])
+    keys = (torch.zeros(n), torch.tensor([5, 6]), torch.tensor([0, 9]))
+    case = (*(t.to(DEVICE) for t in (hidden, lm_head, drafts, *keys)), vocab)
+    tokens, emitted = _assert_parity(case, backend)
+    # Sequence 0: draft 500 loses the tie -> 11 emitted. Sequence 1: 11, 11 accepted, bonus 11.
+    assert tokens.tolist() == [[11, -1, -1], [11, 11, 11]]
+    assert emitted.tolist() == [1, 3]
+
+
+def test_without_logprobs(backend):
+    case = _case(3, 2, 40, 111, 128, torch.float32, seed=11)
+    tokens, emitted = ops.verify_resample(*case, backend=backend)
+    r_tokens, r_emitted = ops.verify_resample(*case, backend="reference")
+    assert torch.equal(tokens, r_tokens)
+    assert torch.equal(emitted, r_emitted)
+
+
+# ---- Triton-specific: launch configurations and workspaces the heuristic would not pick
+
+
+@pytest.fixture
+def triton_verify():
+    pytest.importorskip("triton")
+    from flashspec_export.kernels import verify_resample as kernel
+
+    return kernel
+
+
+def test_triton_small_tiles_empty_split_and_strided_inputs(triton_verify):
+    """BLOCK_V = 64 over 1000 ids is 16 tiles; 5 splits of 4 tiles leave the last split past the
+    vocabulary (it must not contribute). 5 · 5 = 25 rows span two 16-row blocks; H = 40 leaves
+    a tail of the 16-wide hidden chunk. hidden and lm_head are strided views."""
+    from flashspec_export.kernels.tiled_argmax import KernelConfig
+
+    hidden, lm_head, drafts, temps, seeds, positions, vocab = _case(
+        5, 4, 40, 1000, 1024, torch.float32, seed=21
+    )
+    wide_hidden = torch.zeros(5, 5, 56, device=DEVICE)
+    wide_hidden[..., 8:48] = hidden
+    wide_head = torch.zeros(1024, 64, device=DEVICE)
+    wide_head[:, 3:43] = lm_head
+    config = KernelConfig(block_n=16, block_v=64, block_h=16, num_splits=5)
+    args = (wide_hidden[..., 8:48], wide_head[:, 3:43], drafts, temps, seeds, positions, vocab)
+    result = triton_verify.verify_resample(*args, return_logprobs=True, config=config)
+    expected = ops.verify_resample(*args, return_logprobs=True, backend="reference")
+    assert torch.equal(result.tokens, expected[0])
+    assert torch.equal(result.num_emitted, expected[1])
+    torch.testing.assert_close(result.logprobs, expected[2], atol=LOGPROB_ATOL, rtol=LOGPROB_RTOL)
+
+
+def test_triton_preallocated_workspace_is_reused(triton_verify):
+    """A caller-owned workspace gives the same result on every call (nothing leaks between
+    calls through it); a workspace of the wrong shape is refused with a clear message."""
+    from flashspec_export.kernels.tiled_argmax import KernelConfig
+
+    case = _case(3, 2, 40, 111, 128, torch.float16, seed=31)
+    config = KernelConfig(block_n=16, block_v=64, block_h=32, num_splits=2)
+    workspace = triton_verify.make_workspace(9, 2, torch.device(DEVICE))
+    first = triton_verify.verify_resample(*case, config=config, workspace=workspace)
+    workspace.floats.fill_(float("nan"))
+    second = triton_verify.verify_resample(*case, config=config, workspace=workspace)
+    reference = ops.verify_resample(*case, backend="reference")
+    for result in (first, second):
+        assert torch.equal(result.tokens, reference[0])
+        assert torch.equal(result.num_emitted, reference[1])
+    wrong = triton_verify.make_workspace(9, 3, torch.device(DEVICE))
+    with pytest.raises(ValueError, match=r"workspace: expected make_workspace\(9, 2\)"):
+        triton_verify.verify_resample(*case, config=config, workspace=wrong)
