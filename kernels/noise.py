@@ -25,16 +25,16 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from flashspec_export.reference import noise
+from flashspec_export.reference import noise as spec
 
-P: tl.constexpr = tl.constexpr(noise.P)
-K_INIT: tl.constexpr = tl.constexpr(noise.K_INIT)
-K_A: tl.constexpr = tl.constexpr(noise.K_A)
-K_B: tl.constexpr = tl.constexpr(noise.K_B)
-K_MIX: tl.constexpr = tl.constexpr(noise.K_MIX)
-STREAM_ACCEPT: tl.constexpr = tl.constexpr(noise.STREAM_ACCEPT)
-STREAM_GUMBEL: tl.constexpr = tl.constexpr(noise.STREAM_GUMBEL)
-STREAM_DRAFT: tl.constexpr = tl.constexpr(noise.STREAM_DRAFT)
+P: tl.constexpr = tl.constexpr(spec.P)
+K_INIT: tl.constexpr = tl.constexpr(spec.K_INIT)
+K_A: tl.constexpr = tl.constexpr(spec.K_A)
+K_B: tl.constexpr = tl.constexpr(spec.K_B)
+K_MIX: tl.constexpr = tl.constexpr(spec.K_MIX)
+STREAM_ACCEPT: tl.constexpr = tl.constexpr(spec.STREAM_ACCEPT)
+STREAM_GUMBEL: tl.constexpr = tl.constexpr(spec.STREAM_GUMBEL)
+STREAM_DRAFT: tl.constexpr = tl.constexpr(spec.STREAM_DRAFT)
 _TWO_POW_30: tl.constexpr = tl.constexpr(2**30)
 _TWO_POW_M24: tl.constexpr = tl.constexpr(2.0**-24)
 _TWO_POW_M31: tl.constexpr = tl.constexpr(2.0**-31)
@@ -169,7 +169,7 @@ def _noise_kernel(
     LIBDEVICE: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    """Element-wise noise of (seed, position, token) triples; for tests and the ONNX bodies."""
+    """Element-wise noise of (seed, position, token) triples (parity tests, debugging)."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < num_values
     seed = tl.load(seed_ptr + offs, mask=ok, other=0)
@@ -187,7 +187,7 @@ def use_libdevice(t) -> bool:
     return t.is_cuda and not triton.knobs.runtime.interpret
 
 
-def noise(seed, position, token, stream: int):
+def evaluate_noise(seed, position, token, stream: int):
     """Bits, uniform and Gumbel noise of int64 ``seed, position, token`` (same 1-D shape [M]).
 
     Returns

@@ -114,8 +114,9 @@ _WORKSPACES: dict[tuple, tuple[torch.Tensor, ...]] = {}
 def cached_workspace(key: tuple, make) -> tuple[torch.Tensor, ...]:
     """The workspace tensors for ``key``, allocated by ``make()`` on first use and then reused.
 
-    Reuse keeps repeated calls allocation-free (CUDA-graph capturable). Calls with the same key
-    share the buffers, so concurrent calls on different CUDA streams must pass their own.
+    Reuse keeps repeated calls allocation-free: after one warm-up call (which allocates and
+    compiles) a call can be captured in a CUDA graph. Calls with the same key share the buffers,
+    so concurrent calls on different CUDA streams must pass their own.
     """
     if key not in _WORKSPACES:
         _WORKSPACES[key] = make()

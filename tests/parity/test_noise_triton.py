@@ -44,7 +44,7 @@ def _keys(count: int, seed: int):
 def test_bits_uniform_and_gumbel_match_reference(stream):
     """20,000 keys per stream (both branches of the exponential are hit thousands of times)."""
     seeds, positions, tokens = _keys(20_000, seed=stream)
-    bits, uniform, gumbel = triton_noise.noise(
+    bits, uniform, gumbel = triton_noise.evaluate_noise(
         seeds.to(DEVICE), positions.to(DEVICE), tokens.to(DEVICE), stream
     )
     expected = noise.bits(seeds, positions, tokens, stream)
@@ -62,7 +62,7 @@ def test_frozen_vectors():
     for stream in sorted({v["stream"] for v in VECTORS}):
         vectors = [v for v in VECTORS if v["stream"] == stream]
         keys = [torch.tensor([v[k] for v in vectors]) for k in ("seed", "position", "token")]
-        bits, uniform, gumbel = triton_noise.noise(*(k.to(DEVICE) for k in keys), stream)
+        bits, uniform, gumbel = triton_noise.evaluate_noise(*(k.to(DEVICE) for k in keys), stream)
         assert bits.tolist() == [v["bits"] for v in vectors]
         assert uniform.tolist() == [v["uniform"] for v in vectors]
         torch.testing.assert_close(
@@ -98,7 +98,7 @@ def test_multiplier_edge_a_equals_one():
     assert int(a) == 1
     tokens = torch.tensor([0, 1, 2, 1000, p - 2])
     seeds, positions = torch.full_like(tokens, seed), torch.full_like(tokens, position)
-    bits, _, _ = triton_noise.noise(
+    bits, _, _ = triton_noise.evaluate_noise(
         seeds.to(DEVICE), positions.to(DEVICE), tokens.to(DEVICE), stream
     )
     assert torch.equal(bits.cpu(), noise.bits(seeds, positions, tokens, stream))
