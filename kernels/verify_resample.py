@@ -36,6 +36,7 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
+
 from flashspec_export.kernels.noise import (
     STREAM_ACCEPT,
     STREAM_GUMBEL,
@@ -53,7 +54,6 @@ from flashspec_export.kernels.tiled_argmax import (
     choose_config,
     dot_options,
 )
-
 from flashspec_export.reference.verify_resample import VerifyResult
 
 # Float fields of the stage-1 workspace [NUM_FIELDS, R, S]; the index field is a separate int32

@@ -9,7 +9,7 @@ import pytest
 from flashspec_export import ops
 from flashspec_export.ops import registry
 
-REQUIRED_BACKENDS = ("reference", "standard")
+REQUIRED_BACKENDS = ("reference", "standard", "triton")
 
 
 @pytest.mark.parametrize("op", registry.OPS)
@@ -23,7 +23,9 @@ def test_reference_lives_in_the_package(op):
     assert callable(getattr(module, op))
 
 
-@pytest.mark.parametrize(("op", "backend"), [(o, b) for o in registry.OPS for b in REQUIRED_BACKENDS])
+@pytest.mark.parametrize(
+    ("op", "backend"), [(o, b) for o in registry.OPS for b in REQUIRED_BACKENDS]
+)
 def test_backends_resolve(op, backend):
     assert callable(registry.resolve(op, backend))
 
