@@ -14,8 +14,9 @@ reference on the GPU to the bit. The Triton interpreter has no libdevice; there 
 and ``log1p(y)`` is ``log(1 + y) * y / ((1 + y) - 1)`` (``y`` when ``1 + y == 1``), the form
 the ONNX bodies use, within an ulp or two of ``log1p``.
 
-Cost per vocabulary element (``token_bits`` + ``gumbel_from_bits``): 7 int64 multiply-mods, two
-rotations and two logs, all in registers; no memory traffic.
+Cost per vocabulary element (``token_bits`` + ``gumbel_from_bits``): 7 multiply-mods in 32-bit
+instructions (``umulhi`` for the high word), two rotations and two logs, all in registers; no
+memory traffic. Row keys are derived once per row in int64.
 """
 
 from __future__ import annotations
@@ -42,63 +43,85 @@ _TWO_POW_M31: tl.constexpr = tl.constexpr(2.0**-31)
 
 @triton.jit
 def _sub_p(r):
-    """``r % P`` for int64 ``r`` in ``[0, 2P)``."""
+    """``r % P`` for ``r`` in ``[0, 2P)`` (int64 or uint32)."""
     return tl.where(r >= P, r - P, r)
 
 
 @triton.jit
 def add_mod(x, y):
-    """``(x + y) % P`` for int64 ``x, y`` in ``[0, P]`` with ``x + y < 2P``."""
+    """``(x + y) % P`` for ``x, y`` in ``[0, P]`` with ``x + y < 2P`` (int64 or uint32)."""
     return _sub_p(x + y)
 
 
 @triton.jit
 def mul_mod(x, y):
-    """``(x * y) % P`` for int64 ``x, y`` in ``[0, P)``.
+    """``(x * y) % P`` for uint32 ``x, y`` in ``[0, P)``, in 32-bit instructions only.
 
-    ``z = x * y <= (P - 1)**2 < 2**62``; ``(z & P) <= P`` and ``(z >> 31) <= 2**31 - 4``, so the
-    fold is below ``2P`` and one subtraction finishes the reduction.
+    The product ``z = x * y <= (P - 1)**2 < 2**62`` is held as ``hi · 2**32 + lo`` (``lo`` the
+    wrapped product, ``hi = umulhi(x, y) < 2**30``). Fold: ``z & P = lo & P`` and
+    ``z >> 31 = (hi << 1) | (lo >> 31) <= 2**31 - 4``, so the sum is below ``2P`` (fits uint32)
+    and one subtraction finishes the reduction.
     """
+    lo = x * y
+    hi = tl.umulhi(x, y)
+    return _sub_p((lo & P) + ((hi << 1) | (lo >> 31)))
+
+
+@triton.jit
+def _mul_mod_i64(x, y):
+    """``(x * y) % P`` for int64 ``x, y`` in ``[0, P)`` (per-row key derivation only)."""
     z = x * y
     return _sub_p((z & P) + (z >> 31))
 
 
 @triton.jit
+def _rot16(x):
+    """(x % 2**16) * 2**15 + x // 2**16 — the 31-bit word rotated by 16."""
+    return ((x & 0xFFFF) << 15) + (x >> 16)
+
+
+@triton.jit
 def rnd(x):
-    """The hash round ``rot16(x**5 % P)`` on int64 ``x`` in ``[0, P)``."""
+    """The hash round ``rot16(x**5 % P)`` on uint32 ``x`` in ``[0, P)``."""
     x2 = mul_mod(x, x)
     x4 = mul_mod(x2, x2)
-    x5 = mul_mod(x4, x)
-    # rot16: (x % 2**16) * 2**15 + x // 2**16 — the 31-bit word rotated by 16.
-    return ((x5 & 0xFFFF) << 15) + (x5 >> 16)
+    return _rot16(mul_mod(x4, x))
+
+
+@triton.jit
+def _rnd_i64(x):
+    x2 = _mul_mod_i64(x, x)
+    x4 = _mul_mod_i64(x2, x2)
+    return _rot16(_mul_mod_i64(x4, x))
 
 
 @triton.jit
 def row_keys(seed, position, stream):
-    """Row keys ``(a, b)`` of ``reference.noise.row_keys``.
+    """Row keys ``(a, b)`` of ``reference.noise.row_keys``, once per row (int64 arithmetic).
 
     ``seed`` int64 in ``[0, 2**63)``, ``position`` int64 in ``[0, P)``, ``stream`` a small int;
-    any broadcastable shapes. Returns int64 ``a`` in ``[1, P - 1]`` and ``b`` in ``[0, P)``.
+    any broadcastable shapes. Returns uint32 ``a`` in ``[1, P - 1]`` and ``b`` in ``[0, P)``.
     """
     seed = seed.to(tl.int64)
     position = position.to(tl.int64)
     s0 = seed & P  # seed % 2**31, in [0, P]: K_INIT + s0 < 2P
     hi = seed >> 31  # below 2**32: one fold leaves at most P + 1
     s1 = _sub_p((hi & P) + (hi >> 31))
-    h = rnd(add_mod(s0, K_INIT))
-    h = rnd(add_mod(h, s1))
-    h = rnd(add_mod(h, position))
-    h = rnd(add_mod(h, stream))
-    y = rnd(add_mod(h, K_A))
+    h = _rnd_i64(add_mod(s0, K_INIT))
+    h = _rnd_i64(add_mod(h, s1))
+    h = _rnd_i64(add_mod(h, position))
+    h = _rnd_i64(add_mod(h, stream))
+    y = _rnd_i64(add_mod(h, K_A))
     a = 1 + tl.where(y == P - 1, 0, y)  # 1 + y % (P - 1) for y in [0, P)
-    b = rnd(add_mod(h, K_B))
-    return a, b
+    b = _rnd_i64(add_mod(h, K_B))
+    return a.to(tl.uint32), b.to(tl.uint32)
 
 
 @triton.jit
 def token_bits(a, b, token):
-    """The hash integer in ``[0, P)`` of token ids ``token`` (int, ``[0, P)``) under ``(a, b)``."""
-    x = add_mod(mul_mod(a, token.to(tl.int64)), b)  # (a * token + b) % P
+    """The hash integer (uint32, in ``[0, P)``) of token ids ``token`` (``[0, P)``) under the
+    uint32 row keys ``(a, b)``: 7 multiply-mods of 32-bit instructions per element."""
+    x = add_mod(mul_mod(a, token.to(tl.uint32)), b)  # (a * token + b) % P
     x = rnd(x)
     return rnd(add_mod(x, K_MIX))
 
@@ -177,7 +200,7 @@ def _noise_kernel(
     token = tl.load(token_ptr + offs, mask=ok, other=0)
     a, b = row_keys(seed, position, stream)
     x = token_bits(a, b, token)
-    tl.store(bits_ptr + offs, x, mask=ok)
+    tl.store(bits_ptr + offs, x.to(tl.int64), mask=ok)
     tl.store(uniform_ptr + offs, uniform_from_bits(x), mask=ok)
     tl.store(gumbel_ptr + offs, gumbel_from_bits(x, LIBDEVICE), mask=ok)
 

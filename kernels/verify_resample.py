@@ -115,7 +115,7 @@ def _verify_tiles_kernel(
     draft = tl.load(draft_ptr + seq * stride_dn + pos_i * stride_di, mask=has_draft, other=-1)
     seed = tl.load(seed_ptr + seq, mask=row_ok, other=0)
     position = tl.load(positions_ptr + seq, mask=row_ok, other=0) + pos_i
-    key_a, key_b = row_keys(seed, position, STREAM_GUMBEL)  # [BLOCK_N] int64 each
+    key_a, key_b = row_keys(seed, position, STREAM_GUMBEL)  # [BLOCK_N] uint32 each
     excluded = tl.where(greedy, -1, draft)  # sampled rows draw the residual: x is left out
 
     m = tl.full([BLOCK_N], float("-inf"), tl.float32)
@@ -167,7 +167,7 @@ def _verify_tiles_kernel(
         is_draft = cols[None, :] == draft[:, None]  # [BLOCK_N, BLOCK_V]
         draft_logit = tl.maximum(draft_logit, tl.max(tl.where(is_draft, logits, float("-inf")), 1))
 
-        # Gumbel-max candidate: 7 int64 mulmods and 2 logs per element, all in registers.
+        # Gumbel-max candidate: 7 32-bit multiply-mods and 2 logs per element, in registers.
         g = gumbel_from_bits(token_bits(key_a[:, None], key_b[:, None], cols[None, :]), LIBDEVICE)
         score = tl.where(greedy[:, None], logits, logits + g)
         score = tl.where(cols[None, :] == excluded[:, None], float("-inf"), score)

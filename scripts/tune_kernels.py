@@ -1,0 +1,96 @@
+"""Sweep launch configurations of the Triton kernels on one LM head and print the best per row
+count (the table ``choose_config`` encodes). Timing as in ``flashspec_export.benchmark``.
+
+    python scripts/tune_kernels.py --head llama3-8b --rows 4 32 128 512 --out tune.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+
+import torch
+import triton
+
+from flashspec_export.benchmark import time_graph
+from flashspec_export.config import HeadShape
+from flashspec_export.kernels.tiled_argmax import KernelConfig
+from flashspec_export.kernels.tiled_argmax import tiled_argmax as triton_argmax
+from flashspec_export.kernels.verify_resample import verify_resample as triton_verify
+
+
+def candidates(rows: int, vocab: int, sms: int):
+    base = max(16, min(128, triton.next_power_of_2(rows)))
+    for block_n, block_v, warps, waves in itertools.product(
+        sorted({base, max(16, base // 2)}), (64, 128, 256), (4, 8), (2, 8, 0)
+    ):
+        if block_n * block_v > 16384:
+            continue
+        tiles = triton.cdiv(vocab, block_v)
+        row_blocks = triton.cdiv(rows, block_n)
+        splits = tiles if waves == 0 else min(tiles, triton.cdiv(waves * sms, row_blocks))
+        splits = triton.cdiv(tiles, triton.cdiv(tiles, splits))
+        yield KernelConfig(block_n, block_v, 64, splits, warps, 3)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--head", default="llama3-8b")
+    parser.add_argument("--rows", nargs="+", type=int, default=[4, 32, 128, 512])
+    parser.add_argument("--out", default="tune.json")
+    args = parser.parse_args()
+    shape = HeadShape.from_name(args.head)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    lm_head = torch.randn(
+        shape.padded_vocab, shape.hidden_size, device="cuda", dtype=torch.bfloat16
+    )
+    lm_head *= shape.hidden_size**-0.5
+    matmul_us = {}
+    results = []
+    for rows in args.rows:
+        gamma = 3 if rows % 4 == 0 else 0
+        n = rows // (gamma + 1)
+        hidden = torch.randn(n, gamma + 1, shape.hidden_size, device="cuda", dtype=lm_head.dtype)
+        flat = hidden.reshape(rows, -1)
+        drafts = torch.randint(0, shape.vocab_size, (n, gamma), device="cuda")
+        temps = torch.ones(n, device="cuda")
+        seeds = torch.arange(n, device="cuda")
+        pos = torch.zeros(n, dtype=torch.int64, device="cuda")
+        matmul_us[rows] = statistics.median(time_graph(lambda: flat @ lm_head.T, 30, 3))
+        for config in candidates(rows, shape.vocab_size, sms):
+            for op in ("verify_resample", "tiled_argmax"):
+                if op == "verify_resample":
+                    fn = lambda c=config: triton_verify(  # noqa: E731
+                        hidden, lm_head, drafts, temps, seeds, pos, shape.vocab_size, config=c
+                    )
+                else:
+                    fn = lambda c=config: triton_argmax(flat, lm_head, shape.vocab_size, config=c)  # noqa: E731
+                try:
+                    us = statistics.median(time_graph(fn, 20, 3))
+                except Exception as e:  # a config the compiler rejects (e.g. out of shared memory)
+                    print(f"R={rows} {op} {config}: failed {type(e).__name__}: {e}"[:200])
+                    continue
+                results.append(dict(rows=rows, op=op, config=config._asdict(), us=us))
+                print(
+                    f"R={rows:<4} {op:>15} {tuple(config)} {us:8.1f} us "
+                    f"(matmul {matmul_us[rows]:.1f})",
+                    flush=True,
+                )
+    with open(args.out, "w") as f:
+        json.dump(dict(head=args.head, matmul_us=matmul_us, results=results), f, indent=1)
+    print("\nbest per row count:")
+    for rows in args.rows:
+        for op in ("verify_resample", "tiled_argmax"):
+            mine = [r for r in results if r["rows"] == rows and r["op"] == op]
+            if mine:
+                best = min(mine, key=lambda r: r["us"])
+                print(
+                    f"R={rows:<4} {op:>15}: {best['us']:8.1f} us vs matmul "
+                    f"{matmul_us[rows]:7.1f}  {best['config']}"
+                )
+
+
+if __name__ == "__main__":
+    main()
