@@ -7,6 +7,7 @@ count (the table ``choose_config`` encodes). Timing as in ``flashspec_export.ben
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import statistics
@@ -58,15 +59,26 @@ def main() -> None:
         temps = torch.ones(n, device="cuda")
         seeds = torch.arange(n, device="cuda")
         pos = torch.zeros(n, dtype=torch.int64, device="cuda")
-        matmul_us[rows] = statistics.median(time_graph(lambda: flat @ lm_head.T, 30, 3))
+        matmul = functools.partial(torch.matmul, flat, lm_head.T)
+        matmul_us[rows] = statistics.median(time_graph(matmul, 30, 3))
         for config in candidates(rows, shape.vocab_size, sms):
             for op in ("verify_resample", "tiled_argmax"):
                 if op == "verify_resample":
-                    fn = lambda c=config: triton_verify(  # noqa: E731
-                        hidden, lm_head, drafts, temps, seeds, pos, shape.vocab_size, config=c
+                    fn = functools.partial(
+                        triton_verify,
+                        hidden,
+                        lm_head,
+                        drafts,
+                        temps,
+                        seeds,
+                        pos,
+                        shape.vocab_size,
+                        config=config,
                     )
                 else:
-                    fn = lambda c=config: triton_argmax(flat, lm_head, shape.vocab_size, config=c)  # noqa: E731
+                    fn = functools.partial(
+                        triton_argmax, flat, lm_head, shape.vocab_size, config=config
+                    )
                 try:
                     us = statistics.median(time_graph(fn, 20, 3))
                 except Exception as e:  # a config the compiler rejects (e.g. out of shared memory)
