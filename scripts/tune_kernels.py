@@ -23,9 +23,12 @@ from flashspec_export.kernels.verify_resample import verify_resample as triton_v
 
 
 def candidates(rows: int, vocab: int, sms: int):
+    """Row block from the row count (and 64 for large counts), three tile widths, 4 or 8
+    warps, and splits for two waves or one tile per program."""
     base = max(16, min(128, triton.next_power_of_2(rows)))
+    row_blocks_options = sorted({base, 64}) if rows >= 128 else [base]
     for block_n, block_v, warps, waves in itertools.product(
-        sorted({base, max(16, base // 2)}), (64, 128, 256), (4, 8), (2, 8, 0)
+        row_blocks_options, (64, 128, 256), (4, 8), (2, 0)
     ):
         if block_n * block_v > 16384:
             continue
