@@ -57,13 +57,34 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+# Tuned on an H100 (Llama-3-8B head, bf16; scripts/tune_kernels.py, docs/BENCHMARKS.md): per op,
+# rows up to the key -> (BLOCK_N, BLOCK_V, num_warps, waves), waves = programs per SM along the
+# vocabulary (0: one tile per program). VerifyResample carries the Gumbel hash per logit, so it
+# wants fewer logits per thread than the plain argmax.
+TUNED = {
+    "verify_resample": ((16, (16, 128, 8, 2)), (32, (32, 128, 8, 0)), (None, (64, 64, 4, 2))),
+    "tiled_argmax": (
+        (16, (16, 128, 8, 2)),
+        (32, (32, 128, 8, 2)),
+        (128, (128, 128, 8, 0)),
+        (None, (64, 256, 8, 0)),
+    ),
+}
+
+
 def choose_config(
-    rows: int, hidden_size: int, vocab_size: int, dtype: torch.dtype, device: torch.device
+    op: str,
+    rows: int,
+    hidden_size: int,
+    vocab_size: int,
+    dtype: torch.dtype,
+    device: torch.device,
 ) -> KernelConfig:
-    """Heuristic launch configuration (a table to tune on the target GPU, never autotuned inline).
+    """Launch configuration from the tuned table (never autotuned inline).
 
     Parameters
     ----------
+    op : "verify_resample" or "tiled_argmax"
     rows : flattened rows of ``hidden`` (``N`` for TiledArgmax, ``N · (γ + 1)`` for VerifyResample)
     hidden_size : H
     vocab_size : logical vocabulary (tiles past it are never visited)
@@ -74,25 +95,23 @@ def choose_config(
     -------
     KernelConfig
     """
-    block_n = min(64, max(16, triton.next_power_of_2(rows)))
-    row_blocks = triton.cdiv(rows, block_n)
-    interpreted = device.type != "cuda" or triton.knobs.runtime.interpret
-    if interpreted:
-        block_v = 512
+    sixteen_bit = dtype in (torch.bfloat16, torch.float16)
+    if device.type != "cuda" or triton.knobs.runtime.interpret:
+        block_n = min(64, max(16, triton.next_power_of_2(rows)))
+        block_v, num_warps, waves, sms = 512, 4, WAVES_PER_SM, _INTERPRETER_SMS
         block_h = min(128, max(16, triton.next_power_of_2(hidden_size)))
-        sms = _INTERPRETER_SMS
     else:
-        # Keep BLOCK_N · BLOCK_V at 2048-4096 fp32 logits per program: VerifyResample carries
-        # several int64 hash temporaries per logit, and registers, not bandwidth, bound the tile.
-        block_v = 128 if block_n <= 32 else 64
-        block_h = 64 if dtype in (torch.bfloat16, torch.float16) else 32
+        block_n, block_v, num_warps, waves = next(
+            config for limit, config in TUNED[op] if limit is None or rows <= limit
+        )
+        block_h = 64 if sixteen_bit else 32
         sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
     tiles = triton.cdiv(vocab_size, block_v)
-    splits = max(1, min(tiles, triton.cdiv(WAVES_PER_SM * sms, row_blocks)))
+    row_blocks = triton.cdiv(rows, block_n)
+    splits = tiles if waves == 0 else max(1, min(tiles, triton.cdiv(waves * sms, row_blocks)))
     # Even out the runs of tiles so that no split is empty.
     splits = triton.cdiv(tiles, triton.cdiv(tiles, splits))
-    num_stages = 4 if dtype in (torch.bfloat16, torch.float16) else 3
-    return KernelConfig(block_n, block_v, block_h, splits, num_warps=4, num_stages=num_stages)
+    return KernelConfig(block_n, block_v, block_h, splits, num_warps, num_stages=3)
 
 
 def dot_options(t: torch.Tensor) -> dict:
@@ -246,7 +265,9 @@ def tiled_argmax(
     """
     n, hidden_size = hidden.shape
     if config is None:
-        config = choose_config(n, hidden_size, vocab_size, hidden.dtype, hidden.device)
+        config = choose_config(
+            "tiled_argmax", n, hidden_size, vocab_size, hidden.dtype, hidden.device
+        )
     splits = config.num_splits
     if workspace is None:
         workspace = cached_workspace(

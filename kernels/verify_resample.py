@@ -314,7 +314,9 @@ def verify_resample(
     rows = n * width
     device = hidden.device
     if config is None:
-        config = choose_config(rows, hidden_size, vocab_size, hidden.dtype, device)
+        config = choose_config(
+            "verify_resample", rows, hidden_size, vocab_size, hidden.dtype, device
+        )
     splits = config.num_splits
     if workspace is None:
         workspace = cached_workspace(
