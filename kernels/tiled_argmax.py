@@ -114,6 +114,15 @@ def choose_config(
     return KernelConfig(block_n, block_v, block_h, splits, num_warps, num_stages=3)
 
 
+def check_device(hidden: torch.Tensor) -> None:
+    """Triton kernels run on CUDA tensors, or on CPU tensors under the interpreter."""
+    if not hidden.is_cuda and not triton.knobs.runtime.interpret:
+        raise ValueError(
+            f"hidden: the triton backend needs CUDA tensors (or TRITON_INTERPRET=1 for the CPU "
+            f"interpreter); got a tensor on {hidden.device}"
+        )
+
+
 def dot_options(t: torch.Tensor) -> dict:
     """Constexpr ``tl.dot`` options for inputs like ``t``.
 
@@ -263,6 +272,7 @@ def tiled_argmax(
     token : [N] int64, the lowest index among the maximal logits
     max_logit : [N] float32
     """
+    check_device(hidden)
     n, hidden_size = hidden.shape
     if config is None:
         config = choose_config(

@@ -51,6 +51,7 @@ from flashspec_export.kernels.noise import (
 from flashspec_export.kernels.tiled_argmax import (
     KernelConfig,
     cached_workspace,
+    check_device,
     choose_config,
     dot_options,
 )
@@ -309,6 +310,7 @@ def verify_resample(
     -------
     VerifyResult(tokens [N, γ + 1] int64, num_emitted [N] int64, logprobs [N, γ + 1] or None)
     """
+    check_device(hidden)
     n, width, hidden_size = hidden.shape
     gamma = width - 1
     rows = n * width

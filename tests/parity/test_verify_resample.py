@@ -171,3 +171,12 @@ def test_triton_preallocated_workspace_is_reused(triton_verify):
     wrong = triton_verify.make_workspace(9, 3, torch.device(DEVICE))
     with pytest.raises(ValueError, match=r"workspace: expected make_workspace\(9, 2\)"):
         triton_verify.verify_resample(*case, config=config, workspace=wrong)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-tensor error without a GPU")
+def test_triton_refuses_cpu_tensors_outside_the_interpreter(monkeypatch):
+    triton = pytest.importorskip("triton")
+    monkeypatch.setattr(triton.knobs.runtime, "interpret", False)
+    hidden, lm_head, drafts, temps, seeds, positions, _ = make_case(2, 1, 8, 16, torch.float32)
+    with pytest.raises(ValueError, match="hidden: the triton backend needs CUDA tensors"):
+        ops.verify_resample(hidden, lm_head, drafts, temps, seeds, positions, backend="triton")

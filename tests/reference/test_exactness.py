@@ -76,17 +76,19 @@ def _hidden(rows: list[np.ndarray]) -> torch.Tensor:
 
 
 def greedy_draft_step(rows, drafts, temperature, backend="reference"):
-    """N_SAMPLES independent VerifyResample steps, seeds 0..N-1."""
+    """N_SAMPLES independent VerifyResample steps, seeds 0..N-1 (on the GPU for Triton)."""
     n = N_SAMPLES
-    return ops.verify_resample(
-        _hidden(rows),
-        torch.eye(VOCAB),
-        torch.tensor([drafts]).expand(n, -1),
+    device = "cuda" if backend == "triton" else "cpu"
+    tokens, emitted = ops.verify_resample(
+        _hidden(rows).to(device),
+        torch.eye(VOCAB, device=device),
+        torch.tensor([drafts], device=device).expand(n, -1),
         temperature,
-        torch.arange(n),
-        torch.full((n,), 100),
+        torch.arange(n, device=device),
+        torch.full((n,), 100, device=device),
         backend=backend,
     )
+    return tokens.cpu(), emitted.cpu()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
