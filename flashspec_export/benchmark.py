@@ -253,3 +253,38 @@ def write_report(report: dict, json_path: str, png_path: str | None = None) -> N
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(png_path, dpi=120)
+
+
+def markdown(report: dict) -> str:
+    """One table per head: median µs [p10–p90] per provider, the fused ops' ratio to the
+    cuBLAS matmul, their fraction of the copy bandwidth, and the speedup over the standard path."""
+    lines = []
+    ms = report["measurements"]
+    for head in dict.fromkeys(m["head"] for m in ms):
+        mine = [m for m in ms if m["head"] == head]
+        shape = mine[0]
+        providers = [p for p in PROVIDERS if any(m["provider"] == p for m in mine)]
+        lines += [
+            f"#### {head} (V = {shape['vocab_size']}, H = {shape['hidden_size']})",
+            "",
+            "| rows | " + " | ".join(providers) + " | verify / matmul | argmax / matmul "
+            "| verify % copy bw | standard / verify |",
+            "|---:|" + "---:|" * (len(providers) + 4),
+        ]
+        for rows in sorted({m["rows"] for m in mine}):
+            at = {m["provider"]: m for m in mine if m["rows"] == rows}
+            cells = [
+                f"{at[p]['median_us']:.0f} [{at[p]['p10_us']:.0f}–{at[p]['p90_us']:.0f}]"
+                for p in providers
+            ]
+            verify, argmax, matmul = (
+                at.get(p) for p in ("verify_resample", "tiled_argmax", "matmul")
+            )
+            ratio = lambda a, b: f"{a['median_us'] / b['median_us']:.2f}" if a and b else "–"  # noqa: E731
+            bw = f"{100 * verify['copy_fraction']:.0f}%" if verify else "–"
+            lines.append(
+                f"| {rows} | " + " | ".join(cells) + f" | {ratio(verify, matmul)} | "
+                f"{ratio(argmax, matmul)} | {bw} | {ratio(at.get('standard'), verify)} |"
+            )
+        lines.append("")
+    return "\n".join(lines)

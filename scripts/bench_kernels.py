@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from flashspec_export.benchmark import PROVIDERS, BenchConfig, run, write_report
+from flashspec_export.benchmark import PROVIDERS, BenchConfig, markdown, run, write_report
 from flashspec_export.config import HEAD_SHAPES
 
 
@@ -36,6 +36,7 @@ def main() -> None:
     )
     report = run(config, progress=lambda line: print(line, flush=True))
     write_report(report, args.out, args.plot)
+    print(markdown(report))
     print(f"copy bandwidth {report['copy_gbps']:.0f} GB/s on {report['environment']['gpu']}")
 
 
