@@ -68,3 +68,20 @@ def test_bf16_mismatch_rate(head):
     rate = mismatched / total
     print(f"{head} bf16: {mismatched}/{total} sequences differ (rate {rate:.2e})")
     assert rate <= MAX_BF16_MISMATCH_RATE
+
+
+@pytest.mark.parametrize(
+    ("n", "gamma", "hidden_size", "vocab", "padded"),
+    [
+        (57, 8, 5000, 200_003, 200_064),  # 513 rows, γ = 8, H and V off every tile
+        (512, 0, 8192, 131_071, 131_072),  # bonus tokens only, the widest hidden size
+    ],
+)
+def test_extreme_shapes_bf16(n, gamma, hidden_size, vocab, padded):
+    """The largest supported inputs: tokens as the reference's, up to fp32 near-ties."""
+    shape = HeadShape("extreme", vocab, hidden_size, padded)
+    (r_tok, r_num, _), (t_tok, t_num, _) = _both(_case(shape, n, gamma, torch.bfloat16, seed=7))
+    differs = (r_tok != t_tok).any(dim=1) | (r_num != t_num)
+    print(f"H={hidden_size} V={vocab} rows={n * (gamma + 1)}: {int(differs.sum())}/{n} differ")
+    assert differs.float().mean() <= MAX_BF16_MISMATCH_RATE
+    assert int(t_tok.max()) < vocab
