@@ -152,6 +152,49 @@ def cached_workspace(key: tuple, make) -> tuple[torch.Tensor, ...]:
 
 
 @triton.jit
+def dot_tile(
+    hidden_ptr,
+    lm_head_ptr,
+    row_off,  # [BLOCK_N] int64 element offsets of the rows of hidden
+    row_ok,  # [BLOCK_N]
+    col_off,  # [BLOCK_V] int64 element offsets of the LM-head rows of the tile
+    col_ok,  # [BLOCK_V]
+    stride_hh,
+    stride_vh,
+    HIDDEN_SIZE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
+    """``dot[BLOCK_N, BLOCK_V] = Σ_k hidden[rows, k] · lm_head[cols, k]`` in fp32.
+
+    The LM-head tile (BLOCK_V · H elements) is the only DRAM stream of the kernels; the hidden
+    block is re-read per tile from L2. Masked rows, columns and the H tail load zeros.
+    """
+    acc = tl.zeros([BLOCK_N, BLOCK_V], dtype=tl.float32)
+    for k0 in range(0, HIDDEN_SIZE, BLOCK_H):
+        ks = k0 + tl.arange(0, BLOCK_H)
+        k_ok = ks < HIDDEN_SIZE
+        h = tl.load(
+            hidden_ptr + row_off[:, None] + ks[None, :] * stride_hh,
+            mask=row_ok[:, None] & k_ok[None, :],
+            other=0.0,
+        )  # [BLOCK_N, BLOCK_H]
+        w = tl.load(
+            lm_head_ptr + col_off[:, None] + ks[None, :] * stride_vh,
+            mask=col_ok[:, None] & k_ok[None, :],
+            other=0.0,
+        )  # [BLOCK_V, BLOCK_H]
+        if DOT_IN_FP32:
+            h = h.to(tl.float32)
+            w = w.to(tl.float32)
+        acc = tl.dot(h, tl.trans(w), acc, input_precision=DOT_PRECISION)
+    return acc
+
+
+@triton.jit
 def _argmax_tiles_kernel(
     hidden_ptr,  # [N, H]
     lm_head_ptr,  # [V, H]
@@ -190,26 +233,22 @@ def _argmax_tiles_kernel(
         cols = tile * BLOCK_V + tl.arange(0, BLOCK_V)
         col_ok = cols < vocab_size
         col_off = cols.to(tl.int64) * stride_vv  # [BLOCK_V]
-        # logits[BLOCK_N, BLOCK_V] = Σ_k hidden[rows, k] · lm_head[cols, k], fp32 accumulation.
-        # The LM-head tile (BLOCK_V · H elements) is the only DRAM stream of this loop.
-        acc = tl.zeros([BLOCK_N, BLOCK_V], dtype=tl.float32)
-        for k0 in range(0, HIDDEN_SIZE, BLOCK_H):
-            ks = k0 + tl.arange(0, BLOCK_H)
-            k_ok = ks < HIDDEN_SIZE
-            h = tl.load(
-                hidden_ptr + row_off[:, None] + ks[None, :] * stride_hh,
-                mask=row_ok[:, None] & k_ok[None, :],
-                other=0.0,
-            )  # [BLOCK_N, BLOCK_H]
-            w = tl.load(
-                lm_head_ptr + col_off[:, None] + ks[None, :] * stride_vh,
-                mask=col_ok[:, None] & k_ok[None, :],
-                other=0.0,
-            )  # [BLOCK_V, BLOCK_H]
-            if DOT_IN_FP32:
-                h = h.to(tl.float32)
-                w = w.to(tl.float32)
-            acc = tl.dot(h, tl.trans(w), acc, input_precision=DOT_PRECISION)
+        acc = dot_tile(
+            hidden_ptr,
+            lm_head_ptr,
+            row_off,
+            row_ok,
+            col_off,
+            col_ok,
+            stride_hh,
+            stride_vh,
+            HIDDEN_SIZE,
+            DOT_PRECISION,
+            DOT_IN_FP32,
+            BLOCK_N,
+            BLOCK_V,
+            BLOCK_H,
+        )  # [BLOCK_N, BLOCK_V] fp32
         logits = tl.where(col_ok[None, :], acc, float("-inf"))  # padded vocabulary never wins
         tile_best, tile_arg = tl.max(
             logits, 1, return_indices=True, return_indices_tie_break_left=True

@@ -54,6 +54,7 @@ from flashspec_export.kernels.tiled_argmax import (
     check_device,
     choose_config,
     dot_options,
+    dot_tile,
 )
 from flashspec_export.reference.verify_resample import VerifyResult
 
@@ -134,26 +135,22 @@ def _verify_tiles_kernel(
         cols = tile * BLOCK_V + tl.arange(0, BLOCK_V)
         col_ok = cols < vocab_size
         col_off = cols.to(tl.int64) * stride_vv  # [BLOCK_V]
-        # dot[BLOCK_N, BLOCK_V] = Σ_k hidden[rows, k] · lm_head[cols, k], fp32 accumulation.
-        # The LM-head tile (BLOCK_V · H elements) is the only DRAM stream of the kernel.
-        acc = tl.zeros([BLOCK_N, BLOCK_V], dtype=tl.float32)
-        for k0 in range(0, HIDDEN_SIZE, BLOCK_H):
-            ks = k0 + tl.arange(0, BLOCK_H)
-            k_ok = ks < HIDDEN_SIZE
-            h = tl.load(
-                hidden_ptr + row_off[:, None] + ks[None, :] * stride_hh,
-                mask=row_ok[:, None] & k_ok[None, :],
-                other=0.0,
-            )  # [BLOCK_N, BLOCK_H]
-            w = tl.load(
-                lm_head_ptr + col_off[:, None] + ks[None, :] * stride_vh,
-                mask=col_ok[:, None] & k_ok[None, :],
-                other=0.0,
-            )  # [BLOCK_V, BLOCK_H]
-            if DOT_IN_FP32:
-                h = h.to(tl.float32)
-                w = w.to(tl.float32)
-            acc = tl.dot(h, tl.trans(w), acc, input_precision=DOT_PRECISION)
+        acc = dot_tile(
+            hidden_ptr,
+            lm_head_ptr,
+            row_off,
+            row_ok,
+            col_off,
+            col_ok,
+            stride_hh,
+            stride_vh,
+            HIDDEN_SIZE,
+            DOT_PRECISION,
+            DOT_IN_FP32,
+            BLOCK_N,
+            BLOCK_V,
+            BLOCK_H,
+        )  # [BLOCK_N, BLOCK_V] fp32
         # IEEE division, as the reference's `logits / scale` (not a reciprocal multiply).
         logits = tl.math.div_rn(acc, scale[:, None])
         logits = tl.where(col_ok[None, :], logits, float("-inf"))  # padded ids: exp = 0
