@@ -33,3 +33,12 @@ def test_backends_resolve(op, backend):
 def test_unknown_op_is_named():
     with pytest.raises(ValueError, match="op: unknown op 'softmax'; expected one of"):
         ops.backends("softmax")
+
+
+@pytest.mark.parametrize("op", registry.OPS)
+def test_every_op_has_an_onnx_face(op):
+    pytest.importorskip("onnx")
+    from flashspec_export.onnx import functions
+
+    op_type = functions.OP_TYPES[op]
+    assert functions.FUNCTIONS[op_type]().name == op_type

@@ -1,0 +1,215 @@
+"""The ONNX face of the FlashSpec ops: custom nodes in domain ``flashspec`` whose model-local
+function bodies are the standard-op decomposition (materialised, like backend "standard", but
+sampling with Gumbel-max on the logits as the reference does).
+
+ONNX Runtime inlines the function and runs the body; TensorRT (10.15+) resolves the node to the
+plugin named by ``op_type`` / ``plugin_namespace`` / ``plugin_version``; where no plugin is
+registered (TensorRT-RTX) the parser inlines the body, which uses only ops it accepts.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from flashspec_export.onnx import noise
+from flashspec_export.onnx.builder import Body
+from flashspec_export.reference import noise as spec
+
+DOMAIN = "flashspec"
+DOMAIN_VERSION = 1
+OPSET = 18
+IR_VERSION = 10
+PLUGIN_VERSION = "1"
+I64, F32 = np.int64, np.float32
+_BIG = 2**31 - 1  # "to the end" for Slice (TensorRT wants int32-range bounds)
+OPSET_IMPORTS = [helper.make_opsetid("", OPSET), helper.make_opsetid(DOMAIN, DOMAIN_VERSION)]
+
+
+def _rows_before_last(b: Body, x: str) -> str:
+    """x[:, :-1] — the γ draft rows of a [N, γ + 1, ...] value."""
+    return b.op("Slice", x, b.const([0], I64), b.const([-1], I64), b.const([1], I64))
+
+
+def _last_row(b: Body, x: str) -> str:
+    """x[:, -1:] — the bonus row."""
+    return b.op("Slice", x, b.const([-1], I64), b.const([_BIG], I64), b.const([1], I64))
+
+
+def _logits(b: Body, hidden: str, lm_head: str, vocab_size: str) -> str:
+    """fp32 ``hidden · lm_head[:vocab_size]ᵀ`` ([..., V])."""
+    end = b.op("Unsqueeze", vocab_size, b.const([0], I64))
+    rows = b.op("Slice", lm_head, b.const([0], I64), end, b.const([0], I64))
+    weight = b.op("Transpose", b.op("Cast", rows, to=TensorProto.FLOAT), perm=[1, 0])
+    return b.op("MatMul", b.op("Cast", hidden, to=TensorProto.FLOAT), weight)
+
+
+def tiled_argmax_function() -> onnx.FunctionProto:
+    """``TiledArgmax(hidden [N, H], lm_head [V, H]) -> token [N] int64, max_logit [N] float``."""
+    b = Body("ta")
+    logits = _logits(b, "hidden", "lm_head", b.attr_int("vocab_size"))  # [N, V]
+    token = b.op("ArgMax", logits, axis=1, keepdims=0, select_last_index=0)
+    max_logit = b.op("ReduceMax", logits, b.const([1], I64), keepdims=0)
+    return b.function(
+        DOMAIN,
+        "TiledArgmax",
+        ["hidden", "lm_head"],
+        [("token", token), ("max_logit", max_logit)],
+        OPSET_IMPORTS,
+        ["vocab_size"],
+    )
+
+
+def verify_resample_function() -> onnx.FunctionProto:
+    """``VerifyResample(hidden [N, γ+1, H], lm_head [V, H], draft_tokens [N, γ], temperature [N],
+    seed [N], positions [N]) -> tokens [N, γ+1], num_emitted [N], logprobs [N, γ+1]``."""
+    b = Body("vr")
+    one_f, zero_f = b.const(1.0, F32), b.const(0.0, F32)
+    vocab_size = b.attr_int("vocab_size")  # scalar
+
+    # Logits and their log-sum-exp: [N, R, V], [N, R]  (R = γ + 1)
+    greedy = b.op("Equal", "temperature", zero_f)  # [N]
+    scale = b.op("Where", greedy, one_f, "temperature")
+    logits = b.op(
+        "Div",
+        _logits(b, "hidden", "lm_head", vocab_size),
+        b.op("Unsqueeze", scale, b.const([1, 2], I64)),
+    )
+    peak = b.op("ReduceMax", logits, b.const([-1], I64), keepdims=1)
+    total = b.op(
+        "ReduceSum", b.op("Exp", b.op("Sub", logits, peak)), b.const([-1], I64), keepdims=1
+    )
+    lse = b.op("Squeeze", b.op("Add", peak, b.op("Log", total)), b.const([2], I64))
+
+    # Noise keys per row: position of row i is positions + i.
+    rows = b.op("Gather", b.op("Shape", "hidden"), b.const(1, I64), axis=0)
+    row_ids = b.op("Range", b.const(0, I64), rows, b.const(1, I64))  # [R]
+    row_pos = b.op("Add", b.op("Unsqueeze", "positions", b.const([1], I64)), row_ids)  # [N, R]
+    seed = b.op("Unsqueeze", "seed", b.const([1], I64))  # [N, 1]
+    token = b.op("Range", b.const(0, I64), vocab_size, b.const(1, I64))  # [V]
+
+    # Candidates: argmax over v != x of (l + g) (greedy rows: argmax l), lowest index on ties.
+    key_a, key_b = noise.row_keys(b, seed, row_pos, spec.STREAM_GUMBEL)
+    unsqueeze2 = b.const([2], I64)
+    bits = noise.token_bits(
+        b, b.op("Unsqueeze", key_a, unsqueeze2), b.op("Unsqueeze", key_b, unsqueeze2), token
+    )  # [N, R, V]
+    gumbel = noise.gumbel_from_bits(b, bits)
+    excluded = b.op("Pad", "draft_tokens", b.const([0, 0, 0, 1], I64), b.const(-1, I64))  # [N, R]
+    is_draft = b.op("Equal", b.op("Unsqueeze", excluded, unsqueeze2), token)  # [N, R, V]
+    greedy3 = b.op("Unsqueeze", greedy, b.const([1, 2], I64))
+    score = b.op("Where", greedy3, logits, b.op("Add", logits, gumbel))
+    score = b.op("Where", b.op("And", is_draft, b.op("Not", greedy3)), b.const(-np.inf, F32), score)
+    best = b.op("ArgMax", score, axis=2, keepdims=1, select_last_index=0)  # [N, R, 1]
+    best_logit = b.op("Squeeze", b.op("GatherElements", logits, best, axis=2), unsqueeze2)
+    best = b.op("Squeeze", best, unsqueeze2)  # [N, R]
+
+    # Acceptance of the γ drafts: u <= exp(l(x) - LSE) (greedy: x == argmax).
+    drafts3 = b.op("Unsqueeze", "draft_tokens", unsqueeze2)
+    draft_logit = b.op(
+        "Squeeze", b.op("GatherElements", _rows_before_last(b, logits), drafts3, axis=2), unsqueeze2
+    )  # [N, γ]
+    draft_logprob = b.op("Sub", draft_logit, _rows_before_last(b, lse))
+    _, acc_b = noise.row_keys(b, seed, _rows_before_last(b, row_pos), spec.STREAM_ACCEPT)
+    u = noise.uniform_from_bits(b, noise.token_bits(b, None, acc_b, None))
+    sampled_ok = b.op("LessOrEqual", u, b.op("Exp", draft_logprob))
+    greedy_ok = b.op("Equal", "draft_tokens", _rows_before_last(b, best))
+    greedy2 = b.op("Unsqueeze", greedy, b.const([1], I64))  # (Where has no bool kernel in ORT)
+    accept = b.op(
+        "Or",
+        b.op("And", greedy2, greedy_ok),
+        b.op("And", b.op("Not", greedy2), sampled_ok),
+    )
+
+    # k = number of leading accepts: rows before the first rejection have a zero reject count.
+    rejects = b.op(
+        "CumSum", b.op("Cast", b.op("Not", accept), to=TensorProto.INT64), b.const(1, I64)
+    )
+    leading = b.op("Cast", b.op("Equal", rejects, b.const(0, I64)), to=TensorProto.INT64)
+    k = b.op("ReduceSum", leading, b.const([1], I64), keepdims=1)  # [N, 1]
+
+    def emitted(draft_values: str, candidates: str, fill: str) -> str:
+        padded = b.op("Concat", draft_values, _last_row(b, candidates), axis=1)
+        out = b.op("Where", b.op("Less", row_ids, k), padded, fill)
+        return b.op("Where", b.op("Equal", row_ids, k), candidates, out)
+
+    tokens = emitted("draft_tokens", best, b.const(-1, I64))
+    logprobs = emitted(draft_logprob, b.op("Sub", best_logit, lse), zero_f)
+    num_emitted = b.op("Squeeze", b.op("Add", k, b.const(1, I64)), b.const([1], I64))
+    return b.function(
+        DOMAIN,
+        "VerifyResample",
+        ["hidden", "lm_head", "draft_tokens", "temperature", "seed", "positions"],
+        [("tokens", tokens), ("num_emitted", num_emitted), ("logprobs", logprobs)],
+        OPSET_IMPORTS,
+        ["vocab_size"],
+    )
+
+
+def plugin_node(op_type: str, inputs, outputs, vocab_size: int, name: str | None = None):
+    """A ``flashspec`` custom node as TensorRT resolves it to its plugin."""
+    if not 0 < vocab_size < 2**31:
+        raise ValueError(f"vocab_size: expected 1 <= vocab_size < 2**31 (int32), got {vocab_size}")
+    return helper.make_node(
+        op_type,
+        list(inputs),
+        list(outputs),
+        name=name or op_type,
+        domain=DOMAIN,
+        vocab_size=vocab_size,
+        plugin_namespace=DOMAIN,
+        plugin_version=PLUGIN_VERSION,
+    )
+
+
+FUNCTIONS = {"TiledArgmax": tiled_argmax_function, "VerifyResample": verify_resample_function}
+# registry op name -> ONNX op_type (= TensorRT plugin name)
+OP_TYPES = {"tiled_argmax": "TiledArgmax", "verify_resample": "VerifyResample"}
+
+
+_IO = {
+    # op -> (inputs, outputs) as (name, elem type or None for the float dtype, shape)
+    "TiledArgmax": (
+        [("hidden", None, ["N", "H"]), ("lm_head", None, ["V", "H"])],
+        [("token", TensorProto.INT64, ["N"]), ("max_logit", TensorProto.FLOAT, ["N"])],
+    ),
+    "VerifyResample": (
+        [
+            ("hidden", None, ["N", "R", "H"]),
+            ("lm_head", None, ["V", "H"]),
+            ("draft_tokens", TensorProto.INT64, ["N", "G"]),
+            ("temperature", TensorProto.FLOAT, ["N"]),
+            ("seed", TensorProto.INT64, ["N"]),
+            ("positions", TensorProto.INT64, ["N"]),
+        ],
+        [
+            ("tokens", TensorProto.INT64, ["N", "R"]),
+            ("num_emitted", TensorProto.INT64, ["N"]),
+            ("logprobs", TensorProto.FLOAT, ["N", "R"]),
+        ],
+    ),
+}
+
+
+def single_op_model(op_type: str, float_type: int, vocab_size: int) -> onnx.ModelProto:
+    """A model of one ``flashspec`` node with its function: the unit an engine test builds.
+
+    float_type : ``TensorProto.FLOAT`` / ``FLOAT16`` / ``BFLOAT16`` for hidden and lm_head
+    """
+    inputs, outputs = _IO[op_type]
+    value = lambda name, t, shape: helper.make_tensor_value_info(name, t or float_type, shape)  # noqa: E731
+    graph = helper.make_graph(
+        [plugin_node(op_type, [i[0] for i in inputs], [o[0] for o in outputs], vocab_size)],
+        f"flashspec_{op_type}",
+        [value(*i) for i in inputs],
+        [value(*o) for o in outputs],
+    )
+    model = helper.make_model(
+        graph,
+        opset_imports=OPSET_IMPORTS,
+        functions=[FUNCTIONS[op_type]()],
+        ir_version=IR_VERSION,
+        producer_name="flashspec_export",
+    )
+    return model

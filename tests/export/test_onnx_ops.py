@@ -1,0 +1,175 @@
+"""The ONNX face of the ops: custom ``flashspec`` nodes with model-local function bodies.
+
+ONNX Runtime inlines the function body (the standard-op decomposition, noise included) and must
+emit exactly the reference's tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import numpy as np
+import pytest
+import torch
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+
+from onnx import TensorProto, helper  # noqa: E402
+
+from flashspec_export import ops  # noqa: E402
+from flashspec_export.onnx import functions, noise  # noqa: E402
+from flashspec_export.onnx.builder import Body  # noqa: E402
+from tests.cases import make_case  # noqa: E402
+from tests.tolerances import (  # noqa: E402
+    GUMBEL_ATOL,
+    GUMBEL_RTOL,
+    LOGIT_ATOL,
+    LOGPROB_ATOL,
+    LOGPROB_RTOL,
+)
+
+FLOAT_TYPES = {
+    torch.float32: TensorProto.FLOAT,
+    torch.float16: TensorProto.FLOAT16,
+    torch.bfloat16: TensorProto.BFLOAT16,
+}
+VECTORS = json.loads(
+    (pathlib.Path(__file__).parents[1] / "data" / "noise_vectors.json").read_text()
+)
+
+
+def _session(model: onnx.ModelProto):
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+def _numpy(t: torch.Tensor) -> np.ndarray:
+    """bf16 has no numpy dtype: ORT takes it as raw uint16 bits through an OrtValue."""
+    if t.dtype == torch.bfloat16:
+        return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
+            t.view(torch.uint16).numpy(), TensorProto.BFLOAT16
+        )
+    return t.numpy()
+
+
+@pytest.mark.parametrize("op_type", sorted(functions.FUNCTIONS))
+@pytest.mark.parametrize("dtype", list(FLOAT_TYPES), ids=str)
+def test_models_pass_the_full_checker(op_type, dtype):
+    model = functions.single_op_model(op_type, FLOAT_TYPES[dtype], vocab_size=1000)
+    onnx.checker.check_model(model, full_check=True)
+    inferred = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
+    node = inferred.graph.node[0]
+    assert node.domain == "flashspec" and node.op_type == op_type
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    assert attrs == {"vocab_size": 1000, "plugin_namespace": b"flashspec", "plugin_version": b"1"}
+
+
+def test_integer_attributes_stay_in_int32():
+    with pytest.raises(ValueError, match=r"vocab_size: expected 1 <= vocab_size < 2\*\*31"):
+        functions.plugin_node("TiledArgmax", ["h", "w"], ["t", "m"], vocab_size=2**31)
+
+
+@pytest.mark.parametrize("dtype", list(FLOAT_TYPES), ids=str)
+@pytest.mark.parametrize("gamma", [0, 1, 4, 8])
+def test_verify_resample_body_emits_the_reference_tokens(dtype, gamma):
+    temps = torch.tensor([0.0, 0.5, 1.0, 2.0, 1.0, 0.0, 0.7, 1.3, 0.9])
+    hidden, lm_head, drafts, temps, seeds, positions, vocab = make_case(
+        9, gamma, 40, 1000, dtype, padded_vocab=1024, temperature=temps, seed=gamma
+    )
+    session = _session(functions.single_op_model("VerifyResample", FLOAT_TYPES[dtype], vocab))
+    tokens, emitted, logprobs = session.run(
+        None,
+        dict(
+            hidden=_numpy(hidden),
+            lm_head=_numpy(lm_head),
+            draft_tokens=drafts.numpy(),
+            temperature=temps.numpy(),
+            seed=seeds.numpy(),
+            positions=positions.numpy(),
+        ),
+    )
+    r_tokens, r_emitted, r_logprobs = ops.verify_resample(
+        hidden, lm_head, drafts, temps, seeds, positions, vocab, return_logprobs=True
+    )
+    np.testing.assert_array_equal(tokens, r_tokens.numpy())
+    np.testing.assert_array_equal(emitted, r_emitted.numpy())
+    np.testing.assert_allclose(logprobs, r_logprobs.numpy(), atol=LOGPROB_ATOL, rtol=LOGPROB_RTOL)
+    if gamma:
+        assert emitted.max() > 1, "no draft was ever accepted: the case is vacuous"
+
+
+@pytest.mark.parametrize("dtype", list(FLOAT_TYPES), ids=str)
+def test_tiled_argmax_body_matches_the_reference(dtype):
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(17, 40, generator=g).to(dtype)
+    lm_head = torch.randn(4160, 40, generator=g).to(dtype)
+    session = _session(functions.single_op_model("TiledArgmax", FLOAT_TYPES[dtype], 4099))
+    token, max_logit = session.run(None, dict(hidden=_numpy(hidden), lm_head=_numpy(lm_head)))
+    r_token, r_max = ops.tiled_argmax(hidden, lm_head, 4099)
+    np.testing.assert_array_equal(token, r_token.numpy())
+    np.testing.assert_allclose(max_logit, r_max.numpy(), atol=LOGIT_ATOL)
+
+
+def test_noise_in_onnx_reproduces_the_vectors():
+    """Bits and uniforms exactly, Gumbel values to an ulp: the frozen contract of noise.py."""
+    outputs = {}
+    for stream in (0, 1, 2):
+        b = Body("noise")
+        key_a, key_b = noise.row_keys(b, "seed", "position", stream)
+        bits = noise.token_bits(b, key_a, key_b, "token")
+        values = [
+            ("bits", bits, TensorProto.INT64),
+            ("uniform", noise.uniform_from_bits(b, bits), TensorProto.FLOAT),
+            ("gumbel", noise.gumbel_from_bits(b, bits), TensorProto.FLOAT),
+        ]
+        nodes = [*b.nodes, *(helper.make_node("Identity", [v], [n]) for n, v, _ in values)]
+        graph = helper.make_graph(
+            nodes,
+            "noise",
+            [
+                helper.make_tensor_value_info(n, TensorProto.INT64, ["M"])
+                for n in ("seed", "position", "token")
+            ],
+            [helper.make_tensor_value_info(n, t, ["M"]) for n, _, t in values],
+        )
+        model = helper.make_model(
+            graph, opset_imports=functions.OPSET_IMPORTS[:1], ir_version=functions.IR_VERSION
+        )
+        onnx.checker.check_model(model, full_check=True)
+        rows = [v for v in VECTORS["vectors"] if v["stream"] == stream]
+        feed = {
+            k: np.array([v[k] for v in rows], dtype=np.int64) for k in ("seed", "position", "token")
+        }
+        outputs[stream] = (rows, _session(model).run(None, feed))
+    for rows, (bits, uniform, gumbel) in outputs.values():
+        np.testing.assert_array_equal(bits, [v["bits"] for v in rows])
+        np.testing.assert_array_equal(uniform, np.array([v["uniform"] for v in rows], np.float32))
+        np.testing.assert_allclose(
+            gumbel, [v["gumbel"] for v in rows], rtol=GUMBEL_RTOL, atol=GUMBEL_ATOL
+        )
+
+
+def test_token_zero_shortcut_is_the_same_hash():
+    """The acceptance uniform hashes token id 0 without the multiply: the same integers."""
+    b = Body("zero")
+    key_a, key_b = noise.row_keys(b, "seed", "position", 0)
+    with_multiply = noise.token_bits(b, key_a, key_b, b.const(0, np.int64))
+    shortcut = noise.token_bits(b, key_a, key_b, None)
+    nodes = [
+        *b.nodes,
+        helper.make_node("Identity", [with_multiply], ["a"]),
+        helper.make_node("Identity", [shortcut], ["b"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "zero",
+        [helper.make_tensor_value_info(n, TensorProto.INT64, ["M"]) for n in ("seed", "position")],
+        [helper.make_tensor_value_info(n, TensorProto.INT64, ["M"]) for n in ("a", "b")],
+    )
+    model = helper.make_model(
+        graph, opset_imports=functions.OPSET_IMPORTS[:1], ir_version=functions.IR_VERSION
+    )
+    seeds = np.array([0, 1, 2**40, 2**63 - 1], dtype=np.int64)
+    a, b_ = _session(model).run(None, dict(seed=seeds, position=np.arange(4, dtype=np.int64)))
+    np.testing.assert_array_equal(a, b_)
