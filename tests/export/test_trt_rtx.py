@@ -1,0 +1,67 @@
+"""TensorRT-RTX (CPU) parses the exported ops — the function bodies inlined, since RTX has no
+plugins — and builds engines from them. TensorRT-RTX's parser and builder run without a GPU."""
+
+from __future__ import annotations
+
+import pytest
+
+trt = pytest.importorskip("tensorrt_rtx", reason="needs TensorRT-RTX (pip install tensorrt-rtx)")
+onnx = pytest.importorskip("onnx")
+
+from onnx import TensorProto  # noqa: E402
+
+from flashspec_export.onnx import functions  # noqa: E402
+
+SHAPES = {
+    "TiledArgmax": {"hidden": (4, 64), "lm_head": (1024, 64)},
+    "VerifyResample": {
+        "hidden": (4, 4, 64),
+        "lm_head": (1024, 64),
+        "draft_tokens": (4, 3),
+        "temperature": (4,),
+        "seed": (4,),
+        "positions": (4,),
+    },
+}
+
+
+def _parse(op_type: str, float_type: int):
+    logger = trt.Logger(trt.Logger.ERROR)
+    builder = trt.Builder(logger)
+    network = builder.create_network(0)
+    parser = trt.OnnxParser(network, logger)
+    model = functions.single_op_model(op_type, float_type, vocab_size=1000)
+    ok = parser.parse(model.SerializeToString())
+    errors = [str(parser.get_error(i)) for i in range(parser.num_errors)]
+    return ok, errors, builder, network
+
+
+@pytest.mark.parametrize("op_type", sorted(SHAPES))
+@pytest.mark.parametrize(
+    "float_type", [TensorProto.FLOAT, TensorProto.BFLOAT16], ids=["fp32", "bf16"]
+)
+def test_parses_with_the_function_body_inlined(op_type, float_type):
+    ok, errors, _, network = _parse(op_type, float_type)
+    assert ok, errors
+    assert network.num_layers > 1  # the body, not a single unresolved plugin layer
+
+
+@pytest.mark.parametrize(
+    "op_type",
+    [
+        "TiledArgmax",
+        pytest.param("VerifyResample", marks=pytest.mark.slow),  # Myelin takes minutes on CPU
+    ],
+)
+def test_builds_an_engine(op_type):
+    ok, errors, builder, network = _parse(op_type, TensorProto.FLOAT)
+    assert ok, errors
+    config = builder.create_builder_config()
+    profile = builder.create_optimization_profile()
+    for i in range(network.num_inputs):
+        name = network.get_input(i).name
+        shape = SHAPES[op_type][name]
+        profile.set_shape(name, shape, shape, shape)
+    config.add_optimization_profile(profile)
+    engine = builder.build_serialized_network(network, config)
+    assert engine is not None and engine.nbytes > 0
