@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from flashspec_export.onnx import noise
+from flashspec_export.onnx import noise, schemas  # noqa: F401  (schemas register on import)
 from flashspec_export.onnx.builder import Body
 from flashspec_export.reference import noise as spec
 

@@ -1,0 +1,70 @@
+"""``torch.onnx.export`` of modules that call the FlashSpec torch ops.
+
+The custom ops become ``flashspec`` nodes (op_type = plugin name, ``plugin_namespace`` /
+``plugin_version`` attributes) and the model carries their function bodies, so ONNX Runtime and
+TensorRT-RTX run it and TensorRT with the plugins resolves the nodes.
+"""
+
+from __future__ import annotations
+
+import onnx
+import torch
+from onnxscript import values
+
+from flashspec_export.onnx import functions, schemas
+from flashspec_export.ops import torch_ops  # noqa: F401  (registers torch.ops.flashspec)
+
+_FLASHSPEC = values.Opset(schemas.DOMAIN, schemas.DOMAIN_VERSION)
+_PLUGIN = {"plugin_namespace": functions.DOMAIN, "plugin_version": functions.PLUGIN_VERSION}
+
+
+def _verify_resample(hidden, lm_head, draft_tokens, temperature, seed, positions, vocab_size: int):
+    op = values.Op(_FLASHSPEC, "VerifyResample")
+    return op(
+        hidden,
+        lm_head,
+        draft_tokens,
+        temperature,
+        seed,
+        positions,
+        vocab_size=vocab_size,
+        _outputs=3,
+        **_PLUGIN,
+    )
+
+
+def _tiled_argmax(hidden, lm_head, vocab_size: int):
+    op = values.Op(_FLASHSPEC, "TiledArgmax")
+    return op(hidden, lm_head, vocab_size=vocab_size, _outputs=2, **_PLUGIN)
+
+
+TRANSLATIONS = {
+    torch.ops.flashspec.verify_resample.default: _verify_resample,
+    torch.ops.flashspec.tiled_argmax.default: _tiled_argmax,
+}
+
+
+def attach_functions(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Add the function body of every ``flashspec`` op the graph uses (once each)."""
+    used = {n.op_type for n in model.graph.node if n.domain == functions.DOMAIN}
+    present = {(f.domain, f.name) for f in model.functions}
+    for op_type in sorted(used):
+        if (functions.DOMAIN, op_type) not in present:
+            model.functions.append(functions.FUNCTIONS[op_type]())
+    return model
+
+
+def export(module: torch.nn.Module, args: tuple, **kwargs) -> onnx.ModelProto:
+    """Export ``module(*args)`` with the FlashSpec ops as custom nodes plus function bodies."""
+    program = torch.onnx.export(
+        module,
+        args,
+        dynamo=True,
+        custom_translation_table=TRANSLATIONS,
+        opset_version=functions.OPSET,
+        verbose=False,
+        **kwargs,
+    )
+    model = attach_functions(program.model_proto)
+    model.ir_version = min(model.ir_version, functions.IR_VERSION)
+    return model
