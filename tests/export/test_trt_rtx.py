@@ -65,3 +65,22 @@ def test_builds_an_engine(op_type):
     config.add_optimization_profile(profile)
     engine = builder.build_serialized_network(network, config)
     assert engine is not None and engine.nbytes > 0
+
+
+def test_parses_an_exported_torch_module():
+    """A module calling torch.ops.flashspec.*, exported by torch.onnx.export, parses too."""
+    pytest.importorskip("onnxscript")
+    import torch
+
+    from flashspec_export.onnx import translation
+    from tests.export.test_torch_export import GreedyDrafter
+
+    g = torch.Generator().manual_seed(0)
+    module = GreedyDrafter(torch.randn(300, 16, generator=g), 290)
+    model = translation.export(module, (torch.randn(4, 16, generator=g),))
+    logger = trt.Logger(trt.Logger.ERROR)
+    network = trt.Builder(logger).create_network(0)
+    parser = trt.OnnxParser(network, logger)
+    assert parser.parse(model.SerializeToString()), [
+        str(parser.get_error(i)) for i in range(parser.num_errors)
+    ]
