@@ -13,12 +13,12 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from flashspec_export.onnx import noise, schemas  # noqa: F401  (schemas register on import)
+from flashspec_export.onnx import noise, schemas  # schemas register on import
 from flashspec_export.onnx.builder import Body
 from flashspec_export.reference import noise as spec
 
-DOMAIN = "flashspec"
-DOMAIN_VERSION = 1
+DOMAIN = schemas.DOMAIN
+DOMAIN_VERSION = schemas.DOMAIN_VERSION
 OPSET = 18
 IR_VERSION = 10
 PLUGIN_VERSION = "1"
@@ -168,28 +168,7 @@ FUNCTIONS = {"TiledArgmax": tiled_argmax_function, "VerifyResample": verify_resa
 OP_TYPES = {"tiled_argmax": "TiledArgmax", "verify_resample": "VerifyResample"}
 
 
-_IO = {
-    # op -> (inputs, outputs) as (name, elem type or None for the float dtype, shape)
-    "TiledArgmax": (
-        [("hidden", None, ["N", "H"]), ("lm_head", None, ["V", "H"])],
-        [("token", TensorProto.INT64, ["N"]), ("max_logit", TensorProto.FLOAT, ["N"])],
-    ),
-    "VerifyResample": (
-        [
-            ("hidden", None, ["N", "R", "H"]),
-            ("lm_head", None, ["V", "H"]),
-            ("draft_tokens", TensorProto.INT64, ["N", "G"]),
-            ("temperature", TensorProto.FLOAT, ["N"]),
-            ("seed", TensorProto.INT64, ["N"]),
-            ("positions", TensorProto.INT64, ["N"]),
-        ],
-        [
-            ("tokens", TensorProto.INT64, ["N", "R"]),
-            ("num_emitted", TensorProto.INT64, ["N"]),
-            ("logprobs", TensorProto.FLOAT, ["N", "R"]),
-        ],
-    ),
-}
+_ELEMENT_TYPES = {"tensor(int64)": TensorProto.INT64, "tensor(float)": TensorProto.FLOAT}
 
 
 def single_op_model(op_type: str, float_type: int, vocab_size: int) -> onnx.ModelProto:
@@ -197,8 +176,12 @@ def single_op_model(op_type: str, float_type: int, vocab_size: int) -> onnx.Mode
 
     float_type : ``TensorProto.FLOAT`` / ``FLOAT16`` / ``BFLOAT16`` for hidden and lm_head
     """
-    inputs, outputs = _IO[op_type]
-    value = lambda name, t, shape: helper.make_tensor_value_info(name, t or float_type, shape)  # noqa: E731
+    inputs, outputs = schemas.IO[op_type]
+
+    def value(name, type_str, shape, _doc):
+        element = float_type if type_str == "T" else _ELEMENT_TYPES[type_str]
+        return helper.make_tensor_value_info(name, element, shape)
+
     graph = helper.make_graph(
         [plugin_node(op_type, [i[0] for i in inputs], [o[0] for o in outputs], vocab_size)],
         f"flashspec_{op_type}",

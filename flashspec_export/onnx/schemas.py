@@ -13,28 +13,28 @@ DOMAIN = "flashspec"
 DOMAIN_VERSION = 1
 FLOATS = ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"]
 
-# op_type -> (inputs, outputs) as (name, type string or "T", doc)
+# op_type -> (inputs, outputs) as (name, type string or "T", symbolic shape, doc)
 IO = {
     "TiledArgmax": (
-        [("hidden", "T", "[N, H]"), ("lm_head", "T", "[V, H]")],
+        [("hidden", "T", ["N", "H"], ""), ("lm_head", "T", ["V", "H"], "")],
         [
-            ("token", "tensor(int64)", "[N], argmax, lowest index on ties"),
-            ("max_logit", "tensor(float)", "[N]"),
+            ("token", "tensor(int64)", ["N"], "argmax, lowest index on ties"),
+            ("max_logit", "tensor(float)", ["N"], ""),
         ],
     ),
     "VerifyResample": (
         [
-            ("hidden", "T", "[N, gamma + 1, H]"),
-            ("lm_head", "T", "[V, H]"),
-            ("draft_tokens", "tensor(int64)", "[N, gamma]"),
-            ("temperature", "tensor(float)", "[N], 0 = greedy"),
-            ("seed", "tensor(int64)", "[N]"),
-            ("positions", "tensor(int64)", "[N], absolute position of row 0"),
+            ("hidden", "T", ["N", "R", "H"], "R = gamma + 1"),
+            ("lm_head", "T", ["V", "H"], ""),
+            ("draft_tokens", "tensor(int64)", ["N", "G"], "G = gamma"),
+            ("temperature", "tensor(float)", ["N"], "0 = greedy"),
+            ("seed", "tensor(int64)", ["N"], ""),
+            ("positions", "tensor(int64)", ["N"], "absolute position of row 0"),
         ],
         [
-            ("tokens", "tensor(int64)", "[N, gamma + 1], emitted tokens then -1"),
-            ("num_emitted", "tensor(int64)", "[N] in 1..gamma + 1"),
-            ("logprobs", "tensor(float)", "[N, gamma + 1], 0 past num_emitted"),
+            ("tokens", "tensor(int64)", ["N", "R"], "emitted tokens, then -1"),
+            ("num_emitted", "tensor(int64)", ["N"], "in 1..gamma + 1"),
+            ("logprobs", "tensor(float)", ["N", "R"], "0 past num_emitted"),
         ],
     ),
 }
@@ -48,8 +48,8 @@ def _schema(op_type: str) -> OpSchema:
         DOMAIN,
         DOMAIN_VERSION,
         f"FlashSpec {op_type} (see DESIGN.md); TensorRT resolves it to the plugin of that name.",
-        inputs=[param(name, type_str, doc) for name, type_str, doc in inputs],
-        outputs=[param(name, type_str, doc) for name, type_str, doc in outputs],
+        inputs=[param(name, type_str, f"{shape} {doc}") for name, type_str, shape, doc in inputs],
+        outputs=[param(name, type_str, f"{shape} {doc}") for name, type_str, shape, doc in outputs],
         type_constraints=[("T", FLOATS, "hidden and LM-head dtype")],
         attributes=[
             OpSchema.Attribute("vocab_size", OpSchema.AttrType.INT, "logical vocabulary"),
