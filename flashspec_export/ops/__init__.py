@@ -83,4 +83,7 @@ def tiled_argmax(
     return registry.resolve("tiled_argmax", backend)(hidden, lm_head, vocab_size)
 
 
-__all__ = ["backends", "tiled_argmax", "verify_resample"]
+# Registers torch.ops.flashspec.verify_resample / tiled_argmax (for tracing and ONNX export).
+from flashspec_export.ops import torch_ops  # noqa: E402
+
+__all__ = ["backends", "tiled_argmax", "torch_ops", "verify_resample"]
