@@ -32,3 +32,61 @@ HEAD_SHAPES = {
         HeadShape("gemma3-12b", vocab_size=262_144, hidden_size=3840, padded_vocab=262_144),
     )
 }
+
+
+@dataclass(frozen=True)
+class TargetConfig:
+    """A target architecture preset: the shape of a Hugging Face causal LM with random weights."""
+
+    name: str
+    model_type: str  # "llama", "qwen2" or "qwen3"
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    max_positions: int = 4096
+
+    @classmethod
+    def from_name(cls, name: str) -> TargetConfig:
+        if name not in TARGET_PRESETS:
+            raise ValueError(
+                f"target: unknown preset {name!r}; expected one of {', '.join(TARGET_PRESETS)} "
+                "or a checkpoint directory"
+            )
+        return TARGET_PRESETS[name]
+
+    def build(self, seed: int = 0):
+        """The Hugging Face model with random weights drawn from ``seed`` (eval mode, fp32)."""
+        import torch
+        import transformers
+
+        kwargs = dict(
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_hidden_layers=self.num_layers,
+            num_attention_heads=self.num_heads,
+            num_key_value_heads=self.num_kv_heads,
+            max_position_embeddings=self.max_positions,
+            tie_word_embeddings=False,
+        )
+        if self.model_type == "qwen3":
+            kwargs["head_dim"] = self.head_dim
+        elif self.head_dim != self.hidden_size // self.num_heads:
+            raise ValueError(f"{self.name}: head_dim must be hidden_size / num_heads")
+        config = transformers.AutoConfig.for_model(self.model_type, **kwargs)
+        torch.manual_seed(seed)
+        return transformers.AutoModelForCausalLM.from_config(config).eval()
+
+
+TARGET_PRESETS = {
+    preset.name: preset
+    for preset in (
+        TargetConfig("tiny-llama", "llama", 512, 64, 128, 2, 4, 2, 16, max_positions=256),
+        TargetConfig("tiny-qwen", "qwen3", 512, 64, 128, 2, 4, 2, 16, max_positions=256),
+        TargetConfig("llama3-8b-shape", "llama", 128_256, 4096, 14_336, 32, 32, 8, 128, 8192),
+    )
+}

@@ -79,3 +79,34 @@ def test_drafter_exports_with_tiled_argmax():
     assert [n.op_type for n in model.graph.node if n.domain == "flashspec"] == ["TiledArgmax"]
     token, _ = _run(model, (hidden,))
     np.testing.assert_array_equal(token, module(hidden)[0].numpy())
+
+
+def test_speculative_target_step_exports_and_matches():
+    """tiny-llama decoder + static cache + VerifyResample: ORT reproduces the module's emitted
+    tokens exactly and its hidden states and caches to fp32 rounding."""
+    pytest.importorskip("transformers")
+    from flashspec_export.config import TargetConfig
+    from flashspec_export.models.target import SpeculativeTarget
+
+    model = TargetConfig.from_name("tiny-llama").build(seed=0)
+    target = SpeculativeTarget(model)
+    g = torch.Generator().manual_seed(4)
+    n, gamma = 4, 3
+    k_cache = torch.randn(target.step.cache_shape(n, 24), generator=g)
+    v_cache = torch.randn(target.step.cache_shape(n, 24), generator=g)
+    args = (
+        torch.randint(0, 512, (n, gamma + 1), generator=g),
+        torch.tensor([0, 5, 9, 17]),
+        k_cache,
+        v_cache,
+        torch.tensor([0.0, 1.0, 0.7, 1.5]),
+        torch.tensor([1, 2, 3, 4]),
+    )
+    onnx_model = translation.export(target, args)
+    outputs = _run(onnx_model, args)
+    with torch.no_grad():
+        expected = target(*args)
+    np.testing.assert_array_equal(outputs[0], expected[0].numpy())
+    np.testing.assert_array_equal(outputs[1], expected[1].numpy())
+    for got, want in zip(outputs[3:], expected[3:], strict=True):
+        np.testing.assert_allclose(got, want.numpy(), atol=1e-5)

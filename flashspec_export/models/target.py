@@ -1,0 +1,140 @@
+"""The target step: a Hugging Face causal LM's decoder run over T new tokens per sequence with a
+static, pre-allocated KV cache, written so that ``torch.onnx.export`` captures it whole.
+
+Rollback of rejected drafts needs no work: the caller advances ``positions`` (the cache length)
+by ``num_emitted``; stale slots past it are overwritten by the next step before any query can
+attend to them (the mask only admits keys at positions <= the query's).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from flashspec_export.ops import torch_ops  # noqa: F401  (registers torch.ops.flashspec)
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class TargetStep(nn.Module):
+    """One forward of the target over ``tokens [N, T]`` with a static KV cache.
+
+    Parameters
+    ----------
+    causal_lm : a ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` / ``Qwen3ForCausalLM``; its decoder
+        weights are used as they are (not copied).
+
+    Forward
+    -------
+    tokens : [N, T] int64
+    positions : [N] int64, cache length of each sequence = absolute position of ``tokens[:, 0]``
+    k_cache, v_cache : [L, N, KV, S, D], S = the static cache length (positions + T <= S)
+
+    Returns
+    -------
+    hidden : [N, T, H] after the final norm (what the LM head consumes)
+    k_cache, v_cache : [L, N, KV, S, D] with slots positions .. positions + T - 1 written
+    """
+
+    def __init__(self, causal_lm: nn.Module):
+        super().__init__()
+        config = causal_lm.config
+        if config.model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(
+                f"target: unsupported architecture {config.model_type!r}; expected one of "
+                f"{', '.join(SUPPORTED_MODEL_TYPES)}"
+            )
+        self.decoder = causal_lm.model
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+
+    def cache_shape(self, batch: int, max_len: int) -> tuple[int, ...]:
+        """Shape of one static cache tensor for ``batch`` sequences of up to ``max_len`` tokens."""
+        return (len(self.decoder.layers), batch, self.num_kv_heads, max_len, self.head_dim)
+
+    def _rope(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [N, 1, T, D] of absolute positions ``pos [N, T]`` (HF's rotary layout)."""
+        rotary = self.decoder.rotary_emb
+        freqs = pos[..., None].float() * rotary.inv_freq.float()  # [N, T, D/2]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        scale = rotary.attention_scaling
+        return (emb.cos() * scale)[:, None], (emb.sin() * scale)[:, None]
+
+    def forward(self, tokens, positions, k_cache, v_cache):
+        n, t = tokens.shape
+        heads, kv_heads, d = self.num_heads, self.num_kv_heads, self.head_dim
+        pos = positions[:, None] + torch.arange(t, device=tokens.device)  # [N, T]
+        cos, sin = self._rope(pos)
+        key_pos = torch.arange(k_cache.shape[3], device=tokens.device)  # [S]
+        visible = (key_pos[None, None, :] <= pos[:, :, None])[:, None]  # [N, 1, T, S]
+        slots = pos[:, None, :, None].expand(n, kv_heads, t, d)  # [N, KV, T, D]
+
+        x = self.decoder.embed_tokens(tokens)  # [N, T, H]
+        new_k, new_v = [], []
+        for i, layer in enumerate(self.decoder.layers):
+            attn = layer.self_attn
+            h = layer.input_layernorm(x)
+            q = attn.q_proj(h).view(n, t, heads, d)
+            k = attn.k_proj(h).view(n, t, kv_heads, d)
+            v = attn.v_proj(h).view(n, t, kv_heads, d).transpose(1, 2)  # [N, KV, T, D]
+            if hasattr(attn, "q_norm"):  # Qwen3: RMSNorm over each head
+                q, k = attn.q_norm(q), attn.k_norm(k)
+            q, k = q.transpose(1, 2), k.transpose(1, 2)  # [N, heads, T, D], [N, KV, T, D]
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            keys = k_cache[i].scatter(2, slots, k.to(k_cache.dtype))  # [N, KV, S, D]
+            values = v_cache[i].scatter(2, slots, v.to(v_cache.dtype))
+            new_k.append(keys)
+            new_v.append(values)
+            group = heads // kv_heads
+            keys = keys.repeat_interleave(group, dim=1).to(q.dtype)  # [N, heads, S, D]
+            values = values.repeat_interleave(group, dim=1).to(q.dtype)
+            scores = (q @ keys.transpose(-1, -2)) * attn.scaling  # [N, heads, T, S]
+            scores = scores.masked_fill(~visible, float("-inf"))
+            probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+            out = (probs @ values).transpose(1, 2).reshape(n, t, heads * d)
+            x = x + attn.o_proj(out)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return self.decoder.norm(x), torch.stack(new_k), torch.stack(new_v)
+
+
+class SpeculativeTarget(nn.Module):
+    """The exported target step: the decoder over the last accepted token and γ drafts, then
+    ``flashspec.verify_resample`` over the LM head.
+
+    Forward
+    -------
+    tokens : [N, γ + 1] int64 — the last accepted token, then the γ drafts
+    positions : [N] int64 — cache length = absolute position of ``tokens[:, 0]``
+    k_cache, v_cache : [L, N, KV, S, D]
+    temperature : [N] float32 (0: greedy); seed : [N] int64
+
+    Returns
+    -------
+    emitted : [N, γ + 1] int64 (accepted drafts, the recovered / bonus token, then -1)
+    num_emitted : [N] int64; logprobs : [N, γ + 1] float32
+    hidden : [N, γ + 1, H] (what a feature-level drafter consumes)
+    k_cache, v_cache : updated; the caller advances ``positions`` by ``num_emitted``
+
+    The noise of the token emitted at absolute position p is keyed by p: the first emitted token
+    sits at ``positions + 1``.
+    """
+
+    def __init__(self, causal_lm: nn.Module):
+        super().__init__()
+        self.step = TargetStep(causal_lm)
+        self.lm_head = causal_lm.lm_head.weight  # [V, H] (shared, not copied)
+        self.vocab_size = causal_lm.config.vocab_size
+
+    def forward(self, tokens, positions, k_cache, v_cache, temperature, seed):
+        hidden, k_cache, v_cache = self.step(tokens, positions, k_cache, v_cache)
+        emitted, num_emitted, logprobs = torch.ops.flashspec.verify_resample(
+            hidden, self.lm_head, tokens[:, 1:], temperature, seed, positions + 1, self.vocab_size
+        )
+        return emitted, num_emitted, logprobs, hidden, k_cache, v_cache
