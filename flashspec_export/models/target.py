@@ -58,50 +58,69 @@ class TargetStep(nn.Module):
         """Shape of one static cache tensor for ``batch`` sequences of up to ``max_len`` tokens."""
         return (len(self.decoder.layers), batch, self.num_kv_heads, max_len, self.head_dim)
 
-    def _rope(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [N, 1, T, D] of absolute positions ``pos [N, T]`` (HF's rotary layout)."""
-        rotary = self.decoder.rotary_emb
-        freqs = pos[..., None].float() * rotary.inv_freq.float()  # [N, T, D/2]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        scale = rotary.attention_scaling
-        return (emb.cos() * scale)[:, None], (emb.sin() * scale)[:, None]
+    @property
+    def geometry(self) -> tuple[int, int, int]:
+        """(attention heads, KV heads, head dim)."""
+        return self.num_heads, self.num_kv_heads, self.head_dim
 
     def forward(self, tokens, positions, k_cache, v_cache):
-        n, t = tokens.shape
-        heads, kv_heads, d = self.num_heads, self.num_kv_heads, self.head_dim
-        pos = positions[:, None] + torch.arange(t, device=tokens.device)  # [N, T]
-        cos, sin = self._rope(pos)
-        key_pos = torch.arange(k_cache.shape[3], device=tokens.device)  # [S]
-        visible = (key_pos[None, None, :] <= pos[:, :, None])[:, None]  # [N, 1, T, S]
-        slots = pos[:, None, :, None].expand(n, kv_heads, t, d)  # [N, KV, T, D]
-
         x = self.decoder.embed_tokens(tokens)  # [N, T, H]
-        new_k, new_v = [], []
-        for i, layer in enumerate(self.decoder.layers):
-            attn = layer.self_attn
-            h = layer.input_layernorm(x)
-            q = attn.q_proj(h).view(n, t, heads, d)
-            k = attn.k_proj(h).view(n, t, kv_heads, d)
-            v = attn.v_proj(h).view(n, t, kv_heads, d).transpose(1, 2)  # [N, KV, T, D]
-            if hasattr(attn, "q_norm"):  # Qwen3: RMSNorm over each head
-                q, k = attn.q_norm(q), attn.k_norm(k)
-            q, k = q.transpose(1, 2), k.transpose(1, 2)  # [N, heads, T, D], [N, KV, T, D]
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
-            keys = k_cache[i].scatter(2, slots, k.to(k_cache.dtype))  # [N, KV, S, D]
-            values = v_cache[i].scatter(2, slots, v.to(v_cache.dtype))
-            new_k.append(keys)
-            new_v.append(values)
-            group = heads // kv_heads
-            keys = keys.repeat_interleave(group, dim=1).to(q.dtype)  # [N, heads, S, D]
-            values = values.repeat_interleave(group, dim=1).to(q.dtype)
-            scores = (q @ keys.transpose(-1, -2)) * attn.scaling  # [N, heads, T, S]
-            scores = scores.masked_fill(~visible, float("-inf"))
-            probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
-            out = (probs @ values).transpose(1, 2).reshape(n, t, heads * d)
-            x = x + attn.o_proj(out)
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
-        return self.decoder.norm(x), torch.stack(new_k), torch.stack(new_v)
+        x, k_cache, v_cache = run_layers(
+            self.decoder.layers,
+            self.decoder.rotary_emb,
+            self.geometry,
+            x,
+            positions,
+            k_cache,
+            v_cache,
+        )
+        return self.decoder.norm(x), k_cache, v_cache
+
+
+def rope(rotary: nn.Module, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [N, 1, T, D] of absolute positions ``pos [N, T]`` (HF's rotary layout)."""
+    freqs = pos[..., None].float() * rotary.inv_freq.float()  # [N, T, D/2]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    scale = rotary.attention_scaling
+    return (emb.cos() * scale)[:, None], (emb.sin() * scale)[:, None]
+
+
+def run_layers(layers, rotary, geometry, x, positions, k_cache, v_cache):
+    """HF decoder ``layers`` over ``x [N, T, H]`` at absolute ``positions [N]`` with a static
+    cache ``[len(layers), N, KV, S, D]``; returns (x, k_cache, v_cache)."""
+    n, t, _ = x.shape
+    heads, kv_heads, d = geometry
+    pos = positions[:, None] + torch.arange(t, device=x.device)  # [N, T]
+    cos, sin = rope(rotary, pos)
+    key_pos = torch.arange(k_cache.shape[3], device=x.device)  # [S]
+    visible = (key_pos[None, None, :] <= pos[:, :, None])[:, None]  # [N, 1, T, S]
+    slots = pos[:, None, :, None].expand(n, kv_heads, t, d)  # [N, KV, T, D]
+    new_k, new_v = [], []
+    for i, layer in enumerate(layers):
+        attn = layer.self_attn
+        h = layer.input_layernorm(x)
+        q = attn.q_proj(h).view(n, t, heads, d)
+        k = attn.k_proj(h).view(n, t, kv_heads, d)
+        v = attn.v_proj(h).view(n, t, kv_heads, d).transpose(1, 2)  # [N, KV, T, D]
+        if hasattr(attn, "q_norm"):  # Qwen3: RMSNorm over each head
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)  # [N, heads, T, D], [N, KV, T, D]
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        keys = k_cache[i].scatter(2, slots, k.to(k_cache.dtype))  # [N, KV, S, D]
+        values = v_cache[i].scatter(2, slots, v.to(v_cache.dtype))
+        new_k.append(keys)
+        new_v.append(values)
+        group = heads // kv_heads
+        keys = keys.repeat_interleave(group, dim=1).to(q.dtype)  # [N, heads, S, D]
+        values = values.repeat_interleave(group, dim=1).to(q.dtype)
+        scores = (q @ keys.transpose(-1, -2)) * attn.scaling  # [N, heads, T, S]
+        scores = scores.masked_fill(~visible, float("-inf"))
+        probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+        out = (probs @ values).transpose(1, 2).reshape(n, t, heads * d)
+        x = x + attn.o_proj(out)
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
+    return x, torch.stack(new_k), torch.stack(new_v)
 
 
 class SpeculativeTarget(nn.Module):
