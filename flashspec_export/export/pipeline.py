@@ -1,0 +1,186 @@
+"""Export a target and a drafter to ONNX with the FlashSpec ops as ``flashspec`` custom nodes,
+plus a ``manifest.json`` describing every graph.
+
+Graphs (static shapes: batch B, cache length S):
+- ``target_prefill.onnx``: TargetStep over the prompt (minus its last token) → hidden, cache;
+- ``target_step.onnx``: SpeculativeTarget over [last accepted token, γ drafts] → emitted tokens,
+  num_emitted, logprobs, hidden (for feature drafters), cache;
+- ``drafter_mtp.onnx`` (``--draft mtp``): one MTP step → greedy draft (TiledArgmax), hidden, its
+  cache. ``--draft ngram`` needs no graph and is recorded in the manifest.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import pathlib
+from dataclasses import asdict, dataclass
+
+import onnx
+import torch
+from tqdm import tqdm
+
+from flashspec_export.config import TARGET_PRESETS, TargetConfig
+from flashspec_export.models.mtp import MtpDrafter
+from flashspec_export.models.target import SpeculativeTarget
+from flashspec_export.onnx import functions, translation
+
+logger = logging.getLogger(__name__)
+
+DRAFTERS = ("mtp", "ngram")
+EXTERNAL_DATA_BYTES = 2**31 - 2**20  # protobuf's 2 GB limit, with headroom
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    target: str = "tiny-llama"  # a preset name or a local checkpoint directory
+    draft: str = "mtp"
+    out: str = "out/tiny-llama-mtp"
+    gamma: int = 3
+    batch: int = 1
+    max_len: int = 256  # static KV-cache length
+    prompt_len: int = 16  # tokens of the prefill graph (the prompt minus its last token)
+    seed: int = 0
+    force: bool = False
+    draft_weights: str | None = None
+
+
+def load_target(spec: str, seed: int) -> torch.nn.Module:
+    """A Hugging Face causal LM from a preset name or a local checkpoint directory (fp32)."""
+    path = pathlib.Path(spec)
+    if spec in TARGET_PRESETS:
+        return TargetConfig.from_name(spec).build(seed)
+    if not path.is_dir():
+        raise ValueError(
+            f"target: {spec!r} is neither a preset ({', '.join(TARGET_PRESETS)}) nor a directory"
+        )
+    if not (path / "config.json").is_file():
+        raise ValueError(f"target: {path} has no config.json (expected a Hugging Face checkpoint)")
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.float32, local_files_only=True
+    )
+    return model.eval()
+
+
+def _check(config: ExportConfig) -> pathlib.Path:
+    if config.draft not in DRAFTERS:
+        raise ValueError(f"draft: unknown drafter {config.draft!r}; expected one of {DRAFTERS}")
+    for name in ("gamma", "batch", "max_len", "prompt_len"):
+        if getattr(config, name) < (0 if name == "gamma" else 1):
+            raise ValueError(f"{name}: expected a positive value, got {getattr(config, name)}")
+    if config.prompt_len + config.gamma + 1 > config.max_len:
+        raise ValueError(
+            f"max_len: {config.max_len} cannot hold prompt_len + gamma + 1 = "
+            f"{config.prompt_len + config.gamma + 1} tokens"
+        )
+    out = pathlib.Path(config.out)
+    if out.exists() and any(out.iterdir()) and not config.force:
+        raise FileExistsError(
+            f"out: {out} exists and is not empty; pass --force to overwrite the export there"
+        )
+    return out
+
+
+def _io(values) -> list[dict]:
+    def dims(v):
+        return [
+            d.dim_value if d.HasField("dim_value") else d.dim_param
+            for d in v.type.tensor_type.shape.dim
+        ]
+
+    return [
+        {
+            "name": v.name,
+            "dtype": onnx.TensorProto.DataType.Name(v.type.tensor_type.elem_type),
+            "shape": dims(v),
+        }
+        for v in values
+    ]
+
+
+def _save(model: onnx.ModelProto, path: pathlib.Path) -> dict:
+    onnx.checker.check_model(model, full_check=True)
+    large = model.ByteSize() > EXTERNAL_DATA_BYTES
+    onnx.save_model(
+        model, path, save_as_external_data=large, location=path.name + ".data" if large else None
+    )
+    return {
+        "file": path.name,
+        "external_data": large,
+        "inputs": _io(model.graph.input),
+        "outputs": _io(model.graph.output),
+    }
+
+
+def export(config: ExportConfig) -> dict:
+    """Export the graphs of ``config`` into ``config.out``; returns the manifest."""
+    out = _check(config)
+    model = load_target(config.target, config.seed)
+    target = SpeculativeTarget(model)
+    b, s = config.batch, config.max_len
+    zeros = torch.zeros(b, dtype=torch.int64)
+    cache = torch.zeros(target.step.cache_shape(b, s))
+    jobs = {
+        "target_prefill": (
+            target.step,
+            (torch.zeros(b, config.prompt_len, dtype=torch.int64), zeros, cache, cache.clone()),
+        ),
+        "target_step": (
+            target,
+            (
+                torch.zeros(b, config.gamma + 1, dtype=torch.int64),
+                zeros,
+                cache,
+                cache.clone(),
+                torch.ones(b),
+                zeros.clone(),
+            ),
+        ),
+    }
+    if config.draft == "mtp":
+        drafter = MtpDrafter(model, seed=config.seed + 1)
+        if config.draft_weights:
+            drafter.load_state_dict(
+                torch.load(config.draft_weights, map_location="cpu"), strict=False
+            )
+        mtp_cache = torch.zeros(drafter.cache_shape(b, s))
+        jobs["drafter_mtp"] = (
+            drafter,
+            (
+                torch.zeros(b, 1, model.config.hidden_size),
+                torch.zeros(b, 1, dtype=torch.int64),
+                zeros,
+                mtp_cache,
+                mtp_cache.clone(),
+            ),
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    graphs = {}
+    for name, (module, args) in tqdm(jobs.items(), desc="export", unit="graph"):
+        logger.info("exporting %s", name)
+        graphs[name] = _save(translation.export(module, args), out / f"{name}.onnx")
+    manifest = {
+        "config": asdict(config),
+        "source": config.target,
+        "architecture": model.config.model_type,
+        "vocab_size": model.config.vocab_size,
+        "padded_vocab": int(model.lm_head.weight.shape[0]),
+        "hidden_size": model.config.hidden_size,
+        "gamma": config.gamma,
+        "drafter": config.draft,
+        "opset": functions.OPSET,
+        "ops": {
+            op: {
+                "domain": functions.DOMAIN,
+                "version": functions.DOMAIN_VERSION,
+                "plugin_namespace": functions.DOMAIN,
+                "plugin_version": functions.PLUGIN_VERSION,
+            }
+            for op in functions.FUNCTIONS
+        },
+        "graphs": graphs,
+    }
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    return manifest

@@ -1,0 +1,65 @@
+"""Export a target LLM and a drafter to ONNX with FlashSpec custom nodes.
+
+python scripts/export.py --target tiny-llama --draft mtp --out out/tiny-llama-mtp
+python scripts/export.py --target /path/to/hf-checkpoint --draft ngram --gamma 4 --out out/x
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from flashspec_export.config import TARGET_PRESETS
+from flashspec_export.export.pipeline import DRAFTERS, ExportConfig, export
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    d = ExportConfig()
+    parser.add_argument(
+        "--target",
+        default=d.target,
+        help=f"preset ({', '.join(TARGET_PRESETS)}) or checkpoint directory",
+    )
+    parser.add_argument("--draft", default=d.draft, choices=DRAFTERS)
+    parser.add_argument("--out", default=None, help="output directory (default out/TARGET-DRAFT)")
+    parser.add_argument("--gamma", type=int, default=d.gamma)
+    parser.add_argument("--batch", type=int, default=d.batch)
+    parser.add_argument("--max-len", type=int, default=d.max_len)
+    parser.add_argument("--prompt-len", type=int, default=d.prompt_len)
+    parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument("--draft-weights", default=None, help="state dict of the drafter")
+    parser.add_argument("--force", action="store_true", help="overwrite a non-empty --out")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    out = args.out or f"out/{args.target.rstrip('/').split('/')[-1]}-{args.draft}"
+    config = ExportConfig(
+        args.target,
+        args.draft,
+        out,
+        args.gamma,
+        args.batch,
+        args.max_len,
+        args.prompt_len,
+        args.seed,
+        args.force,
+        args.draft_weights,
+    )
+    try:
+        manifest = export(config)
+    except (ValueError, FileExistsError) as error:
+        parser.exit(2, f"error: {error}\n")
+    for graph in manifest["graphs"].values():
+        print(
+            f"{out}/{graph['file']}: {len(graph['inputs'])} inputs, {len(graph['outputs'])} outputs"
+        )
+    print(
+        f"{out}/manifest.json: {manifest['architecture']}, vocab {manifest['vocab_size']}, "
+        f"gamma {manifest['gamma']}, drafter {manifest['drafter']}"
+    )
+
+
+if __name__ == "__main__":
+    main()

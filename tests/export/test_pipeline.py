@@ -1,0 +1,102 @@
+"""scripts/export.py end to end on the tiny presets: graphs, manifest, checks and refusals."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("transformers")
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxscript")
+
+from flashspec_export.export.pipeline import ExportConfig, export  # noqa: E402
+
+ROOT = pathlib.Path(__file__).parents[2]
+
+
+def _script(*args):
+    return subprocess.run(
+        [sys.executable, "scripts/export.py", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tiny-llama-mtp")
+    result = _script("--target", "tiny-llama", "--draft", "mtp", "--out", str(out), "--force")
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def test_main_command_writes_checked_graphs_and_a_manifest(exported):
+    manifest = json.loads((exported / "manifest.json").read_text())
+    assert set(manifest["graphs"]) == {"target_prefill", "target_step", "drafter_mtp"}
+    assert manifest["vocab_size"] == 512 and manifest["gamma"] == 3 and manifest["drafter"] == "mtp"
+    assert manifest["ops"]["VerifyResample"]["plugin_version"] == "1"
+    step_io = manifest["graphs"]["target_step"]
+    assert [i["name"] for i in step_io["inputs"]][:2] == ["tokens", "positions"]
+    assert step_io["outputs"][0]["shape"] == [1, 4] and step_io["outputs"][0]["dtype"] == "INT64"
+    for name, graph in manifest["graphs"].items():
+        model = onnx.load(exported / graph["file"])
+        onnx.checker.check_model(model, full_check=True)
+        onnx.shape_inference.infer_shapes(model, check_type=True)
+        custom = {n.op_type for n in model.graph.node if n.domain == "flashspec"}
+        assert custom == (
+            {"TiledArgmax"}
+            if name == "drafter_mtp"
+            else set()
+            if name == "target_prefill"
+            else {"VerifyResample"}
+        )
+        ort.InferenceSession(str(exported / graph["file"]), providers=["CPUExecutionProvider"])
+
+
+def test_existing_output_is_never_overwritten_silently(exported):
+    before = {p.name: p.stat().st_mtime_ns for p in exported.iterdir()}
+    result = _script("--target", "tiny-llama", "--out", str(exported))
+    assert result.returncode == 2
+    assert "exists and is not empty; pass --force" in result.stderr
+    assert {p.name: p.stat().st_mtime_ns for p in exported.iterdir()} == before
+
+
+def test_unknown_target_lists_the_presets(tmp_path):
+    result = _script("--target", "gpt-9", "--out", str(tmp_path / "x"))
+    assert result.returncode == 2
+    assert "'gpt-9' is neither a preset (tiny-llama, tiny-qwen" in result.stderr
+
+
+def test_checkpoint_directory_and_ngram(tmp_path):
+    """A local HF checkpoint (tiny-qwen saved with save_pretrained) exports with --draft ngram:
+    no drafter graph, and the manifest records the source."""
+    from flashspec_export.config import TargetConfig
+
+    checkpoint = tmp_path / "ckpt"
+    TargetConfig.from_name("tiny-qwen").build(seed=3).save_pretrained(checkpoint)
+    manifest = export(
+        ExportConfig(
+            target=str(checkpoint), draft="ngram", out=str(tmp_path / "o"), gamma=2, max_len=64
+        )
+    )
+    assert set(manifest["graphs"]) == {"target_prefill", "target_step"}
+    assert manifest["architecture"] == "qwen3" and manifest["source"] == str(checkpoint)
+
+
+def test_unsupported_architecture_is_refused(tmp_path):
+    import transformers
+
+    checkpoint = tmp_path / "gpt2"
+    config = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64)
+    transformers.GPT2LMHeadModel(config).save_pretrained(checkpoint)
+    with pytest.raises(ValueError, match="target: unsupported architecture 'gpt2'"):
+        export(ExportConfig(target=str(checkpoint), out=str(tmp_path / "o")))
+    assert not (tmp_path / "o").exists()
