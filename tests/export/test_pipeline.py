@@ -100,3 +100,56 @@ def test_unsupported_architecture_is_refused(tmp_path):
     with pytest.raises(ValueError, match="target: unsupported architecture 'gpt2'"):
         export(ExportConfig(target=str(checkpoint), out=str(tmp_path / "o")))
     assert not (tmp_path / "o").exists()
+
+
+def test_polygraphy_onnxrt_matches_pytorch(exported, tmp_path):
+    """`polygraphy run --onnxrt` on the exported target step against outputs saved from the
+    PyTorch modules: tokens exactly (integers within 1e-5 are equal), floats within 1e-5."""
+    pytest.importorskip("polygraphy")
+    import torch
+    from polygraphy.comparator import RunResults
+    from polygraphy.json import save_json
+
+    from flashspec_export.config import TargetConfig
+    from flashspec_export.models.target import SpeculativeTarget
+
+    target = SpeculativeTarget(TargetConfig.from_name("tiny-llama").build(seed=0))
+    g = torch.Generator().manual_seed(5)
+    cache_shape = target.step.cache_shape(1, 256)
+    args = {
+        "tokens": torch.randint(0, 512, (1, 4), generator=g),
+        "positions": torch.tensor([7]),
+        "k_cache": torch.randn(cache_shape, generator=g),
+        "v_cache": torch.randn(cache_shape, generator=g),
+        "temperature": torch.tensor([0.9]),
+        "seed": torch.tensor([11]),
+    }
+    with torch.no_grad():
+        outputs = target(*args.values())
+    names = [o.name for o in onnx.load(exported / "target_step.onnx").graph.output]
+    save_json([{k: v.numpy() for k, v in args.items()}], tmp_path / "inputs.json")
+    reference = RunResults()
+    reference.add([dict(zip(names, (o.numpy() for o in outputs), strict=True))], "pytorch")
+    reference.save(str(tmp_path / "pytorch.json"))
+    result = subprocess.run(
+        [
+            "polygraphy",
+            "run",
+            str(exported / "target_step.onnx"),
+            "--onnxrt",
+            "--load-inputs",
+            str(tmp_path / "inputs.json"),
+            "--load-outputs",
+            str(tmp_path / "pytorch.json"),
+            "--atol",
+            "1e-5",
+            "--rtol",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert "PASSED" in result.stdout
