@@ -122,10 +122,12 @@ def export(config: ExportConfig) -> dict:
     b, s = config.batch, config.max_len
     zeros = torch.zeros(b, dtype=torch.int64)
     cache = torch.zeros(target.step.cache_shape(b, s))
-    jobs = {
+    caches_out = ["k_cache_out", "v_cache_out"]
+    jobs = {  # name -> (module, example inputs, output names)
         "target_prefill": (
             target.step,
             (torch.zeros(b, config.prompt_len, dtype=torch.int64), zeros, cache, cache.clone()),
+            ["hidden", *caches_out],
         ),
         "target_step": (
             target,
@@ -137,6 +139,7 @@ def export(config: ExportConfig) -> dict:
                 torch.ones(b),
                 zeros.clone(),
             ),
+            ["emitted", "num_emitted", "logprobs", "hidden", *caches_out],
         ),
     }
     if config.draft == "mtp":
@@ -155,12 +158,14 @@ def export(config: ExportConfig) -> dict:
                 mtp_cache,
                 mtp_cache.clone(),
             ),
+            ["draft", "max_logit", "hidden_out", *caches_out],
         )
     out.mkdir(parents=True, exist_ok=True)
     graphs = {}
-    for name, (module, args) in tqdm(jobs.items(), desc="export", unit="graph"):
+    for name, (module, args, output_names) in tqdm(jobs.items(), desc="export", unit="graph"):
         logger.info("exporting %s", name)
-        graphs[name] = _save(translation.export(module, args), out / f"{name}.onnx")
+        model_proto = translation.export(module, args, output_names=output_names)
+        graphs[name] = _save(model_proto, out / f"{name}.onnx")
     manifest = {
         "config": asdict(config),
         "source": config.target,
