@@ -64,6 +64,24 @@ def load_target(spec: str, seed: int) -> torch.nn.Module:
     return model.eval()
 
 
+def load_draft_weights(drafter: torch.nn.Module, path: str) -> None:
+    """Load the drafter's own weights; shared target weights may be absent. Unknown names and
+    shapes that do not fit the target (hidden size, vocabulary) are refused by name."""
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    expected = drafter.state_dict()
+    unknown = sorted(set(state) - set(expected))
+    if unknown:
+        raise ValueError(f"draft-weights: unknown tensors {unknown[:5]} for this drafter")
+    for name, tensor in state.items():
+        if tensor.shape != expected[name].shape:
+            raise ValueError(
+                f"draft-weights: {name} has shape {tuple(tensor.shape)}, but the target needs "
+                f"{tuple(expected[name].shape)} (hidden size {drafter.eh_proj.out_features}, "
+                f"vocabulary {drafter.vocab_size}): the drafter does not match the target"
+            )
+    drafter.load_state_dict(state, strict=False)
+
+
 def _check(config: ExportConfig) -> pathlib.Path:
     if config.draft not in DRAFTERS:
         raise ValueError(f"draft: unknown drafter {config.draft!r}; expected one of {DRAFTERS}")
@@ -145,9 +163,7 @@ def export(config: ExportConfig) -> dict:
     if config.draft == "mtp":
         drafter = MtpDrafter(model, seed=config.seed + 1)
         if config.draft_weights:
-            drafter.load_state_dict(
-                torch.load(config.draft_weights, map_location="cpu"), strict=False
-            )
+            load_draft_weights(drafter, config.draft_weights)
         mtp_cache = torch.zeros(drafter.cache_shape(b, s))
         jobs["drafter_mtp"] = (
             drafter,

@@ -172,3 +172,22 @@ def test_tensorrt_rtx_parses_every_graph_and_builds_engines(exported):
         if name != "target_step":
             engine = builder.build_serialized_network(network, builder.create_builder_config())
             assert engine is not None and engine.nbytes > 0, name
+
+
+def test_draft_weights_must_match_the_target(tmp_path):
+    """MTP weights of another model (hidden size 96 instead of 64) are refused by name; matching
+    weights are loaded."""
+    import torch
+
+    from flashspec_export.config import TargetConfig
+    from flashspec_export.models.mtp import MtpDrafter
+
+    other = TargetConfig("wide", "llama", 512, 96, 128, 1, 4, 2, 24).build(seed=0)
+    torch.save(MtpDrafter(other).state_dict(), tmp_path / "wide.pt")
+    with pytest.raises(ValueError, match=r"draft-weights: .* the drafter does not match"):
+        export(ExportConfig(out=str(tmp_path / "a"), draft_weights=str(tmp_path / "wide.pt")))
+    own = MtpDrafter(TargetConfig.from_name("tiny-llama").build(seed=0), seed=9)
+    weights = {k: v for k, v in own.state_dict().items() if k.startswith(("eh_proj", "layers"))}
+    torch.save(weights, tmp_path / "own.pt")
+    manifest = export(ExportConfig(out=str(tmp_path / "b"), draft_weights=str(tmp_path / "own.pt")))
+    assert "drafter_mtp" in manifest["graphs"]
