@@ -87,6 +87,8 @@ TARGET_PRESETS = {
     for preset in (
         TargetConfig("tiny-llama", "llama", 512, 64, 128, 2, 4, 2, 16, max_positions=256),
         TargetConfig("tiny-qwen", "qwen3", 512, 64, 128, 2, 4, 2, 16, max_positions=256),
+        # A standalone draft model for the tiny targets (same 512-token vocabulary).
+        TargetConfig("tiny-draft-llama", "llama", 512, 32, 64, 1, 2, 1, 16, max_positions=256),
         TargetConfig("llama3-8b-shape", "llama", 128_256, 4096, 14_336, 32, 32, 8, 128, 8192),
     )
 }

@@ -30,7 +30,12 @@ def main() -> None:
     parser.add_argument("--max-len", type=int, default=d.max_len)
     parser.add_argument("--prompt-len", type=int, default=d.prompt_len)
     parser.add_argument("--seed", type=int, default=d.seed)
-    parser.add_argument("--draft-weights", default=None, help="state dict of the drafter")
+    parser.add_argument("--draft-weights", default=None, help="state dict of an mtp/eagle drafter")
+    parser.add_argument(
+        "--draft-model",
+        default=None,
+        help="--draft model: preset (e.g. tiny-draft-llama) or checkpoint directory",
+    )
     parser.add_argument("--force", action="store_true", help="overwrite a non-empty --out")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
@@ -46,6 +51,7 @@ def main() -> None:
         args.seed,
         args.force,
         args.draft_weights,
+        args.draft_model,
     )
     try:
         manifest = export(config)

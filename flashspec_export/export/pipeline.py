@@ -5,8 +5,10 @@ Graphs (static shapes: batch B, cache length S):
 - ``target_prefill.onnx``: TargetStep over the prompt (minus its last token) → hidden, cache;
 - ``target_step.onnx``: SpeculativeTarget over [last accepted token, γ drafts] → emitted tokens,
   num_emitted, logprobs, hidden (for feature drafters), cache;
-- ``drafter_mtp.onnx`` (``--draft mtp``): one MTP step → greedy draft (TiledArgmax), hidden, its
-  cache. ``--draft ngram`` needs no graph and is recorded in the manifest.
+- ``drafter_mtp.onnx`` / ``drafter_eagle.onnx`` (``--draft mtp|eagle``): one feature-drafter
+  step → greedy draft (TiledArgmax), hidden, its cache;
+- ``drafter_model.onnx`` (``--draft model --draft-model ...``): a small LM with the target's
+  vocabulary → greedy draft, its cache. ``--draft ngram`` needs no graph (manifest only).
 """
 
 from __future__ import annotations
@@ -21,13 +23,14 @@ import torch
 from tqdm import tqdm
 
 from flashspec_export.config import TARGET_PRESETS, TargetConfig
+from flashspec_export.models.drafters import EagleDrafter, ModelDrafter
 from flashspec_export.models.mtp import MtpDrafter
 from flashspec_export.models.target import SpeculativeTarget
 from flashspec_export.onnx import functions, translation
 
 logger = logging.getLogger(__name__)
 
-DRAFTERS = ("mtp", "ngram")
+DRAFTERS = ("mtp", "eagle", "model", "ngram")
 EXTERNAL_DATA_BYTES = 2**31 - 2**20  # protobuf's 2 GB limit, with headroom
 
 
@@ -42,7 +45,8 @@ class ExportConfig:
     prompt_len: int = 16  # tokens of the prefill graph (the prompt minus its last token)
     seed: int = 0
     force: bool = False
-    draft_weights: str | None = None
+    draft_weights: str | None = None  # state dict of an mtp / eagle drafter
+    draft_model: str | None = None  # --draft model: a preset name or checkpoint directory
 
 
 def load_target(spec: str, seed: int) -> torch.nn.Module:
@@ -85,6 +89,8 @@ def load_draft_weights(drafter: torch.nn.Module, path: str) -> None:
 def _check(config: ExportConfig) -> pathlib.Path:
     if config.draft not in DRAFTERS:
         raise ValueError(f"draft: unknown drafter {config.draft!r}; expected one of {DRAFTERS}")
+    if config.draft == "model" and not config.draft_model:
+        raise ValueError("draft-model: --draft model needs --draft-model (a preset or directory)")
     for name in ("gamma", "batch", "max_len", "prompt_len"):
         if getattr(config, name) < (0 if name == "gamma" else 1):
             raise ValueError(f"{name}: expected a positive value, got {getattr(config, name)}")
@@ -160,21 +166,32 @@ def export(config: ExportConfig) -> dict:
             ["emitted", "num_emitted", "logprobs", "hidden", *caches_out],
         ),
     }
-    if config.draft == "mtp":
-        drafter = MtpDrafter(model, seed=config.seed + 1)
+    if config.draft in ("mtp", "eagle"):
+        drafter_cls = MtpDrafter if config.draft == "mtp" else EagleDrafter
+        drafter = drafter_cls(model, seed=config.seed + 1)
         if config.draft_weights:
             load_draft_weights(drafter, config.draft_weights)
-        mtp_cache = torch.zeros(drafter.cache_shape(b, s))
-        jobs["drafter_mtp"] = (
+        draft_cache = torch.zeros(drafter.cache_shape(b, s))
+        jobs[f"drafter_{config.draft}"] = (
             drafter,
             (
                 torch.zeros(b, 1, model.config.hidden_size),
                 torch.zeros(b, 1, dtype=torch.int64),
                 zeros,
-                mtp_cache,
-                mtp_cache.clone(),
+                draft_cache,
+                draft_cache.clone(),
             ),
             ["draft", "max_logit", "hidden_out", *caches_out],
+        )
+    elif config.draft == "model":
+        drafter = ModelDrafter(
+            load_target(config.draft_model, config.seed + 1), model.config.vocab_size
+        )
+        draft_cache = torch.zeros(drafter.cache_shape(b, s))
+        jobs["drafter_model"] = (
+            drafter,
+            (torch.zeros(b, 1, dtype=torch.int64), zeros, draft_cache, draft_cache.clone()),
+            ["draft", "max_logit", *caches_out],
         )
     out.mkdir(parents=True, exist_ok=True)
     graphs = {}

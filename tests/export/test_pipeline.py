@@ -191,3 +191,25 @@ def test_draft_weights_must_match_the_target(tmp_path):
     torch.save(weights, tmp_path / "own.pt")
     manifest = export(ExportConfig(out=str(tmp_path / "b"), draft_weights=str(tmp_path / "own.pt")))
     assert "drafter_mtp" in manifest["graphs"]
+
+
+@pytest.mark.parametrize(
+    ("draft", "extra", "graph"),
+    [
+        ("eagle", [], "drafter_eagle"),
+        ("model", ["--draft-model", "tiny-draft-llama"], "drafter_model"),
+    ],
+)
+def test_eagle_and_model_drafters_export(tmp_path, draft, extra, graph):
+    result = _script("--target", "tiny-llama", "--draft", draft, *extra, "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert set(manifest["graphs"]) == {"target_prefill", "target_step", graph}
+    model = onnx.load(tmp_path / manifest["graphs"][graph]["file"])
+    onnx.checker.check_model(model, full_check=True)
+    assert {n.op_type for n in model.graph.node if n.domain == "flashspec"} == {"TiledArgmax"}
+
+
+def test_model_drafter_needs_a_draft_model(tmp_path):
+    result = _script("--target", "tiny-llama", "--draft", "model", "--out", str(tmp_path / "o"))
+    assert result.returncode == 2 and "--draft model needs --draft-model" in result.stderr
