@@ -213,3 +213,18 @@ def test_eagle_and_model_drafters_export(tmp_path, draft, extra, graph):
 def test_model_drafter_needs_a_draft_model(tmp_path):
     result = _script("--target", "tiny-llama", "--draft", "model", "--out", str(tmp_path / "o"))
     assert result.returncode == 2 and "--draft model needs --draft-model" in result.stderr
+
+
+def test_large_graphs_go_to_external_data(tmp_path, monkeypatch):
+    """Graphs over the protobuf limit are saved with external data (the limit is lowered here so
+    that the tiny preset crosses it); onnxruntime loads them from the directory."""
+    from flashspec_export.export import pipeline
+
+    monkeypatch.setattr(pipeline, "EXTERNAL_DATA_BYTES", 100_000)
+    manifest = export(ExportConfig(draft="ngram", out=str(tmp_path), max_len=64))
+    step = manifest["graphs"]["target_step"]
+    assert step["external_data"] and (tmp_path / "target_step.onnx.data").is_file()
+    data_bytes = (tmp_path / "target_step.onnx.data").stat().st_size
+    assert data_bytes > (tmp_path / "target_step.onnx").stat().st_size  # the weights moved out
+    onnx.checker.check_model(str(tmp_path / "target_step.onnx"), full_check=True)
+    ort.InferenceSession(str(tmp_path / "target_step.onnx"), providers=["CPUExecutionProvider"])
