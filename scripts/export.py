@@ -28,7 +28,6 @@ def main() -> None:
     parser.add_argument("--gamma", type=int, default=d.gamma)
     parser.add_argument("--batch", type=int, default=d.batch)
     parser.add_argument("--max-len", type=int, default=d.max_len)
-    parser.add_argument("--prompt-len", type=int, default=d.prompt_len)
     parser.add_argument("--seed", type=int, default=d.seed)
     parser.add_argument("--draft-weights", default=None, help="state dict of an mtp/eagle drafter")
     parser.add_argument(
@@ -47,7 +46,6 @@ def main() -> None:
         args.gamma,
         args.batch,
         args.max_len,
-        args.prompt_len,
         args.seed,
         args.force,
         args.draft_weights,

@@ -1,14 +1,16 @@
 """Export a target and a drafter to ONNX with the FlashSpec ops as ``flashspec`` custom nodes,
 plus a ``manifest.json`` describing every graph.
 
-Graphs (static shapes: batch B, cache length S):
-- ``target_prefill.onnx``: TargetStep over the prompt (minus its last token) → hidden, cache;
+Graphs (static batch B and cache length S; T, the number of new tokens, is dynamic where noted):
+- ``target_prefill.onnx``: TargetStep over T prompt tokens → hidden, cache;
 - ``target_step.onnx``: SpeculativeTarget over [last accepted token, γ drafts] → emitted tokens,
   num_emitted, logprobs, hidden (for feature drafters), cache;
-- ``drafter_mtp.onnx`` / ``drafter_eagle.onnx`` (``--draft mtp|eagle``): one feature-drafter
-  step → greedy draft (TiledArgmax), hidden, its cache;
+- ``drafter_mtp.onnx`` / ``drafter_eagle.onnx`` (``--draft mtp|eagle``): a feature-drafter call
+  over T rows → greedy draft from row ``last_row`` (TiledArgmax), that row's hidden, its cache;
 - ``drafter_model.onnx`` (``--draft model --draft-model ...``): a small LM with the target's
-  vocabulary → greedy draft, its cache. ``--draft ngram`` needs no graph (manifest only).
+  vocabulary over T tokens → greedy draft, its cache. ``--draft ngram`` needs no graph.
+
+``runtime.sessions`` runs these graphs (or the same PyTorch modules) in the speculative loop.
 """
 
 from __future__ import annotations
@@ -42,7 +44,6 @@ class ExportConfig:
     gamma: int = 3
     batch: int = 1
     max_len: int = 256  # static KV-cache length
-    prompt_len: int = 16  # tokens of the prefill graph (the prompt minus its last token)
     seed: int = 0
     force: bool = False
     draft_weights: str | None = None  # state dict of an mtp / eagle drafter
@@ -86,18 +87,46 @@ def load_draft_weights(drafter: torch.nn.Module, path: str) -> None:
     drafter.load_state_dict(state, strict=False)
 
 
-def _check(config: ExportConfig) -> pathlib.Path:
+@dataclass
+class Modules:
+    """The PyTorch modules an export is made of (and the runtime's reference)."""
+
+    model: torch.nn.Module  # the Hugging Face causal LM
+    target: SpeculativeTarget
+    drafter: torch.nn.Module | None  # None for ngram
+
+
+def build_modules(config: ExportConfig) -> Modules:
+    """The target and drafter modules of ``config`` (presets: random weights from the seed)."""
+    _check_drafter(config)
+    model = load_target(config.target, config.seed)
+    drafter = None
+    if config.draft in ("mtp", "eagle"):
+        drafter_cls = MtpDrafter if config.draft == "mtp" else EagleDrafter
+        drafter = drafter_cls(model, seed=config.seed + 1)
+        if config.draft_weights:
+            load_draft_weights(drafter, config.draft_weights)
+    elif config.draft == "model":
+        draft_lm = load_target(config.draft_model, config.seed + 1)
+        drafter = ModelDrafter(draft_lm, model.config.vocab_size)
+    return Modules(model, SpeculativeTarget(model), drafter and drafter.eval())
+
+
+def _check_drafter(config: ExportConfig) -> None:
     if config.draft not in DRAFTERS:
         raise ValueError(f"draft: unknown drafter {config.draft!r}; expected one of {DRAFTERS}")
     if config.draft == "model" and not config.draft_model:
         raise ValueError("draft-model: --draft model needs --draft-model (a preset or directory)")
-    for name in ("gamma", "batch", "max_len", "prompt_len"):
+
+
+def _check(config: ExportConfig) -> pathlib.Path:
+    _check_drafter(config)
+    for name in ("gamma", "batch", "max_len"):
         if getattr(config, name) < (0 if name == "gamma" else 1):
             raise ValueError(f"{name}: expected a positive value, got {getattr(config, name)}")
-    if config.prompt_len + config.gamma + 1 > config.max_len:
+    if config.gamma + 2 > config.max_len:
         raise ValueError(
-            f"max_len: {config.max_len} cannot hold prompt_len + gamma + 1 = "
-            f"{config.prompt_len + config.gamma + 1} tokens"
+            f"max_len: {config.max_len} cannot hold a token and gamma + 1 = {config.gamma + 1} more"
         )
     out = pathlib.Path(config.out)
     if out.exists() and any(out.iterdir()) and not config.force:
@@ -141,16 +170,19 @@ def _save(model: onnx.ModelProto, path: pathlib.Path) -> dict:
 def export(config: ExportConfig) -> dict:
     """Export the graphs of ``config`` into ``config.out``; returns the manifest."""
     out = _check(config)
-    model = load_target(config.target, config.seed)
-    target = SpeculativeTarget(model)
+    modules = build_modules(config)
+    model, target, drafter = modules.model, modules.target, modules.drafter
     b, s = config.batch, config.max_len
     zeros = torch.zeros(b, dtype=torch.int64)
     cache = torch.zeros(target.step.cache_shape(b, s))
     caches_out = ["k_cache_out", "v_cache_out"]
-    jobs = {  # name -> (module, example inputs, output names)
+    new = torch.export.Dim("new_tokens", min=1, max=s)  # T of prefill and drafter calls
+    example = torch.zeros(b, 2, dtype=torch.int64)
+    jobs = {  # name -> (module, example inputs, dynamic shapes, output names)
         "target_prefill": (
             target.step,
-            (torch.zeros(b, config.prompt_len, dtype=torch.int64), zeros, cache, cache.clone()),
+            (example, zeros, cache, cache.clone()),
+            ({1: new}, None, None, None),
             ["hidden", *caches_out],
         ),
         "target_step": (
@@ -163,41 +195,28 @@ def export(config: ExportConfig) -> dict:
                 torch.ones(b),
                 zeros.clone(),
             ),
+            None,
             ["emitted", "num_emitted", "logprobs", "hidden", *caches_out],
         ),
     }
-    if config.draft in ("mtp", "eagle"):
-        drafter_cls = MtpDrafter if config.draft == "mtp" else EagleDrafter
-        drafter = drafter_cls(model, seed=config.seed + 1)
-        if config.draft_weights:
-            load_draft_weights(drafter, config.draft_weights)
+    if drafter is not None:
         draft_cache = torch.zeros(drafter.cache_shape(b, s))
-        jobs[f"drafter_{config.draft}"] = (
-            drafter,
-            (
-                torch.zeros(b, 1, model.config.hidden_size),
-                torch.zeros(b, 1, dtype=torch.int64),
-                zeros,
-                draft_cache,
-                draft_cache.clone(),
-            ),
-            ["draft", "max_logit", "hidden_out", *caches_out],
-        )
-    elif config.draft == "model":
-        drafter = ModelDrafter(
-            load_target(config.draft_model, config.seed + 1), model.config.vocab_size
-        )
-        draft_cache = torch.zeros(drafter.cache_shape(b, s))
-        jobs["drafter_model"] = (
-            drafter,
-            (torch.zeros(b, 1, dtype=torch.int64), zeros, draft_cache, draft_cache.clone()),
-            ["draft", "max_logit", *caches_out],
-        )
+        draft_outputs = ["draft", "max_logit", *caches_out]
+        rows = zeros.clone()  # a tensor of its own: one tensor passed twice becomes one input
+        if config.draft == "model":
+            args = (example, zeros, rows, draft_cache, draft_cache.clone())
+            dynamic = ({1: new}, None, None, None, None)
+        else:
+            hidden = torch.zeros(b, 2, model.config.hidden_size)
+            args = (hidden, example, zeros, rows, draft_cache, draft_cache.clone())
+            dynamic = ({1: new}, {1: new}, None, None, None, None)
+            draft_outputs.insert(2, "hidden_out")
+        jobs[f"drafter_{config.draft}"] = (drafter, args, dynamic, draft_outputs)
     out.mkdir(parents=True, exist_ok=True)
     graphs = {}
-    for name, (module, args, output_names) in tqdm(jobs.items(), desc="export", unit="graph"):
+    for name, (module, args, dynamic, names) in tqdm(jobs.items(), desc="export", unit="graph"):
         logger.info("exporting %s", name)
-        model_proto = translation.export(module, args, output_names=output_names)
+        model_proto = translation.export(module, args, dynamic_shapes=dynamic, output_names=names)
         graphs[name] = _save(model_proto, out / f"{name}.onnx")
     manifest = {
         "config": asdict(config),

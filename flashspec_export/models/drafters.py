@@ -12,15 +12,16 @@ import torch
 from torch import nn
 
 from flashspec_export.models.mtp import MtpDrafter
-from flashspec_export.models.target import TargetStep
+from flashspec_export.models.target import TargetStep, select_rows
 from flashspec_export.ops import torch_ops  # noqa: F401  (registers torch.ops.flashspec)
 
 
 class ModelDrafter(nn.Module):
     """A small LM proposing greedy drafts.
 
-    Forward: tokens [N, T] int64 at ``positions`` [N] with its own cache [L, N, KV, S, D] →
-    draft [N] int64 (the token after the last input), max_logit [N] float32, k_cache, v_cache.
+    Forward: tokens [N, T] int64 at ``positions`` [N] (of ``tokens[:, 0]``), ``last_row`` [N]
+    int64 in [0, T), its own cache [L, N, KV, S, D] → draft [N] int64 (the token after row
+    ``last_row``), max_logit [N] float32, k_cache, v_cache.
     """
 
     def __init__(self, draft_lm: nn.Module, target_vocab_size: int):
@@ -37,10 +38,10 @@ class ModelDrafter(nn.Module):
     def cache_shape(self, batch: int, max_len: int) -> tuple[int, ...]:
         return self.step.cache_shape(batch, max_len)
 
-    def forward(self, tokens, positions, k_cache, v_cache):
+    def forward(self, tokens, positions, last_row, k_cache, v_cache):
         hidden, k_cache, v_cache = self.step(tokens, positions, k_cache, v_cache)
         draft, max_logit = torch.ops.flashspec.tiled_argmax(
-            hidden[:, -1], self.lm_head, self.vocab_size
+            select_rows(hidden, last_row)[:, 0], self.lm_head, self.vocab_size
         )
         return draft, max_logit, k_cache, v_cache
 

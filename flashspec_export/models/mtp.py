@@ -2,9 +2,13 @@
 
 One MTP step combines the target's hidden state at position p with the embedding of the token
 at position p + 1, ``eh_proj([enorm(embed(token)); hnorm(hidden)])``, runs one decoder layer of
-the target's architecture with its own KV cache, and predicts the token at p + 2 with the
-target's final norm and LM head through ``flashspec.tiled_argmax`` (greedy drafting). Its output
-hidden state feeds the next MTP step, so γ calls draft γ tokens.
+the target's architecture with its own KV cache (keyed by p), and predicts the token at p + 2
+with the target's final norm and LM head through ``flashspec.tiled_argmax`` (greedy drafting).
+
+A call takes T rows at once: after a target step the runtime feeds all γ + 1 of its hidden
+states with the emitted tokens (so the MTP cache holds target features for every accepted
+position) and drafts from row ``last_row`` = the last accepted one; the output hidden state of
+that row feeds the next call (T = 1), so one catch-up call plus γ - 1 single calls draft γ tokens.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from flashspec_export.models.target import TargetStep, run_layers
+from flashspec_export.models.target import TargetStep, run_layers, select_rows
 from flashspec_export.ops import torch_ops  # noqa: F401  (registers torch.ops.flashspec)
 
 
@@ -26,15 +30,17 @@ class MtpDrafter(nn.Module):
 
     Forward
     -------
-    hidden : [N, 1, H] — the previous hidden state (target or previous MTP step) at position p
-    tokens : [N, 1] int64 — the token at position p + 1
-    positions : [N] int64 — p + 1, the absolute position of ``tokens`` (keys the MTP cache)
+    hidden : [N, T, H] — hidden states (target or previous MTP step) at positions p .. p + T - 1
+    tokens : [N, T] int64 — the tokens at positions p + 1 .. p + T
+    positions : [N] int64 — p, the absolute position of ``hidden[:, 0]`` (keys the MTP cache)
+    last_row : [N] int64 in [0, T) — the row to draft from
     k_cache, v_cache : [1, N, KV, S, D] — the MTP layer's own cache
 
     Returns
     -------
-    draft : [N] int64 — the greedy draft for position p + 2; max_logit : [N] float32
-    hidden : [N, 1, H] — for the next MTP step; k_cache, v_cache : updated
+    draft : [N] int64 — the greedy draft for position p + last_row + 2; max_logit : [N] float32
+    hidden : [N, 1, H] — row ``last_row`` of the output, for the next call
+    k_cache, v_cache : updated at p .. p + T - 1
     """
 
     def __init__(self, causal_lm: nn.Module, seed: int = 0):
@@ -61,13 +67,14 @@ class MtpDrafter(nn.Module):
         _, kv_heads, head_dim = self.geometry
         return (1, batch, kv_heads, max_len, head_dim)
 
-    def forward(self, hidden, tokens, positions, k_cache, v_cache):
+    def forward(self, hidden, tokens, positions, last_row, k_cache, v_cache):
         combined = torch.cat([self.enorm(self.embed_tokens(tokens)), self.hnorm(hidden)], dim=-1)
-        x = self.eh_proj(combined)  # [N, 1, H]
+        x = self.eh_proj(combined)  # [N, T, H]
         x, k_cache, v_cache = run_layers(
             self.layers, self.rotary_emb, self.geometry, x, positions, k_cache, v_cache
         )
+        x = select_rows(x, last_row)  # [N, 1, H]
         draft, max_logit = torch.ops.flashspec.tiled_argmax(
-            self.norm(x)[:, -1], self.lm_head, self.vocab_size
+            self.norm(x)[:, 0], self.lm_head, self.vocab_size
         )
         return draft, max_logit, x, k_cache, v_cache

@@ -12,6 +12,12 @@ class NgramDrafter:
     def __init__(self, max_ngram: int = 3):
         self.max_ngram = max_ngram
 
+    def start(self, prompt, hidden) -> None:
+        """Nothing to prefill: the drafter reads the token lists."""
+
+    def update(self, step_positions, emitted, num_emitted, hidden) -> None:
+        """Nothing to update."""
+
     def propose_one(self, sequence: list[int], gamma: int) -> list[int]:
         for n in range(min(self.max_ngram, len(sequence) - 1), 0, -1):
             tail = sequence[-n:]

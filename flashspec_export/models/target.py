@@ -85,6 +85,11 @@ def rope(rotary: nn.Module, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     return (emb.cos() * scale)[:, None], (emb.sin() * scale)[:, None]
 
 
+def select_rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """``x[i, rows[i]]`` as [N, 1, H] for ``x`` [N, T, H] and ``rows`` [N] int64."""
+    return torch.gather(x, 1, rows[:, None, None].expand(-1, 1, x.shape[-1]))
+
+
 def run_layers(layers, rotary, geometry, x, positions, k_cache, v_cache):
     """HF decoder ``layers`` over ``x [N, T, H]`` at absolute ``positions [N]`` with a static
     cache ``[len(layers), N, KV, S, D]``; returns (x, k_cache, v_cache)."""

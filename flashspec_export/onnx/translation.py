@@ -56,6 +56,14 @@ def attach_functions(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def export(module: torch.nn.Module, args: tuple, **kwargs) -> onnx.ModelProto:
     """Export ``module(*args)`` with the FlashSpec ops as custom nodes plus function bodies."""
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    for i, a in enumerate(tensors):
+        for b in tensors[i + 1 :]:
+            if a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() and a.numel():
+                raise ValueError(
+                    "args: two example inputs share memory; pass distinct tensors (the exporter "
+                    "would merge them into one graph input)"
+                )
     program = torch.onnx.export(
         module,
         args,

@@ -1,73 +1,67 @@
 """The speculative loop: propose → one target step over γ + 1 tokens → accept → advance.
 
-A target is anything with ``prefill(tokens, positions, k, v) -> (hidden, k, v)`` and
-``step(tokens, positions, k, v, temperature, seed) -> (emitted, num_emitted, logprobs, hidden,
-k, v)`` on CPU tensors: ``TorchTarget`` (PyTorch modules) or ``OnnxTarget`` (onnxruntime).
+The target and the drafter are backend-neutral: each graph is a callable on CPU tensors
+(``runtime.sessions`` builds them from the PyTorch modules or from onnxruntime sessions of an
+export), so the same loop runs both and their tokens can be compared.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
-import numpy as np
 import torch
 
-from flashspec_export.models.target import SpeculativeTarget
+Graph = Callable[..., tuple[torch.Tensor, ...]]  # positional tensors in, tuple of tensors out
 
 
-class TorchTarget:
-    """The PyTorch modules: decoder with static cache + VerifyResample."""
+@dataclass(frozen=True)
+class Target:
+    """The target's two graphs and its static cache.
 
-    def __init__(self, target: SpeculativeTarget):
-        self.target = target
+    prefill(tokens [N, T], positions [N], k, v) -> (hidden [N, T, H], k, v)
+    step(tokens [N, γ + 1], positions [N], k, v, temperature [N], seed [N])
+        -> (emitted [N, γ + 1], num_emitted [N], logprobs [N, γ + 1], hidden [N, γ + 1, H], k, v)
+    cache_shape: [L, N, KV, S, D] of k and v (N and S are fixed by an export)
+    """
 
-    def cache(self, batch: int, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-        shape = self.target.step.cache_shape(batch, max_len)
-        return torch.zeros(shape), torch.zeros(shape)
+    prefill: Graph
+    step: Graph
+    cache_shape: tuple[int, ...]
 
-    @torch.no_grad()
-    def prefill(self, tokens, positions, k, v):
-        return self.target.step(tokens, positions, k, v)
+    @property
+    def batch(self) -> int:
+        return self.cache_shape[1]
 
-    @torch.no_grad()
-    def step(self, tokens, positions, k, v, temperature, seed):
-        return self.target(tokens, positions, k, v, temperature, seed)
+    @property
+    def max_len(self) -> int:
+        return self.cache_shape[3]
 
 
-class OnnxTarget:
-    """Two onnxruntime sessions: the prefill graph and the speculative step graph."""
+class Drafter(Protocol):
+    """What the loop asks of a drafter (``NgramDrafter``, ``runtime.drafting.GraphDrafter``)."""
 
-    def __init__(self, prefill_session, step_session, cache_shape):
-        self.sessions = {"prefill": prefill_session, "step": step_session}
-        self.cache_shape = cache_shape  # (batch, max_len) -> shape
+    def start(self, prompt: torch.Tensor, hidden: torch.Tensor) -> None:
+        """After the target prefill of ``prompt[:, :-1]`` ([N, T0]); hidden [N, T0 - 1, H]."""
 
-    def cache(self, batch: int, max_len: int):
-        shape = self.cache_shape(batch, max_len)
-        return torch.zeros(shape), torch.zeros(shape)
+    def propose(self, sequences: list[list[int]], gamma: int) -> torch.Tensor:
+        """[N, γ] int64 drafts following each sequence."""
 
-    def _run(self, which, *args):
-        session = self.sessions[which]
-        names = [i.name for i in session.get_inputs()]
-        feed = {name: np.ascontiguousarray(a.numpy()) for name, a in zip(names, args, strict=True)}
-        return tuple(torch.from_numpy(o) for o in session.run(None, feed))
-
-    def prefill(self, tokens, positions, k, v):
-        return self._run("prefill", tokens, positions, k, v)
-
-    def step(self, tokens, positions, k, v, temperature, seed):
-        return self._run("step", tokens, positions, k, v, temperature, seed)
+    def update(self, step_positions, emitted, num_emitted, hidden) -> None:
+        """After a target step at ``step_positions`` [N] with its outputs."""
 
 
 @dataclass
 class GenerationResult:
     tokens: list[list[int]]  # per sequence: the generated tokens (max_new_tokens each)
     steps: int  # target steps taken
-    mean_emitted: float  # tokens per target step, averaged over sequences and steps
+    mean_emitted: float  # tokens per target step of an unfinished sequence
 
 
 def generate(
-    target,
-    drafter,
+    target: Target,
+    drafter: Drafter,
     prompt: torch.Tensor,
     max_new_tokens: int,
     gamma: int,
@@ -78,21 +72,40 @@ def generate(
 
     The prompt minus its last token is prefilled; every step then feeds the last accepted token
     and γ drafts at ``positions`` = the cache length, and advances it by ``num_emitted``.
+    temperature : [N] float32 (0: greedy); seed : [N] int64
     """
     n, prompt_len = prompt.shape
-    k, v = target.cache(n, prompt_len + max_new_tokens + gamma + 1)
-    _, k, v = target.prefill(prompt[:, :-1], torch.zeros(n, dtype=torch.int64), k, v)
+    if n != target.batch:
+        raise ValueError(f"prompt: expected {target.batch} sequences (the batch), got {n}")
+    if prompt_len < 2:
+        raise ValueError(f"prompt: expected at least 2 tokens per sequence, got {prompt_len}")
+    needed = prompt_len + max_new_tokens + gamma
+    if needed > target.max_len:
+        raise ValueError(
+            f"max_new_tokens: prompt ({prompt_len}) + max_new_tokens ({max_new_tokens}) + gamma "
+            f"({gamma}) = {needed} exceeds the cache length {target.max_len}"
+        )
+    k, v = torch.zeros(target.cache_shape), torch.zeros(target.cache_shape)
+    hidden, k, v = target.prefill(prompt[:, :-1], torch.zeros(n, dtype=torch.int64), k, v)
+    drafter.start(prompt, hidden)
     sequences = [row.tolist() for row in prompt]
     positions = torch.full((n,), prompt_len - 1, dtype=torch.int64)
-    steps, emitted_total = 0, 0
-    while min(len(s) for s in sequences) < prompt_len + max_new_tokens:
+    steps, active_steps, emitted_total = 0, 0, 0
+    total = prompt_len + max_new_tokens
+    while min(len(s) for s in sequences) < total:
         last = torch.tensor([s[-1] for s in sequences])[:, None]
         tokens = torch.cat([last, drafter.propose(sequences, gamma)], dim=1)  # [N, γ + 1]
-        emitted, num_emitted, _, _, k, v = target.step(tokens, positions, k, v, temperature, seed)
+        step = target.step(tokens, positions, k, v, temperature, seed)
+        emitted, num_emitted, _, hidden, k, v = step
+        # finished sequences idle: their position stays, so their cache writes stay in bounds
+        active = torch.tensor([len(s) < total for s in sequences])
+        num_emitted = torch.where(active, num_emitted, 0)
+        drafter.update(positions, emitted, num_emitted.clamp(min=1), hidden)
         for row, count in enumerate(num_emitted.tolist()):
             sequences[row].extend(emitted[row, :count].tolist())
         positions = positions + num_emitted
         steps += 1
+        active_steps += int(active.sum())
         emitted_total += int(num_emitted.sum())
     generated = [s[prompt_len : prompt_len + max_new_tokens] for s in sequences]
-    return GenerationResult(generated, steps, emitted_total / (steps * n))
+    return GenerationResult(generated, steps, emitted_total / active_steps)

@@ -32,10 +32,11 @@ def test_model_drafter_drafts_its_greedy_next_token():
     drafter = ModelDrafter(small, target_vocab_size=512)
     tokens = torch.randint(0, 512, (3, 5), generator=torch.Generator().manual_seed(0))
     k = torch.zeros(drafter.cache_shape(3, 16))
-    args = (tokens, torch.zeros(3, dtype=torch.int64), k, torch.zeros_like(k))
+    last_row = torch.tensor([4, 2, 0])
+    args = (tokens, torch.zeros(3, dtype=torch.int64), last_row, k, torch.zeros_like(k))
     with torch.no_grad():
         draft, *_ = drafter(*args)
-        expected = small(tokens).logits[:, -1].argmax(-1)
+        expected = small(tokens).logits[torch.arange(3), last_row].argmax(-1)
     assert torch.equal(draft, expected)
     np.testing.assert_array_equal(_export_and_run(drafter, args)[0], draft.numpy())
 
@@ -53,11 +54,12 @@ def test_eagle_drafter_exports_and_drafts_the_same():
         torch.randn(2, 1, 64, generator=g),
         torch.tensor([[3], [9]]),
         torch.tensor([2, 5]),
+        torch.tensor([0, 0]),
         k,
         torch.zeros_like(k),
     )
     with torch.no_grad():
         draft, _, hidden, _, _ = drafter(*args)
-        logits = drafter.norm(hidden)[:, -1] @ drafter.lm_head.T
+        logits = drafter.norm(hidden)[:, 0] @ drafter.lm_head.T
     assert torch.equal(draft, logits.argmax(-1))
     np.testing.assert_array_equal(_export_and_run(drafter, args)[0], draft.numpy())

@@ -1,5 +1,6 @@
-"""The speculative loop end to end on tiny-llama: exact against plain decoding and across
-runtimes (PyTorch modules vs the exported graphs in onnxruntime, same seeds)."""
+"""The speculative loop end to end on the tiny presets: exact against plain decoding, drafter
+caches exact against drafting from scratch, and the exported graphs in onnxruntime emitting the
+PyTorch modules' tokens step for step (same seeds) with every drafter kind."""
 
 from __future__ import annotations
 
@@ -9,66 +10,128 @@ import torch
 pytest.importorskip("transformers")
 
 from flashspec_export.config import TargetConfig
-from flashspec_export.models.ngram import NgramDrafter
-from flashspec_export.models.target import SpeculativeTarget
-from flashspec_export.runtime.loop import OnnxTarget, TorchTarget, generate
+from flashspec_export.export.pipeline import ExportConfig, build_modules
+from flashspec_export.runtime import sessions
+from flashspec_export.runtime.loop import generate
 
-GAMMA, NEW_TOKENS = 3, 12
+GAMMA, NEW_TOKENS, BATCH, MAX_LEN = 3, 12, 3, 48
 TEMPERATURES = torch.tensor([0.0, 0.8, 1.0])
 SEEDS = torch.tensor([5, 6, 7])
 
 
 @pytest.fixture(scope="module")
-def setup():
-    model = TargetConfig.from_name("tiny-llama").build(seed=0)
-    prompt = torch.randint(0, 512, (3, 6), generator=torch.Generator().manual_seed(0))
+def prompt():
+    prompt = torch.randint(0, 512, (BATCH, 6), generator=torch.Generator().manual_seed(0))
     prompt[:, 3:] = prompt[:, :3]  # a repetition the n-gram drafter can exploit
-    return model, SpeculativeTarget(model), prompt
+    return prompt
 
 
-def test_greedy_speculation_equals_plain_greedy_decoding(setup):
-    """T = 0: whatever the drafts, the output is the target's own argmax chain."""
-    model, target, prompt = setup
-    result = generate(
-        TorchTarget(target), NgramDrafter(), prompt, NEW_TOKENS, GAMMA, TEMPERATURES, SEEDS
-    )
-    sequence = prompt[:1]
+@pytest.fixture(scope="module")
+def target_checkpoint(tmp_path_factory):
+    """tiny-llama saved as a checkpoint: as a draft model it drafts the target's own argmax."""
+    path = tmp_path_factory.mktemp("tiny-llama-ckpt")
+    TargetConfig.from_name("tiny-llama").build(seed=0).save_pretrained(path)
+    return str(path)
+
+
+def _config(draft, out="unused", draft_model=None):
+    sizes = {"gamma": GAMMA, "batch": BATCH, "max_len": MAX_LEN}
+    return ExportConfig(draft=draft, out=str(out), draft_model=draft_model, **sizes)
+
+
+def _generate(runtime, prompt):
+    return generate(*runtime, prompt, NEW_TOKENS, GAMMA, TEMPERATURES, SEEDS)
+
+
+def _plain_greedy(model, prompt, new_tokens):
+    sequence = prompt
     with torch.no_grad():
-        for _ in range(NEW_TOKENS):
+        for _ in range(new_tokens):
             next_token = model(sequence).logits[:, -1].argmax(-1, keepdim=True)
             sequence = torch.cat([sequence, next_token], dim=1)
-    assert result.tokens[0] == sequence[0, prompt.shape[1] :].tolist()
-    assert result.mean_emitted > 1.0  # some drafts were accepted: the multi-token path ran
+    return sequence[:, prompt.shape[1] :].tolist()
 
 
-def test_onnx_runtime_loop_matches_pytorch_loop(setup):
-    ort = pytest.importorskip("onnxruntime")
+@pytest.mark.parametrize("draft", ["ngram", "mtp", "model"])
+def test_greedy_speculation_equals_plain_greedy_decoding(draft, prompt, target_checkpoint):
+    """T = 0: whatever the drafts, the output is the target's own argmax chain."""
+    config = _config(draft, draft_model=target_checkpoint if draft == "model" else None)
+    modules = build_modules(config)
+    runtime = sessions.from_modules(modules, draft, BATCH, MAX_LEN)
+    greedy = torch.zeros(BATCH)
+    result = generate(*runtime, prompt, NEW_TOKENS, GAMMA, greedy, SEEDS)
+    assert result.tokens == _plain_greedy(modules.model, prompt, NEW_TOKENS)
+    if draft == "model":  # the target drafting for itself: every greedy draft is accepted
+        assert result.steps == NEW_TOKENS // (GAMMA + 1) and result.mean_emitted == GAMMA + 1
+    elif draft == "ngram":
+        assert result.mean_emitted > 1.0  # some drafts were accepted: the multi-token path ran
+
+
+def test_mtp_drafts_equal_drafting_from_scratch(prompt):
+    """After every target step, the MTP's first draft (one catch-up call on its incrementally
+    built cache) equals one MTP call over the whole accepted sequence with a fresh cache and
+    the target's hidden states of a plain forward; the later drafts follow the MTP chain."""
+    modules = build_modules(_config("mtp"))
+    target, drafter = sessions.from_modules(modules, "mtp", BATCH, MAX_LEN)
+    mtp, step = modules.drafter, modules.target.step
+    proposals = []
+    original = drafter.propose
+
+    def propose(sequences, gamma):
+        drafts = original(sequences, gamma)
+        proposals.append(([list(s) for s in sequences], drafts))
+        return drafts
+
+    drafter.propose = propose
+    _generate((target, drafter), prompt)
+    assert len(proposals) > 3
+    zeros = torch.zeros(BATCH, dtype=torch.int64)
+    with torch.no_grad():
+        for sequences, drafts in proposals[1:]:
+            longest = max(len(s) for s in sequences)
+            padded = torch.tensor([s + [0] * (longest - len(s)) for s in sequences])
+            cache = torch.zeros(step.cache_shape(BATCH, MAX_LEN))
+            hidden, _, _ = step(padded, zeros, cache, cache.clone())  # causal: padding unseen
+            last_row = torch.tensor([len(s) - 2 for s in sequences])
+            mtp_cache = torch.zeros(mtp.cache_shape(BATCH, MAX_LEN))
+            first, *_ = mtp(
+                hidden[:, :-1], padded[:, 1:], zeros, last_row, mtp_cache, mtp_cache.clone()
+            )
+            assert torch.equal(first, drafts[:, 0])
+
+
+@pytest.fixture(scope="module", params=["mtp", "eagle", "model", "ngram"])
+def exported(request, tmp_path_factory, target_checkpoint):
+    from flashspec_export.export.pipeline import export
+
+    pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")
-    from flashspec_export.onnx import translation
+    out = tmp_path_factory.mktemp(f"export-{request.param}")
+    draft_model = target_checkpoint if request.param == "model" else None
+    export(_config(request.param, out, draft_model))
+    return out
 
-    _, target, prompt = setup
-    n = prompt.shape[0]
-    k = torch.zeros(target.step.cache_shape(n, prompt.shape[1] + NEW_TOKENS + GAMMA + 1))
-    zeros = torch.zeros(n, dtype=torch.int64)
-    v = torch.zeros_like(k)
-    prefill = translation.export(target.step, (prompt[:, :-1], zeros, k, v))
-    step = translation.export(
-        target, (torch.zeros(n, GAMMA + 1, dtype=torch.int64), zeros, k, v, TEMPERATURES, SEEDS)
-    )
 
-    def session(model):
-        return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-
-    onnx_target = OnnxTarget(session(prefill), session(step), target.step.cache_shape)
-    expected = generate(
-        TorchTarget(target), NgramDrafter(), prompt, NEW_TOKENS, GAMMA, TEMPERATURES, SEEDS
-    )
-    got = generate(onnx_target, NgramDrafter(), prompt, NEW_TOKENS, GAMMA, TEMPERATURES, SEEDS)
+def test_exported_graphs_in_onnxruntime_emit_the_pytorch_tokens(exported, prompt):
+    """Prefill + speculative steps through onnxruntime (the export's graphs, function bodies
+    inlined) emit exactly the tokens of the PyTorch modules, with the same number of steps."""
+    expected = _generate(sessions.reference_of(exported), prompt)
+    got = _generate(sessions.from_export(exported), prompt)
     assert got.tokens == expected.tokens
     assert got.steps == expected.steps
 
 
+def test_loop_refuses_a_prompt_the_cache_cannot_hold(exported, prompt):
+    target, drafter = sessions.from_export(exported)
+    with pytest.raises(ValueError, match=r"max_new_tokens: .* exceeds the cache length 48"):
+        generate(target, drafter, prompt, MAX_LEN, GAMMA, TEMPERATURES, SEEDS)
+    with pytest.raises(ValueError, match=r"prompt: expected 3 sequences \(the batch\), got 1"):
+        generate(target, drafter, prompt[:1], 4, GAMMA, TEMPERATURES[:1], SEEDS[:1])
+
+
 def test_ngram_drafter_copies_what_followed():
+    from flashspec_export.models.ngram import NgramDrafter
+
     drafter = NgramDrafter(max_ngram=2)
     assert drafter.propose_one([1, 2, 3, 9, 1, 2], 3) == [3, 9, 1]
     assert drafter.propose_one([4, 5], 2) == [5, 5]  # no earlier match: repeat the last token

@@ -1,0 +1,92 @@
+"""The loop's target and drafter from the PyTorch modules or from an export's ONNX graphs.
+
+``from_modules`` is the reference; ``from_export`` opens ``manifest.json`` of a
+``scripts/export.py`` output and runs its graphs in onnxruntime. With the same seeds both give
+the same tokens (``tests/runtime/test_loop.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import numpy as np
+import torch
+
+from flashspec_export.export.pipeline import ExportConfig, Modules, build_modules
+from flashspec_export.models.ngram import NgramDrafter
+from flashspec_export.runtime.drafting import GraphDrafter
+from flashspec_export.runtime.loop import Graph, Target
+
+
+def torch_graph(module: torch.nn.Module) -> Graph:
+    @torch.no_grad()
+    def run(*args):
+        return tuple(module(*args))
+
+    return run
+
+
+def onnx_graph(session) -> Graph:
+    """An onnxruntime ``InferenceSession`` as a callable on CPU tensors."""
+    names = [i.name for i in session.get_inputs()]
+
+    def run(*args):
+        feed = {n: np.ascontiguousarray(a.numpy()) for n, a in zip(names, args, strict=True)}
+        return tuple(torch.from_numpy(o) for o in session.run(None, feed))
+
+    return run
+
+
+def from_modules(modules: Modules, draft: str, batch: int, max_len: int):
+    """(Target, drafter) running the PyTorch modules with caches for ``batch`` x ``max_len``."""
+    target = Target(
+        torch_graph(modules.target.step),
+        torch_graph(modules.target),
+        modules.target.step.cache_shape(batch, max_len),
+    )
+    if modules.drafter is None:
+        return target, NgramDrafter()
+    drafter = GraphDrafter(
+        torch_graph(modules.drafter),
+        modules.drafter.cache_shape(batch, max_len),
+        features=draft != "model",
+    )
+    return target, drafter
+
+
+def reference_of(directory: str | pathlib.Path):
+    """The PyTorch (Target, drafter) an export was made from (its manifest's config)."""
+    manifest = read_manifest(directory)
+    config = ExportConfig(**manifest["config"])
+    return from_modules(build_modules(config), config.draft, config.batch, config.max_len)
+
+
+def read_manifest(directory: str | pathlib.Path) -> dict:
+    path = pathlib.Path(directory) / "manifest.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"export: {path} not found (run scripts/export.py first)")
+    return json.loads(path.read_text())
+
+
+def from_export(directory: str | pathlib.Path, providers=("CPUExecutionProvider",)):
+    """(Target, drafter) running the exported graphs of ``directory`` in onnxruntime."""
+    import onnxruntime as ort
+
+    directory = pathlib.Path(directory)
+    manifest = read_manifest(directory)
+    graphs = manifest["graphs"]
+
+    def load(name):
+        session = ort.InferenceSession(str(directory / graphs[name]["file"]), providers=providers)
+        cache = next(i for i in graphs[name]["inputs"] if i["name"] == "k_cache")
+        return onnx_graph(session), tuple(cache["shape"])
+
+    prefill, cache_shape = load("target_prefill")
+    step, _ = load("target_step")
+    target = Target(prefill, step, cache_shape)
+    draft = manifest["drafter"]
+    if draft == "ngram":
+        return target, NgramDrafter()
+    graph, draft_cache = load(f"drafter_{draft}")
+    return target, GraphDrafter(graph, draft_cache, features=draft != "model")
