@@ -5,6 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+class ConfigError(ValueError):
+    """Bad user input (a preset, path, model or size): the message names the argument and what
+    was expected. Scripts report it and exit with status 2; any other error is a bug."""
+
+
 @dataclass(frozen=True)
 class HeadShape:
     """An LM head: ``vocab_size`` logical tokens, ``padded_vocab`` rows of width ``hidden_size``."""
@@ -17,7 +22,7 @@ class HeadShape:
     @classmethod
     def from_name(cls, name: str) -> HeadShape:
         if name not in HEAD_SHAPES:
-            raise ValueError(
+            raise ConfigError(
                 f"head: unknown preset {name!r}; expected one of {', '.join(HEAD_SHAPES)}"
             )
         return HEAD_SHAPES[name]
@@ -52,7 +57,7 @@ class TargetConfig:
     @classmethod
     def from_name(cls, name: str) -> TargetConfig:
         if name not in TARGET_PRESETS:
-            raise ValueError(
+            raise ConfigError(
                 f"target: unknown preset {name!r}; expected one of {', '.join(TARGET_PRESETS)} "
                 "or a checkpoint directory"
             )

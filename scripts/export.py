@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from flashspec_export.config import TARGET_PRESETS
+from flashspec_export.config import TARGET_PRESETS, ConfigError
 from flashspec_export.export.pipeline import DRAFTERS, ExportConfig, export
 
 
@@ -53,7 +53,7 @@ def main() -> None:
     )
     try:
         manifest = export(config)
-    except (ValueError, FileExistsError) as error:
+    except (ConfigError, FileExistsError) as error:
         parser.exit(2, f"error: {error}\n")
     for graph in manifest["graphs"].values():
         print(

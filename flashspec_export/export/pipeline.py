@@ -24,7 +24,7 @@ import onnx
 import torch
 from tqdm import tqdm
 
-from flashspec_export.config import TARGET_PRESETS, TargetConfig
+from flashspec_export.config import TARGET_PRESETS, ConfigError, TargetConfig
 from flashspec_export.models.drafters import EagleDrafter, ModelDrafter
 from flashspec_export.models.mtp import MtpDrafter
 from flashspec_export.models.target import SpeculativeTarget
@@ -56,11 +56,11 @@ def load_target(spec: str, seed: int) -> torch.nn.Module:
     if spec in TARGET_PRESETS:
         return TargetConfig.from_name(spec).build(seed)
     if not path.is_dir():
-        raise ValueError(
+        raise ConfigError(
             f"target: {spec!r} is neither a preset ({', '.join(TARGET_PRESETS)}) nor a directory"
         )
     if not (path / "config.json").is_file():
-        raise ValueError(f"target: {path} has no config.json (expected a Hugging Face checkpoint)")
+        raise ConfigError(f"target: {path} has no config.json (expected a Hugging Face checkpoint)")
     import transformers
 
     model = transformers.AutoModelForCausalLM.from_pretrained(
@@ -76,10 +76,10 @@ def load_draft_weights(drafter: torch.nn.Module, path: str) -> None:
     expected = drafter.state_dict()
     unknown = sorted(set(state) - set(expected))
     if unknown:
-        raise ValueError(f"draft-weights: unknown tensors {unknown[:5]} for this drafter")
+        raise ConfigError(f"draft-weights: unknown tensors {unknown[:5]} for this drafter")
     for name, tensor in state.items():
         if tensor.shape != expected[name].shape:
-            raise ValueError(
+            raise ConfigError(
                 f"draft-weights: {name} has shape {tuple(tensor.shape)}, but the target needs "
                 f"{tuple(expected[name].shape)} (hidden size {drafter.eh_proj.out_features}, "
                 f"vocabulary {drafter.vocab_size}): the drafter does not match the target"
@@ -114,18 +114,18 @@ def build_modules(config: ExportConfig) -> Modules:
 
 def _check_drafter(config: ExportConfig) -> None:
     if config.draft not in DRAFTERS:
-        raise ValueError(f"draft: unknown drafter {config.draft!r}; expected one of {DRAFTERS}")
+        raise ConfigError(f"draft: unknown drafter {config.draft!r}; expected one of {DRAFTERS}")
     if config.draft == "model" and not config.draft_model:
-        raise ValueError("draft-model: --draft model needs --draft-model (a preset or directory)")
+        raise ConfigError("draft-model: --draft model needs --draft-model (a preset or directory)")
 
 
 def _check(config: ExportConfig) -> pathlib.Path:
     _check_drafter(config)
     for name in ("gamma", "batch", "max_len"):
         if getattr(config, name) < (0 if name == "gamma" else 1):
-            raise ValueError(f"{name}: expected a positive value, got {getattr(config, name)}")
+            raise ConfigError(f"{name}: expected a positive value, got {getattr(config, name)}")
     if config.gamma + 2 > config.max_len:
-        raise ValueError(
+        raise ConfigError(
             f"max_len: {config.max_len} cannot hold a token and gamma + 1 = {config.gamma + 1} more"
         )
     out = pathlib.Path(config.out)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from flashspec_export.config import ConfigError
 from flashspec_export.models.mtp import MtpDrafter
 from flashspec_export.models.target import TargetStep, select_rows
 from flashspec_export.ops import torch_ops  # noqa: F401  (registers torch.ops.flashspec)
@@ -27,7 +28,7 @@ class ModelDrafter(nn.Module):
     def __init__(self, draft_lm: nn.Module, target_vocab_size: int):
         super().__init__()
         if draft_lm.config.vocab_size != target_vocab_size:
-            raise ValueError(
+            raise ConfigError(
                 f"draft: the draft model's vocabulary ({draft_lm.config.vocab_size}) differs from "
                 f"the target's ({target_vocab_size}); the drafter does not match the target"
             )

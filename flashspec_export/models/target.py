@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from flashspec_export.config import ConfigError
 from flashspec_export.ops import torch_ops  # noqa: F401  (registers torch.ops.flashspec)
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
@@ -45,7 +46,7 @@ class TargetStep(nn.Module):
         super().__init__()
         config = causal_lm.config
         if config.model_type not in SUPPORTED_MODEL_TYPES:
-            raise ValueError(
+            raise ConfigError(
                 f"target: unsupported architecture {config.model_type!r}; expected one of "
                 f"{', '.join(SUPPORTED_MODEL_TYPES)}"
             )

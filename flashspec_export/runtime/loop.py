@@ -13,6 +13,8 @@ from typing import Protocol
 
 import torch
 
+from flashspec_export.config import ConfigError
+
 Graph = Callable[..., tuple[torch.Tensor, ...]]  # positional tensors in, tuple of tensors out
 
 
@@ -76,12 +78,12 @@ def generate(
     """
     n, prompt_len = prompt.shape
     if n != target.batch:
-        raise ValueError(f"prompt: expected {target.batch} sequences (the batch), got {n}")
+        raise ConfigError(f"prompt: expected {target.batch} sequences (the batch), got {n}")
     if prompt_len < 2:
-        raise ValueError(f"prompt: expected at least 2 tokens per sequence, got {prompt_len}")
+        raise ConfigError(f"prompt: expected at least 2 tokens per sequence, got {prompt_len}")
     needed = prompt_len + max_new_tokens + gamma
     if needed > target.max_len:
-        raise ValueError(
+        raise ConfigError(
             f"max_new_tokens: prompt ({prompt_len}) + max_new_tokens ({max_new_tokens}) + gamma "
             f"({gamma}) = {needed} exceeds the cache length {target.max_len}"
         )

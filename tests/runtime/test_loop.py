@@ -136,3 +136,22 @@ def test_ngram_drafter_copies_what_followed():
     assert drafter.propose_one([1, 2, 3, 9, 1, 2], 3) == [3, 9, 1]
     assert drafter.propose_one([4, 5], 2) == [5, 5]  # no earlier match: repeat the last token
     assert drafter.propose([[1, 2, 1], [7, 8, 7]], 2).tolist() == [[2, 1], [8, 7]]
+
+
+def test_generate_script_checks_the_export_against_pytorch(exported):
+    import pathlib
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).parents[2]
+    command = [sys.executable, "scripts/generate.py", str(exported), "--new-tokens", "6"]
+    result = subprocess.run(
+        [*command, "--check"], cwd=root, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.count("sequence ") == BATCH
+    assert "PyTorch modules: same tokens" in result.stdout
+    missing = subprocess.run(
+        [*command[:2], str(exported / "nowhere")], cwd=root, capture_output=True, text=True
+    )
+    assert missing.returncode == 2 and "manifest.json not found" in missing.stderr

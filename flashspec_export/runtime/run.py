@@ -1,0 +1,58 @@
+"""Generate with an export's graphs in onnxruntime, optionally checked token for token against
+the PyTorch modules it was exported from (same prompts, temperatures and seeds)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from flashspec_export.config import ConfigError
+from flashspec_export.runtime import sessions
+from flashspec_export.runtime.loop import GenerationResult, generate
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    export_dir: str
+    new_tokens: int = 32
+    prompt_len: int = 8  # random prompt tokens (presets have no tokenizer)
+    temperature: float = 0.8
+    seed: int = 0
+    check: bool = False  # also run the PyTorch modules and compare tokens
+
+
+@dataclass(frozen=True)
+class RunReport:
+    prompt: torch.Tensor  # [N, prompt_len] int64
+    onnx: GenerationResult
+    seconds: float
+    reference: GenerationResult | None  # with check=True
+
+    @property
+    def matches(self) -> bool | None:
+        if self.reference is None:
+            return None
+        return self.onnx.tokens == self.reference.tokens and self.onnx.steps == self.reference.steps
+
+
+def run(config: RunConfig) -> RunReport:
+    """Generate ``new_tokens`` per sequence (the export's batch) from random prompts."""
+    if config.prompt_len < 2:
+        raise ConfigError(f"prompt_len: expected at least 2, got {config.prompt_len}")
+    manifest = sessions.read_manifest(config.export_dir)
+    target, drafter = sessions.from_export(config.export_dir)
+    g = torch.Generator().manual_seed(config.seed)
+    shape = (target.batch, config.prompt_len)
+    prompt = torch.randint(0, manifest["vocab_size"], shape, generator=g)
+    temperature = torch.full((target.batch,), config.temperature)
+    seeds = torch.arange(target.batch, dtype=torch.int64) + config.seed
+    args = (prompt, config.new_tokens, manifest["gamma"], temperature, seeds)
+    start = time.perf_counter()
+    result = generate(target, drafter, *args)
+    seconds = time.perf_counter() - start
+    reference = None
+    if config.check:
+        reference = generate(*sessions.reference_of(config.export_dir), *args)
+    return RunReport(prompt, result, seconds, reference)

@@ -1,0 +1,50 @@
+"""Speculative generation with an export's graphs in onnxruntime (random prompt token ids).
+
+python scripts/generate.py out/tiny-llama-mtp --new-tokens 32 --temperature 0.8
+python scripts/generate.py out/tiny-llama-mtp --check   # also the PyTorch modules: same tokens?
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from flashspec_export.config import ConfigError
+from flashspec_export.runtime.run import RunConfig, run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    d = RunConfig("")
+    parser.add_argument("export_dir", help="an output directory of scripts/export.py")
+    parser.add_argument("--new-tokens", type=int, default=d.new_tokens)
+    parser.add_argument("--prompt-len", type=int, default=d.prompt_len)
+    parser.add_argument("--temperature", type=float, default=d.temperature)
+    parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument("--check", action="store_true", help="compare with the PyTorch modules")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    config = RunConfig(
+        args.export_dir, args.new_tokens, args.prompt_len, args.temperature, args.seed, args.check
+    )
+    try:
+        report = run(config)
+    except (ConfigError, FileNotFoundError) as error:
+        parser.exit(2, f"error: {error}\n")
+    result = report.onnx
+    for row, tokens in enumerate(result.tokens):
+        print(f"sequence {row}: {report.prompt[row].tolist()} -> {tokens}")
+    print(
+        f"{result.steps} target steps, {result.mean_emitted:.2f} tokens per step, "
+        f"{report.seconds:.2f} s (onnxruntime, CPU)"
+    )
+    if report.matches is not None:
+        print(f"PyTorch modules: {'same tokens' if report.matches else 'DIFFERENT tokens'}")
+        if not report.matches:
+            raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()
