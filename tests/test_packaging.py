@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import pathlib
-import tomllib
+
+import pytest
+
+tomllib = pytest.importorskip("tomllib", reason="Python >= 3.11")
 
 ROOT = pathlib.Path(__file__).parents[1]
 

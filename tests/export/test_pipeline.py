@@ -102,55 +102,69 @@ def test_unsupported_architecture_is_refused(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
-def test_polygraphy_onnxrt_matches_pytorch(exported, tmp_path):
-    """`polygraphy run --onnxrt` on the exported target step against outputs saved from the
-    PyTorch modules: tokens exactly (integers within 1e-5 are equal), floats within 1e-5."""
+def _random_inputs(graph: dict, vocab_size: int, new_tokens: int, seed: int) -> dict:
+    """Inputs for an exported graph from its manifest entry (dynamic axes = ``new_tokens``)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    values = {}
+    for value in graph["inputs"]:
+        shape = [d if isinstance(d, int) else new_tokens for d in value["shape"]]
+        name = value["name"]
+        if name == "tokens":
+            values[name] = torch.randint(0, vocab_size, shape, generator=g)
+        elif name == "positions":
+            values[name] = torch.randint(0, 9, shape, generator=g)
+        elif name == "last_row":
+            values[name] = torch.randint(0, new_tokens, shape, generator=g)
+        elif name == "seed":
+            values[name] = torch.randint(0, 2**40, shape, generator=g)
+        elif name == "temperature":
+            values[name] = torch.full(shape, 0.9)
+        else:  # hidden states and caches
+            values[name] = torch.randn(shape, generator=g)
+    return values
+
+
+@pytest.mark.parametrize("graph", ["target_prefill", "target_step", "drafter_mtp"])
+def test_polygraphy_onnxrt_matches_pytorch(exported, tmp_path, graph):
+    """`polygraphy run --onnxrt` on each exported graph against outputs saved from the PyTorch
+    modules it came from: tokens exactly (integers within 1e-5 are equal), floats within 1e-5
+    absolute + 1e-5 relative. The prefill and drafter run at 5 new tokens (exported with 2)."""
     pytest.importorskip("polygraphy")
     import torch
     from polygraphy.comparator import RunResults
     from polygraphy.json import save_json
 
-    from flashspec_export.config import TargetConfig
-    from flashspec_export.models.target import SpeculativeTarget
+    from flashspec_export.export.pipeline import build_modules
 
-    target = SpeculativeTarget(TargetConfig.from_name("tiny-llama").build(seed=0))
-    g = torch.Generator().manual_seed(5)
-    cache_shape = target.step.cache_shape(1, 256)
-    args = {
-        "tokens": torch.randint(0, 512, (1, 4), generator=g),
-        "positions": torch.tensor([7]),
-        "k_cache": torch.randn(cache_shape, generator=g),
-        "v_cache": torch.randn(cache_shape, generator=g),
-        "temperature": torch.tensor([0.9]),
-        "seed": torch.tensor([11]),
-    }
+    manifest = json.loads((exported / "manifest.json").read_text())
+    modules = build_modules(ExportConfig(**manifest["config"]))
+    module = {
+        "target_prefill": modules.target.step,
+        "target_step": modules.target,
+        "drafter_mtp": modules.drafter,
+    }[graph]
+    entry = manifest["graphs"][graph]
+    args = _random_inputs(entry, manifest["vocab_size"], new_tokens=5, seed=5)
     with torch.no_grad():
-        outputs = target(*args.values())
-    names = [o.name for o in onnx.load(exported / "target_step.onnx").graph.output]
+        outputs = module(*args.values())
+    names = [o["name"] for o in entry["outputs"]]
     save_json([{k: v.numpy() for k, v in args.items()}], tmp_path / "inputs.json")
     reference = RunResults()
     reference.add([dict(zip(names, (o.numpy() for o in outputs), strict=True))], "pytorch")
     reference.save(str(tmp_path / "pytorch.json"))
-    result = subprocess.run(
-        [
-            "polygraphy",
-            "run",
-            str(exported / "target_step.onnx"),
-            "--onnxrt",
-            "--load-inputs",
-            str(tmp_path / "inputs.json"),
-            "--load-outputs",
-            str(tmp_path / "pytorch.json"),
-            "--atol",
-            "1e-5",
-            "--rtol",
-            "0",
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=300,
-    )
+    command = ["polygraphy", "run", str(exported / entry["file"]), "--onnxrt"]
+    command += ["--load-inputs", str(tmp_path / "inputs.json")]
+    command += [
+        "--load-outputs",
+        str(tmp_path / "pytorch.json"),
+        "--atol",
+        "1e-5",
+        "--rtol",
+        "1e-5",
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert "PASSED" in result.stdout
 
