@@ -1,16 +1,20 @@
-"""Build TensorRT engines from an export's graphs.
+"""Build TensorRT engines from an export's graphs with ``polygraphy convert``.
 
-Works with full TensorRT (``tensorrt``, where the FlashSpec plugins resolve the custom nodes)
-and with TensorRT-RTX (``tensorrt_rtx``: no plugins, the parser inlines the function bodies;
-its parser and builder run on a CPU-only machine).
+Works with full TensorRT (where the FlashSpec plugins resolve the custom nodes) and with
+TensorRT-RTX (``POLYGRAPHY_USE_TENSORRT_RTX=1``: no plugins, the parser inlines the function
+bodies; its parser and builder run on a CPU-only machine). Dynamic token axes get a profile
+1 .. the cache length; the engines go to ``<export>/engines/<graph>.engine``.
 """
 
 from __future__ import annotations
 
-import importlib
+import importlib.util
 import logging
+import os
 import pathlib
+import subprocess
 
+from flashspec_export.config import ConfigError
 from flashspec_export.runtime.sessions import read_manifest
 
 logger = logging.getLogger(__name__)
@@ -18,14 +22,12 @@ logger = logging.getLogger(__name__)
 DYNAMIC_OPT = 16  # the optimisation point of a dynamic token axis
 
 
-def tensorrt_module(name: str | None = None):
-    """``tensorrt`` (preferred) or ``tensorrt_rtx``; a clear error when neither is installed."""
-    for candidate in [name] if name else ["tensorrt", "tensorrt_rtx"]:
-        try:
-            return importlib.import_module(candidate)
-        except ImportError:
-            continue
-    raise ImportError(
+def tensorrt_flavour() -> str:
+    """ "tensorrt" when full TensorRT is installed, else "tensorrt_rtx"; an error when neither."""
+    for name in ("tensorrt", "tensorrt_rtx"):
+        if importlib.util.find_spec(name) is not None:
+            return name
+    raise ConfigError(
         "tensorrt: neither TensorRT (tensorrt) nor TensorRT-RTX (pip install tensorrt-rtx) is "
         "installed"
     )
@@ -44,31 +46,49 @@ def profile(io: list[dict], max_tokens: int) -> dict[str, tuple[tuple[int, ...],
     return shapes
 
 
-def build_engine(directory, graph: str, trt=None, optimization_level: int | None = None) -> bytes:
-    """Parse ``graph`` (e.g. "target_step") of the export in ``directory`` and build a
-    serialized engine; dynamic token axes get a profile up to the cache length."""
-    trt = trt or tensorrt_module()
+def polygraphy_command(directory, graph: str, engine: pathlib.Path) -> list[str]:
+    """``polygraphy convert`` of ``graph`` (e.g. "target_step") of the export in ``directory``."""
     directory = pathlib.Path(directory)
     manifest = read_manifest(directory)
+    if graph not in manifest["graphs"]:
+        raise ConfigError(
+            f"graph: {graph!r} is not in this export ({', '.join(manifest['graphs'])})"
+        )
     entry = manifest["graphs"][graph]
-    trt_logger = trt.Logger(trt.Logger.WARNING)
-    builder = trt.Builder(trt_logger)
-    network = builder.create_network(0)
-    parser = trt.OnnxParser(network, trt_logger)
-    if not parser.parse_from_file(str(directory / entry["file"])):
-        errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
-        raise RuntimeError(f"{graph}: the ONNX parser refused the graph: {errors}")
-    config = builder.create_builder_config()
-    if optimization_level is not None:
-        config.builder_optimization_level = optimization_level
+    command = ["polygraphy", "convert", str(directory / entry["file"]), "-o", str(engine)]
     shapes = profile(entry["inputs"], manifest["config"]["max_len"])
-    if any(low != high for low, _, high in shapes.values()):
-        opt_profile = builder.create_optimization_profile()
-        for name, (low, opt, high) in shapes.items():
-            opt_profile.set_shape(name, low, opt, high)
-        config.add_optimization_profile(opt_profile)
-    logger.info("building %s (%d layers)", graph, network.num_layers)
-    engine = builder.build_serialized_network(network, config)
-    if engine is None:
-        raise RuntimeError(f"{graph}: the TensorRT builder failed (see its log above)")
-    return bytes(engine)
+    dynamic = {name: s for name, s in shapes.items() if s[0] != s[2]}
+    for flag, index in (("--trt-min-shapes", 0), ("--trt-opt-shapes", 1), ("--trt-max-shapes", 2)):
+        if dynamic:
+            command.append(flag)
+            command += [f"{name}:[{','.join(map(str, s[index]))}]" for name, s in dynamic.items()]
+    return command
+
+
+def build_engines(directory, graphs=None, force: bool = False) -> dict[str, pathlib.Path]:
+    """Build the engines of ``graphs`` (default: all) of an export; returns name -> engine path.
+
+    An existing engine is kept unless ``force``. Uses TensorRT when installed, else TensorRT-RTX.
+    """
+    directory = pathlib.Path(directory)
+    names = graphs or list(read_manifest(directory)["graphs"])
+    out = directory / "engines"
+    existing = [n for n in names if (out / f"{n}.engine").exists()]
+    if existing and not force:
+        raise FileExistsError(
+            f"out: {out} already has {', '.join(existing)}; pass --force to rebuild them"
+        )
+    env = dict(os.environ)
+    if tensorrt_flavour() == "tensorrt_rtx":
+        env["POLYGRAPHY_USE_TENSORRT_RTX"] = "1"
+    out.mkdir(exist_ok=True)
+    engines = {}
+    for name in names:
+        engine = out / f"{name}.engine"
+        command = polygraphy_command(directory, name, engine)
+        logger.info("%s", " ".join(command))
+        result = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            raise RuntimeError(f"{name}: polygraphy convert failed:\n{result.stdout[-3000:]}")
+        engines[name] = engine
+    return engines
