@@ -37,6 +37,19 @@ def _last_row(b: Body, x: str) -> str:
     return b.op("Slice", x, b.const([-1], I64), b.const([_BIG], I64), b.const([1], I64))
 
 
+def _fence(b: Body, x: str) -> str:
+    """``x`` unchanged (a CumSum over a new unit axis), but materialised by TensorRT.
+
+    Myelin (TensorRT-RTX's compiler) fuses a chain of elementwise ops into the reduction that
+    consumes it, and its build time grows exponentially with the depth of that chain (about 5x
+    per hash round): the noise hash feeding ArgMax never finishes building. CumSum is not fused
+    with its neighbours, so the chain ends here in a kernel of its own. A Cast round trip,
+    Reshape or Gather do not fence it; TopK does but sorts.
+    """
+    axis = b.const([-1], I64)
+    return b.op("Squeeze", b.op("CumSum", b.op("Unsqueeze", x, axis), b.const(-1, I64)), axis)
+
+
 def _logits(b: Body, hidden: str, lm_head: str, vocab_size: str) -> str:
     """fp32 ``hidden · lm_head[:vocab_size]ᵀ`` ([..., V])."""
     end = b.op("Unsqueeze", vocab_size, b.const([0], I64))
@@ -95,7 +108,7 @@ def verify_resample_function() -> onnx.FunctionProto:
     bits = noise.token_bits(
         b, b.op("Unsqueeze", key_a, unsqueeze2), b.op("Unsqueeze", key_b, unsqueeze2), token
     )  # [N, R, V]
-    gumbel = noise.gumbel_from_bits(b, bits)
+    gumbel = _fence(b, noise.gumbel_from_bits(b, bits))  # [N, R, V], see _fence
     excluded = b.op("Pad", "draft_tokens", b.const([0, 0, 0, 1], I64), b.const(-1, I64))  # [N, R]
     is_draft = b.op("Equal", b.op("Unsqueeze", excluded, unsqueeze2), token)  # [N, R, V]
     greedy3 = b.op("Unsqueeze", greedy, b.const([1, 2], I64))
