@@ -3,8 +3,10 @@
 For one LM head (V, H, dtype) and a sweep of row counts R = N·(γ+1), every provider runs on the
 same inputs in the same process:
 
-- ``verify_resample[triton]``: the fused one-pass verify-and-resample;
-- ``tiled_argmax[triton]``: the fused greedy drafter;
+- ``verify_resample`` / ``tiled_argmax``: the fused Triton kernels (verify-and-resample, greedy
+  drafter);
+- ``verify_resample[cuda]`` / ``tiled_argmax[cuda]``: the same ops as the CUDA kernels behind the
+  TensorRT plugins (``plugins/``, through their C ABI);
 - ``matmul``: cuBLAS ``hidden @ lm_head.T`` alone (the floor the fused ops aim for);
 - ``matmul+argmax``: cuBLAS followed by ``argmax`` (the unfused drafter);
 - ``standard``: the materialised serving-stack verify path (``ops`` backend "standard").
@@ -29,7 +31,15 @@ import torch
 from flashspec_export import ops
 from flashspec_export.config import HeadShape
 
-PROVIDERS = ("verify_resample", "tiled_argmax", "matmul", "matmul+argmax", "standard")
+PROVIDERS = (
+    "verify_resample",
+    "tiled_argmax",
+    "verify_resample[cuda]",
+    "tiled_argmax[cuda]",
+    "matmul",
+    "matmul+argmax",
+    "standard",
+)
 
 
 @dataclass(frozen=True)
@@ -164,11 +174,14 @@ def _providers(shape: HeadShape, rows: int, config: BenchConfig, lm_head: torch.
             check_values=False,
         )
 
+    def argmax(backend):
+        return lambda: ops.tiled_argmax(flat, lm_head, vocab, backend=backend, check_values=False)
+
     return {
         "verify_resample": verify("triton"),
-        "tiled_argmax": lambda: ops.tiled_argmax(
-            flat, lm_head, vocab, backend="triton", check_values=False
-        ),
+        "tiled_argmax": argmax("triton"),
+        "verify_resample[cuda]": verify("cuda"),
+        "tiled_argmax[cuda]": argmax("cuda"),
         "matmul": lambda: flat @ lm_head.T,
         "matmul+argmax": lambda: (flat @ lm_head[:vocab].T).argmax(dim=-1),
         "standard": verify("standard"),

@@ -1,6 +1,7 @@
 """Markers skip by capability, never by catching an error.
 
 - ``gpu``: needs a CUDA device.
+- ``cuda_kernels``: needs a CUDA device and the built kernel library (``plugins/build``).
 - ``trt``: needs TensorRT (``import tensorrt``); TensorRT-RTX does not count.
 - ``slow``: opt-in with ``--runslow``.
 """
@@ -21,6 +22,13 @@ def pytest_collection_modifyitems(config, items):
     reasons = {}
     if not torch.cuda.is_available():
         reasons["gpu"] = "needs a CUDA device (torch.cuda.is_available() is False)"
+    from flashspec_export.ops import cuda
+
+    if not cuda.available():
+        reasons["cuda_kernels"] = (
+            f"needs a CUDA device and {cuda.library_path()} "
+            "(cmake -S plugins -B plugins/build && cmake --build plugins/build -j)"
+        )
     if importlib.util.find_spec("tensorrt") is None:
         reasons["trt"] = "needs TensorRT (the tensorrt module is not installed)"
     if not config.getoption("--runslow"):

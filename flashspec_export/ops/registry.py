@@ -17,11 +17,13 @@ IMPLEMENTATIONS: dict[str, dict[str, str]] = {
         "reference": "flashspec_export.reference.verify_resample:verify_resample",
         "standard": "flashspec_export.ops.standard:verify_resample",
         "triton": "flashspec_export.kernels.verify_resample:verify_resample",
+        "cuda": "flashspec_export.ops.cuda:verify_resample",
     },
     "tiled_argmax": {
         "reference": "flashspec_export.reference.tiled_argmax:tiled_argmax",
         "standard": "flashspec_export.ops.standard:tiled_argmax",
         "triton": "flashspec_export.kernels.tiled_argmax:tiled_argmax",
+        "cuda": "flashspec_export.ops.cuda:tiled_argmax",
     },
 }
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from flashspec_export import ops
+from flashspec_export.ops import cuda as cuda_backend
 from tests.tolerances import LOGIT_ATOL, LOGIT_RTOL
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -21,6 +22,8 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 def backend(request):
     if request.param == "triton":
         pytest.importorskip("triton")
+    if request.param == "cuda" and not cuda_backend.available():
+        pytest.skip(f"cuda backend: needs a CUDA device and {cuda_backend.library_path()}")
     return request.param
 
 

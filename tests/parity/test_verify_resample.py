@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from flashspec_export import ops
+from flashspec_export.ops import cuda as cuda_backend
 from flashspec_export.reference import noise
 from tests.cases import make_case
 from tests.tolerances import LOGPROB_ATOL, LOGPROB_RTOL
@@ -30,6 +31,8 @@ MIXED_T = torch.tensor([0.0, 1.0, 0.7, 0.0, 1.5, 0.5, 2.0])
 def backend(request):
     if request.param == "triton":
         pytest.importorskip("triton")
+    if request.param == "cuda" and not cuda_backend.available():
+        pytest.skip(f"cuda backend: needs a CUDA device and {cuda_backend.library_path()}")
     return request.param
 
 

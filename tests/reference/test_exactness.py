@@ -43,9 +43,14 @@ CASES = {
     "tie": np.array([2.0, 0.0, 2.0, 0.0, 1.0, 0.0, 0.0, 0.0]),  # draft tied with token 0
 }
 TEMPERATURES = [0.5, 1.0, 2.0]
-# The fused Triton kernel runs these tests on a GPU (under the CPU interpreter they would take
-# minutes); its CPU parity with the reference is in tests/parity.
-BACKENDS = ["reference", "standard", pytest.param("triton", marks=pytest.mark.gpu)]
+# The fused Triton and CUDA kernels run these tests on a GPU (Triton under the CPU interpreter
+# would take minutes; its CPU parity with the reference is in tests/parity).
+BACKENDS = [
+    "reference",
+    "standard",
+    pytest.param("triton", marks=pytest.mark.gpu),
+    pytest.param("cuda", marks=pytest.mark.cuda_kernels),
+]
 
 
 def softmax(z: np.ndarray, temperature: float) -> np.ndarray:
@@ -78,7 +83,7 @@ def _hidden(rows: list[np.ndarray]) -> torch.Tensor:
 def greedy_draft_step(rows, drafts, temperature, backend="reference"):
     """N_SAMPLES independent VerifyResample steps, seeds 0..N-1 (on the GPU for Triton)."""
     n = N_SAMPLES
-    device = "cuda" if backend == "triton" else "cpu"
+    device = "cuda" if backend in ("triton", "cuda") else "cpu"
     tokens, emitted = ops.verify_resample(
         _hidden(rows).to(device),
         torch.eye(VOCAB, device=device),

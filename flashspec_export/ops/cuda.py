@@ -1,0 +1,191 @@
+"""CUDA backend: the ``plugins/`` kernels (the ones behind the TensorRT plugins) through their
+C ABI (``plugins/common/flashspecCApi.h``), called with ctypes on torch tensors.
+
+The library is ``plugins/build/libflashspec_kernels.so`` (build: ``cmake -S plugins -B
+plugins/build && cmake --build plugins/build -j``) or the path in ``$FLASHSPEC_KERNELS_LIB``.
+Launches go to the current torch stream; nothing synchronises with the host.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import pathlib
+
+import torch
+
+from flashspec_export.reference.verify_resample import VerifyResult
+
+ABI_VERSION = 1
+LIBRARY_ENV = "FLASHSPEC_KERNELS_LIB"
+DEFAULT_LIBRARY = pathlib.Path(__file__).parents[2] / "plugins/build/libflashspec_kernels.so"
+_DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+
+
+class _TiledArgmaxParams(ctypes.Structure):  # flashspec::TiledArgmaxParams
+    _fields_ = [
+        ("hidden", ctypes.c_void_p),
+        ("lm_head", ctypes.c_void_p),
+        ("tokens", ctypes.c_void_p),
+        ("max_logit", ctypes.c_void_p),
+        ("workspace", ctypes.c_void_p),
+        ("num_rows", ctypes.c_int32),
+        ("hidden_size", ctypes.c_int32),
+        ("vocab_size", ctypes.c_int32),
+        ("dtype", ctypes.c_int32),
+        ("num_splits", ctypes.c_int32),
+    ]
+
+
+class _VerifyResampleParams(ctypes.Structure):  # flashspec::VerifyResampleParams
+    _fields_ = [
+        ("hidden", ctypes.c_void_p),
+        ("lm_head", ctypes.c_void_p),
+        ("draft_tokens", ctypes.c_void_p),
+        ("temperature", ctypes.c_void_p),
+        ("seed", ctypes.c_void_p),
+        ("positions", ctypes.c_void_p),
+        ("tokens", ctypes.c_void_p),
+        ("num_emitted", ctypes.c_void_p),
+        ("logprobs", ctypes.c_void_p),
+        ("workspace", ctypes.c_void_p),
+        ("batch", ctypes.c_int32),
+        ("gamma", ctypes.c_int32),
+        ("hidden_size", ctypes.c_int32),
+        ("vocab_size", ctypes.c_int32),
+        ("dtype", ctypes.c_int32),
+        ("num_splits", ctypes.c_int32),
+    ]
+
+
+def library_path() -> pathlib.Path:
+    return pathlib.Path(os.environ.get(LIBRARY_ENV, DEFAULT_LIBRARY))
+
+
+@functools.cache
+def library() -> ctypes.CDLL:
+    """The kernel library, loaded once; a clear error when it is not built."""
+    path = library_path()
+    if not path.is_file():
+        raise RuntimeError(
+            f"cuda backend: {path} not found; build it with `cmake -S plugins -B plugins/build "
+            f"&& cmake --build plugins/build -j` or set ${LIBRARY_ENV}"
+        )
+    lib = ctypes.CDLL(str(path))
+    lib.flashspecErrorString.restype = ctypes.c_char_p
+    for name in ("flashspecTiledArgmaxWorkspaceSize", "flashspecVerifyResampleWorkspaceSize"):
+        getattr(lib, name).restype = ctypes.c_size_t
+    if lib.flashspecAbiVersion() != ABI_VERSION:
+        raise RuntimeError(f"cuda backend: {path} has ABI {lib.flashspecAbiVersion()}, need 1")
+    return lib
+
+
+def available() -> bool:
+    """A CUDA device and the built library are present."""
+    return torch.cuda.is_available() and library_path().is_file()
+
+
+def _check(status: int, op: str) -> None:
+    if status != 0:
+        message = library().flashspecErrorString(status).decode()
+        raise RuntimeError(f"{op} (cuda): {message} (status {status})")
+
+
+def _device_and_stream(hidden: torch.Tensor) -> int:
+    if hidden.device.type != "cuda":
+        raise ValueError(f"hidden: the cuda backend needs CUDA tensors, got {hidden.device}")
+    return torch.cuda.current_stream(hidden.device).cuda_stream
+
+
+@functools.cache
+def _workspace(device: torch.device, nbytes: int) -> torch.Tensor:
+    return torch.empty(max(nbytes, 16), dtype=torch.uint8, device=device)
+
+
+def tiled_argmax(hidden: torch.Tensor, lm_head: torch.Tensor, vocab_size: int, *, num_splits=0):
+    """Argmax of ``hidden @ lm_head[:vocab_size].T`` (CUDA). Shapes as ``ops.tiled_argmax``:
+    hidden [N, H], lm_head [V, H] → token [N] int64, max_logit [N] float32."""
+    stream = _device_and_stream(hidden)
+    hidden, lm_head = hidden.contiguous(), lm_head.contiguous()
+    n, hidden_size = hidden.shape
+    dtype = _DTYPES[hidden.dtype]
+    lib = library()
+    with torch.cuda.device(hidden.device):
+        splits = lib.flashspecResolveNumSplits(n, hidden_size, vocab_size, dtype, num_splits)
+        workspace = _workspace(hidden.device, lib.flashspecTiledArgmaxWorkspaceSize(n, splits))
+        token = torch.empty(n, dtype=torch.int64, device=hidden.device)
+        max_logit = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        params = _TiledArgmaxParams(
+            hidden.data_ptr(),
+            lm_head.data_ptr(),
+            token.data_ptr(),
+            max_logit.data_ptr(),
+            workspace.data_ptr(),
+            n,
+            hidden_size,
+            vocab_size,
+            dtype,
+            splits,
+        )
+        _check(
+            lib.flashspecTiledArgmax(ctypes.byref(params), ctypes.c_void_p(stream)), "tiled_argmax"
+        )
+    return token, max_logit
+
+
+def verify_resample(
+    hidden: torch.Tensor,
+    lm_head: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    temperature: torch.Tensor,
+    seed: torch.Tensor,
+    positions: torch.Tensor,
+    vocab_size: int,
+    *,
+    return_logprobs: bool = False,
+    num_splits: int = 0,
+) -> VerifyResult:
+    """Verify γ greedy drafts and emit the next tokens (CUDA). Shapes as the reference: hidden
+    [N, γ + 1, H], lm_head [V, H], draft_tokens [N, γ], temperature / seed / positions [N]."""
+    stream = _device_and_stream(hidden)
+    hidden, lm_head = hidden.contiguous(), lm_head.contiguous()
+    n, width, hidden_size = hidden.shape
+    rows = n * width
+    dtype = _DTYPES[hidden.dtype]
+    device = hidden.device
+    lib = library()
+    with torch.cuda.device(device):
+        drafts = draft_tokens.to(torch.int64).contiguous()
+        temps = temperature.to(torch.float32).contiguous()
+        seeds, starts = seed.to(torch.int64).contiguous(), positions.to(torch.int64).contiguous()
+        splits = lib.flashspecResolveNumSplits(rows, hidden_size, vocab_size, dtype, num_splits)
+        workspace = _workspace(device, lib.flashspecVerifyResampleWorkspaceSize(rows, splits))
+        tokens = torch.empty(n, width, dtype=torch.int64, device=device)
+        num_emitted = torch.empty(n, dtype=torch.int64, device=device)
+        logprobs = (
+            torch.empty(n, width, dtype=torch.float32, device=device) if return_logprobs else None
+        )
+        params = _VerifyResampleParams(
+            hidden.data_ptr(),
+            lm_head.data_ptr(),
+            drafts.data_ptr(),
+            temps.data_ptr(),
+            seeds.data_ptr(),
+            starts.data_ptr(),
+            tokens.data_ptr(),
+            num_emitted.data_ptr(),
+            logprobs.data_ptr() if logprobs is not None else None,
+            workspace.data_ptr(),
+            n,
+            width - 1,
+            hidden_size,
+            vocab_size,
+            dtype,
+            splits,
+        )
+        _check(
+            lib.flashspecVerifyResample(ctypes.byref(params), ctypes.c_void_p(stream)),
+            "verify_resample",
+        )
+    return VerifyResult(tokens, num_emitted, logprobs)

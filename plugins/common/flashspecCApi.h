@@ -1,0 +1,29 @@
+/*
+ * C ABI of the FlashSpec kernel library (libflashspec_kernels.so), for callers without C++
+ * (Python ctypes: flashspec_export/ops/cuda.py). The params structs are those of
+ * flashspecKernels.h (plain C layout). Functions return a cudaError_t value (0 = success).
+ */
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define FLASHSPEC_API __attribute__((visibility("default")))
+
+#ifdef __cplusplus
+extern "C"
+{
+#endif
+
+//! 1 for the ABI of this header; bumped on any change of the params structs.
+FLASHSPEC_API int32_t flashspecAbiVersion(void);
+FLASHSPEC_API int32_t flashspecResolveNumSplits(int32_t numRows, int32_t hiddenSize, int32_t vocabSize, int32_t dtype, int32_t requested);
+FLASHSPEC_API size_t flashspecTiledArgmaxWorkspaceSize(int32_t numRows, int32_t numSplits);
+FLASHSPEC_API size_t flashspecVerifyResampleWorkspaceSize(int32_t numRows, int32_t numSplits);
+FLASHSPEC_API int32_t flashspecTiledArgmax(void const* params, void* stream);     // params: TiledArgmaxParams
+FLASHSPEC_API int32_t flashspecVerifyResample(void const* params, void* stream);  // params: VerifyResampleParams
+FLASHSPEC_API char const* flashspecErrorString(int32_t status);
+
+#ifdef __cplusplus
+}
+#endif

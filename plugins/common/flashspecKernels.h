@@ -1,0 +1,63 @@
+/*
+ * The FlashSpec CUDA kernels: raw pointers + a Params struct through invoke<Op>(params, stream).
+ * No TensorRT or torch header here: the TensorRT plugins and the C ABI (flashspecCApi.h) are
+ * thin layers over these entry points.
+ */
+#pragma once
+
+#include <cuda_runtime.h>
+#include <cstddef>
+#include <cstdint>
+
+namespace flashspec
+{
+
+enum class DataType : int32_t; // vocabStream.cuh: kFLOAT = 0, kHALF = 1, kBF16 = 2
+
+//! TiledArgmax: greedy drafting. All tensors contiguous, on one device.
+struct TiledArgmaxParams
+{
+    void const* hidden;   // [numRows, hiddenSize] of dtype
+    void const* lmHead;   // [>= vocabSize, hiddenSize] of dtype (rows >= vocabSize are padding)
+    int64_t* tokens;      // [numRows] out: argmax over [0, vocabSize), lowest id on ties
+    float* maxLogit;      // [numRows] out: the max fp32 logit
+    void* workspace;      // getTiledArgmaxWorkspaceSize(...) bytes
+    int32_t numRows;
+    int32_t hiddenSize;   // a multiple of 16 bytes / element size (8 for half / bf16, 4 for fp32)
+    int32_t vocabSize;
+    int32_t dtype;        // DataType
+    int32_t numSplits;    // vocabulary splits (CTAs per row block); 0 = chosen from the SM count
+};
+
+//! VerifyResample: verify gamma greedy drafts and emit the next tokens (DESIGN.md contract).
+struct VerifyResampleParams
+{
+    void const* hidden;          // [batch, gamma + 1, hiddenSize] of dtype
+    void const* lmHead;          // [>= vocabSize, hiddenSize] of dtype
+    int64_t const* draftTokens;  // [batch, gamma], ids in [0, vocabSize)
+    float const* temperature;    // [batch], >= 0 (0: greedy)
+    int64_t const* seed;         // [batch], in [0, 2^63)
+    int64_t const* positions;    // [batch], absolute position of row 0 (keys the noise)
+    int64_t* tokens;             // [batch, gamma + 1] out: accepted drafts, candidate, then -1
+    int64_t* numEmitted;         // [batch] out: 1 .. gamma + 1
+    float* logprobs;             // [batch, gamma + 1] out, or nullptr
+    void* workspace;             // getVerifyResampleWorkspaceSize(...) bytes
+    int32_t batch;
+    int32_t gamma;
+    int32_t hiddenSize;
+    int32_t vocabSize;
+    int32_t dtype;
+    int32_t numSplits;           // 0 = chosen from the SM count
+};
+
+//! The number of vocabulary splits a launch uses (requested > 0 is taken as is).
+int32_t resolveNumSplits(int32_t numRows, int32_t hiddenSize, int32_t vocabSize, int32_t dtype, int32_t requested);
+
+size_t getTiledArgmaxWorkspaceSize(int32_t numRows, int32_t numSplits);
+size_t getVerifyResampleWorkspaceSize(int32_t numRows, int32_t numSplits);
+
+//! cudaSuccess, cudaErrorInvalidValue for arguments outside the contract, or a launch error.
+cudaError_t invokeTiledArgmax(TiledArgmaxParams const& params, cudaStream_t stream);
+cudaError_t invokeVerifyResample(VerifyResampleParams const& params, cudaStream_t stream);
+
+} // namespace flashspec

@@ -1,0 +1,26 @@
+#include "launch.cuh"
+
+namespace flashspec
+{
+
+int32_t resolveNumSplits(int32_t numRows, int32_t hiddenSize, int32_t vocabSize, int32_t dtype, int32_t requested)
+{
+    if (requested > 0)
+    {
+        return requested;
+    }
+    int device = 0;
+    int smCount = 132;
+    if (cudaGetDevice(&device) == cudaSuccess)
+    {
+        cudaDeviceGetAttribute(&smCount, cudaDevAttrMultiProcessorCount, device);
+    }
+    int32_t const rows = rowsPerBlock(numRows, hiddenSize, dtype);
+    int32_t const rowBlocks = (numRows + rows - 1) / rows;
+    // Two CTAs per SM over all row blocks, but no split narrower than one pass of all warps.
+    int32_t const bySm = std::max(1, (2 * smCount + rowBlocks - 1) / rowBlocks);
+    int32_t const byVocab = std::max(1, vocabSize / (kWarps * kUnroll * 4));
+    return std::min(bySm, byVocab);
+}
+
+} // namespace flashspec

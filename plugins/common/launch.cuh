@@ -1,0 +1,95 @@
+/*
+ * Launch geometry shared by the kernels: rows per CTA (ROWS, staged in shared memory), the
+ * vocabulary split count, and the dispatch over (dtype, ROWS) template instances.
+ */
+#pragma once
+
+#include "flashspecKernels.h"
+#include "vocabStream.cuh"
+
+#include <algorithm>
+
+namespace flashspec
+{
+
+constexpr size_t kMaxHiddenSmemBytes = 160 * 1024; // the staged hidden block (H100/H200: 227 KB)
+
+inline size_t elementSize(int32_t dtype)
+{
+    return static_cast<DataType>(dtype) == DataType::kFLOAT ? 4 : 2;
+}
+
+inline bool validDtype(int32_t dtype)
+{
+    return dtype >= 0 && dtype <= 2;
+}
+
+//! ROWS: the smallest of 1, 2, 4, 8, 16 covering numRows whose block fits shared memory.
+inline int32_t rowsPerBlock(int32_t numRows, int32_t hiddenSize, int32_t dtype)
+{
+    int32_t rows = 1;
+    while (rows < numRows && rows < 16
+        && 2 * rows * static_cast<size_t>(hiddenSize) * elementSize(dtype) <= kMaxHiddenSmemBytes)
+    {
+        rows *= 2;
+    }
+    return rows;
+}
+
+inline bool hiddenFits(int32_t hiddenSize, int32_t dtype)
+{
+    return static_cast<size_t>(hiddenSize) * elementSize(dtype) <= kMaxHiddenSmemBytes;
+}
+
+inline bool aligned16(void const* p)
+{
+    return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+//! Calls f.template operator()<T, ROWS, VEC>() for the runtime (dtype, rows, vectorised):
+//! VEC = 16 bytes of T when H and the pointers allow 16-byte loads, else 1.
+template <typename F>
+cudaError_t dispatch(int32_t dtype, int32_t rows, bool vectorised, F&& f)
+{
+    auto byVec = [&]<typename T, int ROWS>() -> cudaError_t {
+        return vectorised ? f.template operator()<T, ROWS, 16 / sizeof(T)>() : f.template operator()<T, ROWS, 1>();
+    };
+    auto byRows = [&](auto tag) -> cudaError_t {
+        using T = decltype(tag);
+        switch (rows)
+        {
+        case 1: return byVec.template operator()<T, 1>();
+        case 2: return byVec.template operator()<T, 2>();
+        case 4: return byVec.template operator()<T, 4>();
+        case 8: return byVec.template operator()<T, 8>();
+        case 16: return byVec.template operator()<T, 16>();
+        default: return cudaErrorInvalidValue;
+        }
+    };
+    switch (static_cast<DataType>(dtype))
+    {
+    case DataType::kFLOAT: return byRows(float{});
+    case DataType::kHALF: return byRows(__half{});
+    case DataType::kBF16: return byRows(__nv_bfloat16{});
+    }
+    return cudaErrorInvalidValue;
+}
+
+//! 16-byte vector loads are possible: H a multiple of 16 bytes and both bases 16-byte aligned.
+inline bool vectorisable(void const* hidden, void const* lmHead, int32_t hiddenSize, int32_t dtype)
+{
+    return hiddenSize % (16 / elementSize(dtype)) == 0 && aligned16(hidden) && aligned16(lmHead);
+}
+
+//! Opt a kernel into more than 48 KB of dynamic shared memory (once per instance).
+template <typename Kernel>
+cudaError_t allowSmem(Kernel kernel, size_t bytes)
+{
+    if (bytes <= 48 * 1024)
+    {
+        return cudaSuccess;
+    }
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+}
+
+} // namespace flashspec

@@ -1,0 +1,156 @@
+/*
+ * TiledArgmax: token[n] = argmax_v hidden[n] . lmHead[v] over v < vocabSize (lowest v on ties),
+ * without writing logits. Stage 1 (grid: vocabulary splits x row blocks) streams the LM head
+ * once per row block and leaves a (max, index) per (row, split) in the workspace; stage 2 (one
+ * thread per row) reduces the splits in order. Memory traffic: the LM head once, plus
+ * numRows x numSplits x 8 bytes of workspace.
+ */
+#include "../common/launch.cuh"
+#include "../common/flashspecKernels.h"
+
+#include <cmath>
+
+namespace flashspec
+{
+namespace
+{
+
+struct ArgmaxWorkspace
+{
+    float* best;   // [numRows, numSplits]
+    int32_t* index; // [numRows, numSplits]
+};
+
+ArgmaxWorkspace argmaxWorkspace(void* workspace, int32_t numRows, int32_t numSplits)
+{
+    size_t const count = static_cast<size_t>(numRows) * numSplits;
+    auto* best = static_cast<float*>(workspace);
+    return {best, reinterpret_cast<int32_t*>(best + count)};
+}
+
+template <typename T, int ROWS, int VEC>
+__global__ void __launch_bounds__(kThreads) argmaxTilesKernel(
+    T const* hidden, T const* lmHead, ArgmaxWorkspace ws, int numRows, int hiddenSize, int vocabSize)
+{
+    extern __shared__ __align__(16) unsigned char smemRaw[];
+    __shared__ float warpBest[kWarps][32];
+    __shared__ int32_t warpIndex[kWarps][32];
+    T* smemHidden = reinterpret_cast<T*>(smemRaw);
+    int const row0 = blockIdx.y * ROWS;
+    stageHidden<T, ROWS>(smemHidden, hidden, row0, numRows, hiddenSize);
+
+    int begin, end;
+    splitRange(vocabSize, gridDim.x, blockIdx.x, begin, end);
+    int const warp = threadIdx.x >> 5;
+    int const lane = threadIdx.x & 31;
+    float best = -INFINITY; // lane r: row r of the block
+    int32_t bestIndex = -1;
+    for (int v0 = begin + warp * kUnroll; v0 < end; v0 += kWarps * kUnroll)
+    {
+        int64_t vocab[kUnroll];
+        bool valid[kUnroll];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u)
+        {
+            vocab[u] = v0 + u;
+            valid[u] = v0 + u < end;
+        }
+        float acc[kUnroll][ROWS];
+        warpDots<T, ROWS, VEC>(acc, smemHidden, lmHead, vocab, valid, hiddenSize);
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u)
+        {
+            float const logit = laneRow<ROWS>(acc[u], lane);
+            if (valid[u] && (logit > best || bestIndex < 0)) // ids ascend within a warp
+            {
+                best = logit;
+                bestIndex = v0 + u;
+            }
+        }
+    }
+    warpBest[warp][lane] = best;
+    warpIndex[warp][lane] = bestIndex;
+    __syncthreads();
+    if (warp == 0 && lane < ROWS && row0 + lane < numRows)
+    {
+        float b = -INFINITY;
+        int32_t bi = -1;
+        for (int w = 0; w < kWarps; ++w)
+        {
+            float const x = warpBest[w][lane];
+            int32_t const i = warpIndex[w][lane];
+            if (i >= 0 && (bi < 0 || x > b || (x == b && i < bi)))
+            {
+                b = x;
+                bi = i;
+            }
+        }
+        size_t const slot = static_cast<size_t>(row0 + lane) * gridDim.x + blockIdx.x;
+        ws.best[slot] = b;
+        ws.index[slot] = bi;
+    }
+}
+
+__global__ void argmaxFinalizeKernel(ArgmaxWorkspace ws, int64_t* tokens, float* maxLogit, int numRows, int numSplits)
+{
+    int const row = blockIdx.x * blockDim.x + threadIdx.x;
+    if (row >= numRows)
+    {
+        return;
+    }
+    float b = -INFINITY;
+    int32_t bi = -1;
+    for (int s = 0; s < numSplits; ++s) // splits ascend: strict > keeps the lowest id
+    {
+        size_t const slot = static_cast<size_t>(row) * numSplits + s;
+        int32_t const i = ws.index[slot];
+        if (i >= 0 && (bi < 0 || ws.best[slot] > b))
+        {
+            b = ws.best[slot];
+            bi = i;
+        }
+    }
+    tokens[row] = bi;
+    maxLogit[row] = b;
+}
+
+} // namespace
+
+size_t getTiledArgmaxWorkspaceSize(int32_t numRows, int32_t numSplits)
+{
+    return static_cast<size_t>(numRows) * numSplits * (sizeof(float) + sizeof(int32_t));
+}
+
+cudaError_t invokeTiledArgmax(TiledArgmaxParams const& p, cudaStream_t stream)
+{
+    if (p.numRows <= 0 || p.hiddenSize <= 0 || p.vocabSize <= 0 || !validDtype(p.dtype)
+        || !hiddenFits(p.hiddenSize, p.dtype) || p.numSplits < 0)
+    {
+        return cudaErrorInvalidValue;
+    }
+    int32_t const splits = resolveNumSplits(p.numRows, p.hiddenSize, p.vocabSize, p.dtype, p.numSplits);
+    int32_t const rows = rowsPerBlock(p.numRows, p.hiddenSize, p.dtype);
+    ArgmaxWorkspace const ws = argmaxWorkspace(p.workspace, p.numRows, splits);
+    bool const vec = vectorisable(p.hidden, p.lmHead, p.hiddenSize, p.dtype);
+    cudaError_t status = dispatch(p.dtype, rows, vec, [&]<typename T, int ROWS, int VEC>() -> cudaError_t {
+        size_t const smem = static_cast<size_t>(ROWS) * p.hiddenSize * sizeof(T);
+        auto kernel = argmaxTilesKernel<T, ROWS, VEC>;
+        cudaError_t const attr = allowSmem(kernel, smem);
+        if (attr != cudaSuccess)
+        {
+            return attr;
+        }
+        dim3 const grid(splits, (p.numRows + ROWS - 1) / ROWS);
+        kernel<<<grid, kThreads, smem, stream>>>(static_cast<T const*>(p.hidden), static_cast<T const*>(p.lmHead), ws,
+            p.numRows, p.hiddenSize, p.vocabSize);
+        return cudaGetLastError();
+    });
+    if (status != cudaSuccess)
+    {
+        return status;
+    }
+    argmaxFinalizeKernel<<<(p.numRows + 127) / 128, 128, 0, stream>>>(ws, p.tokens, p.maxLogit, p.numRows, splits);
+    return cudaGetLastError();
+}
+
+} // namespace flashspec
