@@ -8,6 +8,7 @@
 #include "vocabStream.cuh"
 
 #include <algorithm>
+#include <type_traits>
 
 namespace flashspec
 {
@@ -46,16 +47,25 @@ inline bool aligned16(void const* p)
     return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
 
-//! Calls f.template operator()<T, ROWS, VEC>() for the runtime (dtype, rows, vectorised):
-//! VEC = 16 bytes of T when H and the pointers allow 16-byte loads, else 1.
+//! Calls f.template operator()<T, ROWS, VEC, MMA>() for the runtime choice: the tensor-core path
+//! (ROWS = 16, VEC unused) when mma, else the FMA path with VEC = 16 bytes of T when
+//! vectorised (H and the pointers allow 16-byte loads), else 1.
 template <typename F>
-cudaError_t dispatch(int32_t dtype, int32_t rows, bool vectorised, F&& f)
+cudaError_t dispatch(int32_t dtype, int32_t rows, bool vectorised, bool mma, F&& f)
 {
     auto byVec = [&]<typename T, int ROWS>() -> cudaError_t {
-        return vectorised ? f.template operator()<T, ROWS, 16 / sizeof(T)>() : f.template operator()<T, ROWS, 1>();
+        return vectorised ? f.template operator()<T, ROWS, 16 / sizeof(T), false>()
+                          : f.template operator()<T, ROWS, 1, false>();
     };
     auto byRows = [&](auto tag) -> cudaError_t {
         using T = decltype(tag);
+        if constexpr (!std::is_same_v<T, float>)
+        {
+            if (mma)
+            {
+                return f.template operator()<T, 16, 1, true>();
+            }
+        }
         switch (rows)
         {
         case 1: return byVec.template operator()<T, 1>();
@@ -73,6 +83,15 @@ cudaError_t dispatch(int32_t dtype, int32_t rows, bool vectorised, F&& f)
     case DataType::kBF16: return byRows(__nv_bfloat16{});
     }
     return cudaErrorInvalidValue;
+}
+
+//! The tensor-core path applies: half / bf16, H % 16 == 0, vocabSize >= 16, 32-byte aligned
+//! bases, and 16 rows of H fit the shared-memory budget.
+inline bool useMma(void const* hidden, void const* lmHead, int32_t hiddenSize, int32_t vocabSize, int32_t dtype)
+{
+    return static_cast<DataType>(dtype) != DataType::kFLOAT && hiddenSize % 16 == 0 && vocabSize >= 16
+        && reinterpret_cast<uintptr_t>(hidden) % 32 == 0 && reinterpret_cast<uintptr_t>(lmHead) % 32 == 0
+        && 16 * static_cast<size_t>(hiddenSize) * elementSize(dtype) <= kMaxHiddenSmemBytes;
 }
 
 //! 16-byte vector loads are possible: H a multiple of 16 bytes and both bases 16-byte aligned.

@@ -28,11 +28,11 @@ ArgmaxWorkspace argmaxWorkspace(void* workspace, int32_t numRows, int32_t numSpl
     return {best, reinterpret_cast<int32_t*>(best + count)};
 }
 
-template <typename T, int ROWS, int VEC>
+template <typename T, int ROWS, int VEC, bool MMA>
 __global__ void __launch_bounds__(kThreads) argmaxTilesKernel(
     T const* hidden, T const* lmHead, ArgmaxWorkspace ws, int numRows, int hiddenSize, int vocabSize)
 {
-    extern __shared__ __align__(16) unsigned char smemRaw[];
+    extern __shared__ __align__(128) unsigned char smemRaw[];
     __shared__ float warpBest[kWarps][32];
     __shared__ int32_t warpIndex[kWarps][32];
     T* smemHidden = reinterpret_cast<T*>(smemRaw);
@@ -43,31 +43,15 @@ __global__ void __launch_bounds__(kThreads) argmaxTilesKernel(
     splitRange(vocabSize, gridDim.x, blockIdx.x, begin, end);
     int const warp = threadIdx.x >> 5;
     int const lane = threadIdx.x & 31;
-    float best = -INFINITY; // lane r: row r of the block
+    float best = -INFINITY; // of the row laneBlockRow(lane)
     int32_t bestIndex = -1;
-    for (int v0 = begin + warp * kUnroll; v0 < end; v0 += kWarps * kUnroll)
-    {
-        int64_t vocab[kUnroll];
-        bool valid[kUnroll];
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u)
+    streamVocab<T, ROWS, VEC, MMA>(smemHidden, lmHead, begin, end, hiddenSize, vocabSize, [&](int v, float logit) {
+        if (logit > best || bestIndex < 0) // ids ascend per lane: strict > keeps the lowest
         {
-            vocab[u] = v0 + u;
-            valid[u] = v0 + u < end;
+            best = logit;
+            bestIndex = v;
         }
-        float acc[kUnroll][ROWS];
-        warpDots<T, ROWS, VEC>(acc, smemHidden, lmHead, vocab, valid, hiddenSize);
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u)
-        {
-            float const logit = laneRow<ROWS>(acc[u], lane);
-            if (valid[u] && (logit > best || bestIndex < 0)) // ids ascend within a warp
-            {
-                best = logit;
-                bestIndex = v0 + u;
-            }
-        }
-    }
+    });
     warpBest[warp][lane] = best;
     warpIndex[warp][lane] = bestIndex;
     __syncthreads();
@@ -77,12 +61,15 @@ __global__ void __launch_bounds__(kThreads) argmaxTilesKernel(
         int32_t bi = -1;
         for (int w = 0; w < kWarps; ++w)
         {
-            float const x = warpBest[w][lane];
-            int32_t const i = warpIndex[w][lane];
-            if (i >= 0 && (bi < 0 || x > b || (x == b && i < bi)))
+            for (int l = lane; l < 32; l += MMA ? 16 : 32) // the lanes that served this row
             {
-                b = x;
-                bi = i;
+                float const x = warpBest[w][l];
+                int32_t const i = warpIndex[w][l];
+                if (i >= 0 && (bi < 0 || x > b || (x == b && i < bi)))
+                {
+                    b = x;
+                    bi = i;
+                }
             }
         }
         size_t const slot = static_cast<size_t>(row0 + lane) * gridDim.x + blockIdx.x;
@@ -132,9 +119,10 @@ cudaError_t invokeTiledArgmax(TiledArgmaxParams const& p, cudaStream_t stream)
     int32_t const rows = rowsPerBlock(p.numRows, p.hiddenSize, p.dtype);
     ArgmaxWorkspace const ws = argmaxWorkspace(p.workspace, p.numRows, splits);
     bool const vec = vectorisable(p.hidden, p.lmHead, p.hiddenSize, p.dtype);
-    cudaError_t status = dispatch(p.dtype, rows, vec, [&]<typename T, int ROWS, int VEC>() -> cudaError_t {
+    bool const mma = useMma(p.hidden, p.lmHead, p.hiddenSize, p.vocabSize, p.dtype);
+    cudaError_t status = dispatch(p.dtype, rows, vec, mma, [&]<typename T, int ROWS, int VEC, bool MMA>() -> cudaError_t {
         size_t const smem = static_cast<size_t>(ROWS) * p.hiddenSize * sizeof(T);
-        auto kernel = argmaxTilesKernel<T, ROWS, VEC>;
+        auto kernel = argmaxTilesKernel<T, ROWS, VEC, MMA>;
         cudaError_t const attr = allowSmem(kernel, smem);
         if (attr != cudaSuccess)
         {

@@ -101,23 +101,25 @@ struct RowInputs
     int32_t gamma;
 };
 
-template <typename T, int ROWS, int VEC>
+template <typename T, int ROWS, int VEC, bool MMA>
 __global__ void __launch_bounds__(kThreads) verifyTilesKernel(T const* hidden, T const* lmHead, RowInputs in,
     VerifyWorkspace ws, int numRows, int hiddenSize, int vocabSize)
 {
-    extern __shared__ __align__(16) unsigned char smemRaw[];
-    __shared__ Summary warpSummary[kWarps][ROWS];
+    extern __shared__ __align__(128) unsigned char smemRaw[];
+    __shared__ Summary warpSummary[kWarps][32];
     T* smemHidden = reinterpret_cast<T*>(smemRaw);
     int const row0 = blockIdx.y * ROWS;
     stageHidden<T, ROWS>(smemHidden, hidden, row0, numRows, hiddenSize);
 
     int const warp = threadIdx.x >> 5;
     int const lane = threadIdx.x & 31;
-    // Lane r holds row r's constants (lanes past the rows hold row 0's, unused).
-    int const row = row0 + (lane < ROWS ? lane : 0);
+    // The constants of the row this lane serves (lanes serving none, or rows past the end,
+    // take the last row's: their summaries are never written out).
+    int const blockRow = laneBlockRow<ROWS, MMA>(lane);
+    int const row = min(row0 + max(blockRow, 0), numRows - 1);
     int const rowsPerSeq = in.gamma + 1;
-    int const n = min(row, numRows - 1) / rowsPerSeq;
-    int const i = min(row, numRows - 1) - n * rowsPerSeq;
+    int const n = row / rowsPerSeq;
+    int const i = row - n * rowsPerSeq;
     float const temperature = in.temperature[n];
     bool const greedy = temperature == 0.0f;
     float const scale = greedy ? 1.0f : temperature;
@@ -127,60 +129,37 @@ __global__ void __launch_bounds__(kThreads) verifyTilesKernel(T const* hidden, T
     int begin, end;
     splitRange(vocabSize, gridDim.x, blockIdx.x, begin, end);
     Summary sum;
-    for (int v0 = begin + warp * kUnroll; v0 < end; v0 += kWarps * kUnroll)
-    {
-        int64_t vocab[kUnroll];
-        bool valid[kUnroll];
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u)
+    streamVocab<T, ROWS, VEC, MMA>(smemHidden, lmHead, begin, end, hiddenSize, vocabSize, [&](int v, float dot) {
+        float const logit = __fdiv_rn(dot, scale); // IEEE division, as the reference
+        addLogit(sum.m, sum.s, logit);
+        bool const isDraft = v == excluded;
+        if (isDraft)
         {
-            vocab[u] = v0 + u;
-            valid[u] = v0 + u < end;
+            sum.draftLogit = logit;
         }
-        float acc[kUnroll][ROWS];
-        warpDots<T, ROWS, VEC>(acc, smemHidden, lmHead, vocab, valid, hiddenSize);
-        if (lane < ROWS)
+        if (greedy)
         {
-#pragma unroll
-            for (int u = 0; u < kUnroll; ++u)
-            {
-                if (!valid[u])
-                {
-                    continue;
-                }
-                int32_t const v = v0 + u;
-                float const logit = __fdiv_rn(laneRow<ROWS>(acc[u], lane), scale);
-                addLogit(sum.m, sum.s, logit);
-                bool const isDraft = v == excluded;
-                if (isDraft)
-                {
-                    sum.draftLogit = logit;
-                }
-                if (greedy)
-                {
-                    mergeBest(sum, logit, v, logit);
-                }
-                else if (!isDraft)
-                {
-                    mergeBest(sum, logit + gumbelFromBits(tokenBits(keys, v)), v, logit);
-                }
-            }
+            mergeBest(sum, logit, v, logit);
         }
-    }
-    if (lane < ROWS)
-    {
-        warpSummary[warp][lane] = sum;
-    }
+        else if (!isDraft)
+        {
+            mergeBest(sum, logit + gumbelFromBits(tokenBits(keys, v)), v, logit);
+        }
+    });
+    warpSummary[warp][lane] = sum;
     __syncthreads();
     if (warp == 0 && lane < ROWS && row0 + lane < numRows)
     {
         Summary total;
         for (int w = 0; w < kWarps; ++w)
         {
-            Summary const& x = warpSummary[w][lane];
-            mergeSoftmax(total.m, total.s, x.m, x.s);
-            total.draftLogit = fmaxf(total.draftLogit, x.draftLogit);
-            mergeBest(total, x.bestScore, x.bestIndex, x.bestLogit);
+            for (int l = lane; l < 32; l += MMA ? 16 : 32) // the lanes that served this row
+            {
+                Summary const& x = warpSummary[w][l];
+                mergeSoftmax(total.m, total.s, x.m, x.s);
+                total.draftLogit = fmaxf(total.draftLogit, x.draftLogit);
+                mergeBest(total, x.bestScore, x.bestIndex, x.bestLogit);
+            }
         }
         size_t const slot = static_cast<size_t>(row0 + lane) * gridDim.x + blockIdx.x;
         ws.m[slot] = total.m;
@@ -294,9 +273,10 @@ cudaError_t invokeVerifyResample(VerifyResampleParams const& p, cudaStream_t str
     VerifyWorkspace const ws = verifyWorkspace(p.workspace, numRows, splits);
     RowInputs const in{p.draftTokens, p.temperature, p.seed, p.positions, p.gamma};
     bool const vec = vectorisable(p.hidden, p.lmHead, p.hiddenSize, p.dtype);
-    cudaError_t status = dispatch(p.dtype, rows, vec, [&]<typename T, int ROWS, int VEC>() -> cudaError_t {
+    bool const mma = useMma(p.hidden, p.lmHead, p.hiddenSize, p.vocabSize, p.dtype);
+    cudaError_t status = dispatch(p.dtype, rows, vec, mma, [&]<typename T, int ROWS, int VEC, bool MMA>() -> cudaError_t {
         size_t const smem = static_cast<size_t>(ROWS) * p.hiddenSize * sizeof(T);
-        auto kernel = verifyTilesKernel<T, ROWS, VEC>;
+        auto kernel = verifyTilesKernel<T, ROWS, VEC, MMA>;
         cudaError_t const attr = allowSmem(kernel, smem);
         if (attr != cudaSuccess)
         {
