@@ -15,7 +15,7 @@ int32_t resolveNumSplits(int32_t numRows, int32_t hiddenSize, int32_t vocabSize,
     {
         cudaDeviceGetAttribute(&smCount, cudaDevAttrMultiProcessorCount, device);
     }
-    int32_t const rows = rowsPerBlock(numRows, hiddenSize, dtype);
+    int32_t const rows = blockRows(numRows, hiddenSize, dtype, mmaShape(hiddenSize, dtype));
     int32_t const rowBlocks = (numRows + rows - 1) / rows;
     // Two CTAs per SM over all row blocks, but no split narrower than one pass of all warps.
     int32_t const bySm = std::max(1, (2 * smCount + rowBlocks - 1) / rowBlocks);

@@ -63,7 +63,7 @@ cudaError_t dispatch(int32_t dtype, int32_t rows, bool vectorised, bool mma, F&&
         {
             if (mma)
             {
-                return f.template operator()<T, 16, 1, true>();
+                return rows <= 16 ? f.template operator()<T, 16, 1, true>() : f.template operator()<T, 32, 1, true>();
             }
         }
         switch (rows)
@@ -85,13 +85,22 @@ cudaError_t dispatch(int32_t dtype, int32_t rows, bool vectorised, bool mma, F&&
     return cudaErrorInvalidValue;
 }
 
-//! The tensor-core path applies: half / bf16, H % 16 == 0, vocabSize >= 16, 32-byte aligned
-//! bases, and 16 rows of H fit the shared-memory budget.
-inline bool useMma(void const* hidden, void const* lmHead, int32_t hiddenSize, int32_t vocabSize, int32_t dtype)
+//! The tensor-core path applies to the shape: half / bf16 and H a multiple of the k chunk (64).
+inline bool mmaShape(int32_t hiddenSize, int32_t dtype)
 {
-    return static_cast<DataType>(dtype) != DataType::kFLOAT && hiddenSize % 16 == 0 && vocabSize >= 16
-        && reinterpret_cast<uintptr_t>(hidden) % 32 == 0 && reinterpret_cast<uintptr_t>(lmHead) % 32 == 0
-        && 16 * static_cast<size_t>(hiddenSize) * elementSize(dtype) <= kMaxHiddenSmemBytes;
+    return validDtype(dtype) && static_cast<DataType>(dtype) != DataType::kFLOAT && hiddenSize % 64 == 0;
+}
+
+//! ... and to these tensors: 16-byte aligned bases (cp.async).
+inline bool useMma(void const* hidden, void const* lmHead, int32_t hiddenSize, int32_t dtype)
+{
+    return mmaShape(hiddenSize, dtype) && aligned16(hidden) && aligned16(lmHead);
+}
+
+//! Rows per CTA of a launch: 16 or 32 on the tensor-core path, else rowsPerBlock (the FMA path).
+inline int32_t blockRows(int32_t numRows, int32_t hiddenSize, int32_t dtype, bool mma)
+{
+    return mma ? (numRows <= 16 ? 16 : 32) : rowsPerBlock(numRows, hiddenSize, dtype);
 }
 
 //! 16-byte vector loads are possible: H a multiple of 16 bytes and both bases 16-byte aligned.

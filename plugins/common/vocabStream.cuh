@@ -190,49 +190,147 @@ __device__ __forceinline__ void streamVocabFma(
     }
 }
 
-constexpr int kMmaTile = 16;
+constexpr int kMmaTile = 16;        // WMMA 16x16x16
+constexpr int kGemmK = 64;          // k chunk staged per step
+constexpr int kGemmIds = kWarps * kMmaTile; // ids per CTA tile: 16 per warp
+constexpr int kGemmPad = 8;         // shared-memory row padding (elements) against bank conflicts
+constexpr int kGemmLd = kGemmK + kGemmPad;
 
-//! The tensor-core path (T = half or bf16, H % 16 == 0, 32-byte aligned bases): epilogue(v,
-//! logit) runs on lane l for row l % 16 and the ids of its half of each 16-id step, ascending.
-//! warpTile: this warp's [16 ids][16 rows] fp32 staging buffer in shared memory.
-template <typename T, typename Epilogue>
-__device__ __forceinline__ void streamVocabMma(T const* smemHidden, T const* lmHead, int begin, int end,
-    int hiddenSize, int vocabSize, float* warpTile, Epilogue&& epilogue)
+//! Dynamic shared memory of the tensor-core path: two stages of [ids | rows] x k chunks, then
+//! one [16 ids x ROWS] fp32 tile per warp for the epilogue.
+template <typename T, int ROWS>
+__host__ __device__ constexpr size_t gemmSmemBytes()
+{
+    return 2 * static_cast<size_t>(kGemmIds + ROWS) * kGemmLd * sizeof(T)
+        + static_cast<size_t>(kWarps) * kMmaTile * ROWS * sizeof(float);
+}
+
+//! 16-byte global -> shared copy, asynchronous; zero-fills when !valid (src is not read).
+__device__ __forceinline__ void cpAsync16(void* dst, void const* src, bool valid)
+{
+    unsigned const d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+    int const bytes = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(bytes));
+}
+
+__device__ __forceinline__ void cpAsyncCommit()
+{
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+
+__device__ __forceinline__ void cpAsyncWaitPrevious()
+{
+    asm volatile("cp.async.wait_group 1;\n" ::);
+}
+
+//! The tensor-core path (T = half / bf16, H % 64 == 0, 16-byte aligned bases; ROWS = 16 or 32):
+//! a GEMM tile of 128 ids x ROWS rows per step of the CTA's range, k in chunks of 64 staged in
+//! shared memory by cp.async (coalesced 16-byte pieces, two stages: the next chunk loads while
+//! this one multiplies). The hidden rows come from global memory (L2-resident) with each chunk,
+//! so ROWS is not bounded by shared memory. After a tile's last chunk each warp's fp32
+//! accumulators (16 ids x ROWS) go through shared memory to the epilogue: ROWS = 32: lane r
+//! serves row r for the warp's 16 ids; ROWS = 16: lane l serves row l % 16 for half of them.
+template <typename T, int ROWS, typename Epilogue>
+__device__ __forceinline__ void streamVocabGemm(T const* hidden, T const* lmHead, int row0, int numRows, int begin,
+    int end, int hiddenSize, int vocabSize, unsigned char* smem, Epilogue&& epilogue)
 {
     using namespace nvcuda;
+    constexpr int kTiles = ROWS / kMmaTile;
+    constexpr int kPieces = kGemmK / 8; // 16-byte pieces per staged row
+    T* stages = reinterpret_cast<T*>(smem);
+    size_t const stageElems = static_cast<size_t>(kGemmIds + ROWS) * kGemmLd;
+    float* warpTile = reinterpret_cast<float*>(stages + 2 * stageElems) + (threadIdx.x >> 5) * kMmaTile * ROWS;
     int const warp = threadIdx.x >> 5;
     int const lane = threadIdx.x & 31;
-    int const half = lane >> 4;
-    int const row = lane & 15;
-    for (int v0 = begin + warp * kMmaTile; v0 < end; v0 += kWarps * kMmaTile)
+    int const kChunks = hiddenSize / kGemmK;
+    int const numTiles = (end - begin + kGemmIds - 1) / kGemmIds;
+    int const total = numTiles * kChunks;
+    if (total <= 0)
     {
-        // Ids past the range are computed and dropped; a tile that would run past the logical
-        // vocabulary (vocabSize >= 16 on this path) is moved back to end there.
-        int const base = min(v0, vocabSize - kMmaTile);
-        wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-        wmma::fill_fragment(acc, 0.0f);
-        T const* a = lmHead + static_cast<int64_t>(base) * hiddenSize;
-#pragma unroll 4
-        for (int k = 0; k < hiddenSize; k += kMmaTile)
+        return;
+    }
+    auto load = [&](int chunk) {
+        T* a = stages + (chunk & 1) * stageElems; // [kGemmIds][kGemmLd], then [ROWS][kGemmLd]
+        T* b = a + kGemmIds * kGemmLd;
+        int const tileBase = begin + (chunk / kChunks) * kGemmIds;
+        int const k0 = (chunk % kChunks) * kGemmK;
+        for (int i = threadIdx.x; i < (kGemmIds + ROWS) * kPieces; i += blockDim.x)
         {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> w;
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> h;
-            wmma::load_matrix_sync(w, a + k, hiddenSize);
-            wmma::load_matrix_sync(h, smemHidden + k, hiddenSize);
-            wmma::mma_sync(acc, w, h, acc);
-        }
-        wmma::store_matrix_sync(warpTile, acc, kMmaTile, wmma::mem_row_major); // [id][row]
-        __syncwarp();
-#pragma unroll
-        for (int j = 0; j < kMmaTile / 2; ++j)
-        {
-            int const v = base + half * (kMmaTile / 2) + j;
-            if (v >= v0 && v < end)
+            int const r = i / kPieces;
+            int const c = (i - r * kPieces) * 8;
+            if (r < kGemmIds)
             {
-                epilogue(v, warpTile[(v - base) * kMmaTile + row]);
+                int const v = tileBase + r;
+                bool const valid = v < vocabSize;
+                cpAsync16(a + r * kGemmLd + c, lmHead + static_cast<int64_t>(valid ? v : 0) * hiddenSize + k0 + c, valid);
+            }
+            else
+            {
+                int const row = row0 + r - kGemmIds;
+                bool const valid = row < numRows;
+                cpAsync16(b + (r - kGemmIds) * kGemmLd + c,
+                    hidden + static_cast<int64_t>(valid ? row : 0) * hiddenSize + k0 + c, valid);
             }
         }
-        __syncwarp();
+    };
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[kTiles];
+#pragma unroll
+    for (int t = 0; t < kTiles; ++t)
+    {
+        wmma::fill_fragment(acc[t], 0.0f);
+    }
+    load(0);
+    cpAsyncCommit();
+    for (int chunk = 0; chunk < total; ++chunk)
+    {
+        if (chunk + 1 < total)
+        {
+            load(chunk + 1);
+        }
+        cpAsyncCommit();
+        cpAsyncWaitPrevious(); // this chunk's group is complete
+        __syncthreads();
+        T const* a = stages + (chunk & 1) * stageElems + warp * kMmaTile * kGemmLd;
+        T const* b = stages + (chunk & 1) * stageElems + kGemmIds * kGemmLd;
+#pragma unroll
+        for (int ks = 0; ks < kGemmK; ks += kMmaTile)
+        {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> w;
+            wmma::load_matrix_sync(w, a + ks, kGemmLd);
+#pragma unroll
+            for (int t = 0; t < kTiles; ++t)
+            {
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> h;
+                wmma::load_matrix_sync(h, b + t * kMmaTile * kGemmLd + ks, kGemmLd);
+                wmma::mma_sync(acc[t], w, h, acc[t]);
+            }
+        }
+        __syncthreads(); // the stage is free for the load two chunks ahead
+        if (chunk % kChunks == kChunks - 1)
+        {
+#pragma unroll
+            for (int t = 0; t < kTiles; ++t)
+            {
+                wmma::store_matrix_sync(warpTile + t * kMmaTile, acc[t], ROWS, wmma::mem_row_major); // [id][row]
+                wmma::fill_fragment(acc[t], 0.0f);
+            }
+            __syncwarp();
+            int const idBase = begin + (chunk / kChunks) * kGemmIds + warp * kMmaTile;
+            constexpr int kSplit = ROWS == 16 ? 2 : 1; // lanes per row
+            constexpr int kIdsPerLane = kMmaTile / kSplit;
+            int const row = lane % ROWS;
+            int const first = (lane / ROWS) * kIdsPerLane;
+#pragma unroll
+            for (int j = 0; j < kIdsPerLane; ++j)
+            {
+                int const v = idBase + first + j;
+                if (v < end)
+                {
+                    epilogue(v, warpTile[(first + j) * ROWS + row]);
+                }
+            }
+            __syncwarp();
+        }
     }
 }
 
@@ -249,15 +347,15 @@ __device__ __forceinline__ void splitRange(int vocabSize, int numSplits, int spl
 namespace flashspec
 {
 
-//! Run the streaming loop of the path chosen at compile time (MMA: T half / bf16, ROWS == 16).
+//! Run the streaming loop of the path chosen at compile time (MMA: T half / bf16, ROWS 16 or 32,
+//! hidden read from global memory; FMA: the ROWS hidden rows staged in smemHidden).
 template <typename T, int ROWS, int VEC, bool MMA, typename Epilogue>
-__device__ __forceinline__ void streamVocab(
-    T const* smemHidden, T const* lmHead, int begin, int end, int hiddenSize, int vocabSize, Epilogue&& epilogue)
+__device__ __forceinline__ void streamVocab(T const* hidden, T const* smemHidden, unsigned char* smem, T const* lmHead,
+    int row0, int numRows, int begin, int end, int hiddenSize, int vocabSize, Epilogue&& epilogue)
 {
     if constexpr (MMA)
     {
-        __shared__ __align__(32) float mmaTiles[kWarps][kMmaTile * kMmaTile];
-        streamVocabMma<T>(smemHidden, lmHead, begin, end, hiddenSize, vocabSize, mmaTiles[threadIdx.x >> 5], epilogue);
+        streamVocabGemm<T, ROWS>(hidden, lmHead, row0, numRows, begin, end, hiddenSize, vocabSize, smem, epilogue);
     }
     else
     {
@@ -265,15 +363,23 @@ __device__ __forceinline__ void streamVocab(
     }
 }
 
-//! The row of the block a lane's epilogue serves, or -1: FMA lane r -> r (r < ROWS); MMA lane l -> l % 16.
+//! The row of the block a lane's epilogue serves, or -1: FMA lane r -> r (r < ROWS); MMA lane l
+//! -> l % ROWS (ROWS = 16: two lanes per row).
 template <int ROWS, bool MMA>
 __device__ __forceinline__ int laneBlockRow(int lane)
 {
     if constexpr (MMA)
     {
-        return lane & 15;
+        return lane % ROWS;
     }
     return lane < ROWS ? lane : -1;
+}
+
+//! Lane stride between the lanes that served one row (merged at the end).
+template <int ROWS, bool MMA>
+__host__ __device__ constexpr int laneStride()
+{
+    return MMA && ROWS == 16 ? 16 : 32;
 }
 
 } // namespace flashspec

@@ -36,16 +36,19 @@ __global__ void __launch_bounds__(kThreads) argmaxTilesKernel(
     __shared__ float warpBest[kWarps][32];
     __shared__ int32_t warpIndex[kWarps][32];
     T* smemHidden = reinterpret_cast<T*>(smemRaw);
-    int const row0 = blockIdx.y * ROWS;
-    stageHidden<T, ROWS>(smemHidden, hidden, row0, numRows, hiddenSize);
+    int const row0 = blockIdx.x * ROWS; // row blocks run fastest: they share LM-head tiles in L2
+    if constexpr (!MMA)
+    {
+        stageHidden<T, ROWS>(smemHidden, hidden, row0, numRows, hiddenSize);
+    }
 
     int begin, end;
-    splitRange(vocabSize, gridDim.x, blockIdx.x, begin, end);
+    splitRange(vocabSize, gridDim.y, blockIdx.y, begin, end);
     int const warp = threadIdx.x >> 5;
     int const lane = threadIdx.x & 31;
     float best = -INFINITY; // of the row laneBlockRow(lane)
     int32_t bestIndex = -1;
-    streamVocab<T, ROWS, VEC, MMA>(smemHidden, lmHead, begin, end, hiddenSize, vocabSize, [&](int v, float logit) {
+    streamVocab<T, ROWS, VEC, MMA>(hidden, smemHidden, smemRaw, lmHead, row0, numRows, begin, end, hiddenSize, vocabSize, [&](int v, float logit) {
         if (logit > best || bestIndex < 0) // ids ascend per lane: strict > keeps the lowest
         {
             best = logit;
@@ -61,7 +64,7 @@ __global__ void __launch_bounds__(kThreads) argmaxTilesKernel(
         int32_t bi = -1;
         for (int w = 0; w < kWarps; ++w)
         {
-            for (int l = lane; l < 32; l += MMA ? 16 : 32) // the lanes that served this row
+            for (int l = lane; l < 32; l += laneStride<ROWS, MMA>()) // the lanes that served this row
             {
                 float const x = warpBest[w][l];
                 int32_t const i = warpIndex[w][l];
@@ -72,7 +75,7 @@ __global__ void __launch_bounds__(kThreads) argmaxTilesKernel(
                 }
             }
         }
-        size_t const slot = static_cast<size_t>(row0 + lane) * gridDim.x + blockIdx.x;
+        size_t const slot = static_cast<size_t>(row0 + lane) * gridDim.y + blockIdx.y;
         ws.best[slot] = b;
         ws.index[slot] = bi;
     }
@@ -116,19 +119,23 @@ cudaError_t invokeTiledArgmax(TiledArgmaxParams const& p, cudaStream_t stream)
         return cudaErrorInvalidValue;
     }
     int32_t const splits = resolveNumSplits(p.numRows, p.hiddenSize, p.vocabSize, p.dtype, p.numSplits);
-    int32_t const rows = rowsPerBlock(p.numRows, p.hiddenSize, p.dtype);
+    int32_t const rows = blockRows(p.numRows, p.hiddenSize, p.dtype, useMma(p.hidden, p.lmHead, p.hiddenSize, p.dtype));
     ArgmaxWorkspace const ws = argmaxWorkspace(p.workspace, p.numRows, splits);
     bool const vec = vectorisable(p.hidden, p.lmHead, p.hiddenSize, p.dtype);
-    bool const mma = useMma(p.hidden, p.lmHead, p.hiddenSize, p.vocabSize, p.dtype);
+    bool const mma = useMma(p.hidden, p.lmHead, p.hiddenSize, p.dtype);
     cudaError_t status = dispatch(p.dtype, rows, vec, mma, [&]<typename T, int ROWS, int VEC, bool MMA>() -> cudaError_t {
-        size_t const smem = static_cast<size_t>(ROWS) * p.hiddenSize * sizeof(T);
+        size_t smem = static_cast<size_t>(ROWS) * p.hiddenSize * sizeof(T);
+        if constexpr (MMA)
+        {
+            smem = gemmSmemBytes<T, ROWS>();
+        }
         auto kernel = argmaxTilesKernel<T, ROWS, VEC, MMA>;
         cudaError_t const attr = allowSmem(kernel, smem);
         if (attr != cudaSuccess)
         {
             return attr;
         }
-        dim3 const grid(splits, (p.numRows + ROWS - 1) / ROWS);
+        dim3 const grid((p.numRows + ROWS - 1) / ROWS, splits);
         kernel<<<grid, kThreads, smem, stream>>>(static_cast<T const*>(p.hidden), static_cast<T const*>(p.lmHead), ws,
             p.numRows, p.hiddenSize, p.vocabSize);
         return cudaGetLastError();

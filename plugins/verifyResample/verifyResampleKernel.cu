@@ -108,8 +108,11 @@ __global__ void __launch_bounds__(kThreads) verifyTilesKernel(T const* hidden, T
     extern __shared__ __align__(128) unsigned char smemRaw[];
     __shared__ Summary warpSummary[kWarps][32];
     T* smemHidden = reinterpret_cast<T*>(smemRaw);
-    int const row0 = blockIdx.y * ROWS;
-    stageHidden<T, ROWS>(smemHidden, hidden, row0, numRows, hiddenSize);
+    int const row0 = blockIdx.x * ROWS; // row blocks run fastest: they share LM-head tiles in L2
+    if constexpr (!MMA)
+    {
+        stageHidden<T, ROWS>(smemHidden, hidden, row0, numRows, hiddenSize);
+    }
 
     int const warp = threadIdx.x >> 5;
     int const lane = threadIdx.x & 31;
@@ -127,9 +130,9 @@ __global__ void __launch_bounds__(kThreads) verifyTilesKernel(T const* hidden, T
     RowKeys const keys = rowKeys(in.seed[n], in.positions[n] + i, kStreamGumbel);
 
     int begin, end;
-    splitRange(vocabSize, gridDim.x, blockIdx.x, begin, end);
+    splitRange(vocabSize, gridDim.y, blockIdx.y, begin, end);
     Summary sum;
-    streamVocab<T, ROWS, VEC, MMA>(smemHidden, lmHead, begin, end, hiddenSize, vocabSize, [&](int v, float dot) {
+    streamVocab<T, ROWS, VEC, MMA>(hidden, smemHidden, smemRaw, lmHead, row0, numRows, begin, end, hiddenSize, vocabSize, [&](int v, float dot) {
         float const logit = __fdiv_rn(dot, scale); // IEEE division, as the reference
         addLogit(sum.m, sum.s, logit);
         bool const isDraft = v == excluded;
@@ -153,7 +156,7 @@ __global__ void __launch_bounds__(kThreads) verifyTilesKernel(T const* hidden, T
         Summary total;
         for (int w = 0; w < kWarps; ++w)
         {
-            for (int l = lane; l < 32; l += MMA ? 16 : 32) // the lanes that served this row
+            for (int l = lane; l < 32; l += laneStride<ROWS, MMA>()) // the lanes that served this row
             {
                 Summary const& x = warpSummary[w][l];
                 mergeSoftmax(total.m, total.s, x.m, x.s);
@@ -161,7 +164,7 @@ __global__ void __launch_bounds__(kThreads) verifyTilesKernel(T const* hidden, T
                 mergeBest(total, x.bestScore, x.bestIndex, x.bestLogit);
             }
         }
-        size_t const slot = static_cast<size_t>(row0 + lane) * gridDim.x + blockIdx.x;
+        size_t const slot = static_cast<size_t>(row0 + lane) * gridDim.y + blockIdx.y;
         ws.m[slot] = total.m;
         ws.s[slot] = total.s;
         ws.draftLogit[slot] = total.draftLogit;
@@ -269,20 +272,24 @@ cudaError_t invokeVerifyResample(VerifyResampleParams const& p, cudaStream_t str
     }
     int32_t const numRows = static_cast<int32_t>(numRows64);
     int32_t const splits = resolveNumSplits(numRows, p.hiddenSize, p.vocabSize, p.dtype, p.numSplits);
-    int32_t const rows = rowsPerBlock(numRows, p.hiddenSize, p.dtype);
+    int32_t const rows = blockRows(numRows, p.hiddenSize, p.dtype, useMma(p.hidden, p.lmHead, p.hiddenSize, p.dtype));
     VerifyWorkspace const ws = verifyWorkspace(p.workspace, numRows, splits);
     RowInputs const in{p.draftTokens, p.temperature, p.seed, p.positions, p.gamma};
     bool const vec = vectorisable(p.hidden, p.lmHead, p.hiddenSize, p.dtype);
-    bool const mma = useMma(p.hidden, p.lmHead, p.hiddenSize, p.vocabSize, p.dtype);
+    bool const mma = useMma(p.hidden, p.lmHead, p.hiddenSize, p.dtype);
     cudaError_t status = dispatch(p.dtype, rows, vec, mma, [&]<typename T, int ROWS, int VEC, bool MMA>() -> cudaError_t {
-        size_t const smem = static_cast<size_t>(ROWS) * p.hiddenSize * sizeof(T);
+        size_t smem = static_cast<size_t>(ROWS) * p.hiddenSize * sizeof(T);
+        if constexpr (MMA)
+        {
+            smem = gemmSmemBytes<T, ROWS>();
+        }
         auto kernel = verifyTilesKernel<T, ROWS, VEC, MMA>;
         cudaError_t const attr = allowSmem(kernel, smem);
         if (attr != cudaSuccess)
         {
             return attr;
         }
-        dim3 const grid(splits, (numRows + ROWS - 1) / ROWS);
+        dim3 const grid((numRows + ROWS - 1) / ROWS, splits);
         kernel<<<grid, kThreads, smem, stream>>>(static_cast<T const*>(p.hidden), static_cast<T const*>(p.lmHead), in, ws,
             numRows, p.hiddenSize, p.vocabSize);
         return cudaGetLastError();
