@@ -195,14 +195,13 @@ constexpr int kGemmK = 64;          // k chunk staged per step
 constexpr int kGemmIds = kWarps * kMmaTile; // ids per CTA tile: 16 per warp
 constexpr int kGemmPad = 8;         // shared-memory row padding (elements) against bank conflicts
 constexpr int kGemmLd = kGemmK + kGemmPad;
-constexpr int kGemmStages = 3;      // k chunks in flight: kGemmStages - 1 loads ahead of the math
 
-//! Dynamic shared memory of the tensor-core path: kGemmStages stages of [ids | rows] x k chunks, then
+//! Dynamic shared memory of the tensor-core path: two stages of [ids | rows] x k chunks, then
 //! one [16 ids x ROWS] fp32 tile per warp for the epilogue.
 template <typename T, int ROWS>
 __host__ __device__ constexpr size_t gemmSmemBytes()
 {
-    return kGemmStages * static_cast<size_t>(kGemmIds + ROWS) * kGemmLd * sizeof(T)
+    return 2 * static_cast<size_t>(kGemmIds + ROWS) * kGemmLd * sizeof(T)
         + static_cast<size_t>(kWarps) * kMmaTile * ROWS * sizeof(float);
 }
 
@@ -219,16 +218,15 @@ __device__ __forceinline__ void cpAsyncCommit()
     asm volatile("cp.async.commit_group;\n" ::);
 }
 
-//! Wait until at most kGemmStages - 2 groups are pending: the oldest in-flight chunk has landed.
-__device__ __forceinline__ void cpAsyncWaitOldest()
+__device__ __forceinline__ void cpAsyncWaitPrevious()
 {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(kGemmStages - 2));
+    asm volatile("cp.async.wait_group 1;\n" ::);
 }
 
 //! The tensor-core path (T = half / bf16, H % 64 == 0, 16-byte aligned bases; ROWS = 16 or 32):
 //! a GEMM tile of 128 ids x ROWS rows per step of the CTA's range, k in chunks of 64 staged in
-//! shared memory by cp.async (coalesced 16-byte pieces, kGemmStages stages: the next chunks load
-//! while this one multiplies). The hidden rows come from global memory (L2-resident) with each chunk,
+//! shared memory by cp.async (coalesced 16-byte pieces, two stages: the next chunk loads while
+//! this one multiplies). The hidden rows come from global memory (L2-resident) with each chunk,
 //! so ROWS is not bounded by shared memory. After a tile's last chunk each warp's fp32
 //! accumulators (16 ids x ROWS) go through shared memory to the epilogue: ROWS = 32: lane r
 //! serves row r for the warp's 16 ids; ROWS = 16: lane l serves row l % 16 for half of them.
@@ -241,8 +239,7 @@ __device__ __forceinline__ void streamVocabGemm(T const* hidden, T const* lmHead
     constexpr int kPieces = kGemmK / 8; // 16-byte pieces per staged row
     T* stages = reinterpret_cast<T*>(smem);
     size_t const stageElems = static_cast<size_t>(kGemmIds + ROWS) * kGemmLd;
-    float* warpTile
-        = reinterpret_cast<float*>(stages + kGemmStages * stageElems) + (threadIdx.x >> 5) * kMmaTile * ROWS;
+    float* warpTile = reinterpret_cast<float*>(stages + 2 * stageElems) + (threadIdx.x >> 5) * kMmaTile * ROWS;
     int const warp = threadIdx.x >> 5;
     int const lane = threadIdx.x & 31;
     int const kChunks = hiddenSize / kGemmK;
@@ -253,7 +250,7 @@ __device__ __forceinline__ void streamVocabGemm(T const* hidden, T const* lmHead
         return;
     }
     auto load = [&](int chunk) {
-        T* a = stages + (chunk % kGemmStages) * stageElems; // [kGemmIds][kGemmLd], then [ROWS][kGemmLd]
+        T* a = stages + (chunk & 1) * stageElems; // [kGemmIds][kGemmLd], then [ROWS][kGemmLd]
         T* b = a + kGemmIds * kGemmLd;
         int const tileBase = begin + (chunk / kChunks) * kGemmIds;
         int const k0 = (chunk % kChunks) * kGemmK;
@@ -282,25 +279,19 @@ __device__ __forceinline__ void streamVocabGemm(T const* hidden, T const* lmHead
     {
         wmma::fill_fragment(acc[t], 0.0f);
     }
-    for (int chunk = 0; chunk < kGemmStages - 1; ++chunk) // one commit group per chunk, even empty
-    {
-        if (chunk < total)
-        {
-            load(chunk);
-        }
-        cpAsyncCommit();
-    }
+    load(0);
+    cpAsyncCommit();
     for (int chunk = 0; chunk < total; ++chunk)
     {
-        cpAsyncWaitOldest(); // this chunk's group is complete
-        __syncthreads();     // ... for every thread; and the stage loaded next is free
-        if (chunk + kGemmStages - 1 < total)
+        if (chunk + 1 < total)
         {
-            load(chunk + kGemmStages - 1);
+            load(chunk + 1);
         }
         cpAsyncCommit();
-        T const* a = stages + (chunk % kGemmStages) * stageElems + warp * kMmaTile * kGemmLd;
-        T const* b = stages + (chunk % kGemmStages) * stageElems + kGemmIds * kGemmLd;
+        cpAsyncWaitPrevious(); // this chunk's group is complete
+        __syncthreads();
+        T const* a = stages + (chunk & 1) * stageElems + warp * kMmaTile * kGemmLd;
+        T const* b = stages + (chunk & 1) * stageElems + kGemmIds * kGemmLd;
 #pragma unroll
         for (int ks = 0; ks < kGemmK; ks += kMmaTile)
         {
@@ -314,6 +305,7 @@ __device__ __forceinline__ void streamVocabGemm(T const* hidden, T const* lmHead
                 wmma::mma_sync(acc[t], w, h, acc[t]);
             }
         }
+        __syncthreads(); // the stage is free for the load two chunks ahead
         if (chunk % kChunks == kChunks - 1)
         {
 #pragma unroll
