@@ -85,10 +85,10 @@ cudaError_t dispatch(int32_t dtype, int32_t rows, bool vectorised, bool mma, F&&
     return cudaErrorInvalidValue;
 }
 
-//! The tensor-core path applies to the shape: half / bf16 and H a multiple of the k chunk (64).
+//! The tensor-core path applies to the shape: half / bf16 and H a multiple of the k chunk.
 inline bool mmaShape(int32_t hiddenSize, int32_t dtype)
 {
-    return validDtype(dtype) && static_cast<DataType>(dtype) != DataType::kFLOAT && hiddenSize % 64 == 0;
+    return validDtype(dtype) && static_cast<DataType>(dtype) != DataType::kFLOAT && hiddenSize % kGemmK == 0;
 }
 
 //! ... and to these tensors: 16-byte aligned bases (cp.async).

@@ -191,7 +191,10 @@ __device__ __forceinline__ void streamVocabFma(
 }
 
 constexpr int kMmaTile = 16;        // WMMA 16x16x16
-constexpr int kGemmK = 64;          // k chunk staged per step
+#ifndef FLASHSPEC_GEMM_K
+#define FLASHSPEC_GEMM_K 64
+#endif
+constexpr int kGemmK = FLASHSPEC_GEMM_K; // k chunk staged per step (a multiple of 16)
 constexpr int kGemmIds = kWarps * kMmaTile; // ids per CTA tile: 16 per warp
 constexpr int kGemmPad = 8;         // shared-memory row padding (elements) against bank conflicts
 constexpr int kGemmLd = kGemmK + kGemmPad;
