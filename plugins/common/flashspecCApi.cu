@@ -1,6 +1,9 @@
 #include "flashspecCApi.h"
 #include "flashspecKernels.h"
 
+#include <cstddef>
+#include <initializer_list>
+
 using namespace flashspec;
 
 extern "C"
@@ -41,6 +44,37 @@ int32_t flashspecVerifyResample(void const* params, void* stream)
 char const* flashspecErrorString(int32_t status)
 {
     return cudaGetErrorString(static_cast<cudaError_t>(status));
+}
+
+int32_t flashspecParamsLayout(int32_t op, size_t* offsets, int32_t capacity)
+{
+    auto write = [&](std::initializer_list<size_t> values) -> int32_t {
+        if (static_cast<int32_t>(values.size()) > capacity)
+        {
+            return -1;
+        }
+        int32_t i = 0;
+        for (size_t v : values)
+        {
+            offsets[i++] = v;
+        }
+        return i;
+    };
+    using A = TiledArgmaxParams;
+    using V = VerifyResampleParams;
+    switch (op)
+    {
+    case 0:
+        return write({offsetof(A, hidden), offsetof(A, lmHead), offsetof(A, tokens), offsetof(A, maxLogit),
+            offsetof(A, workspace), offsetof(A, numRows), offsetof(A, hiddenSize), offsetof(A, vocabSize),
+            offsetof(A, dtype), offsetof(A, numSplits), sizeof(A)});
+    case 1:
+        return write({offsetof(V, hidden), offsetof(V, lmHead), offsetof(V, draftTokens), offsetof(V, temperature),
+            offsetof(V, seed), offsetof(V, positions), offsetof(V, tokens), offsetof(V, numEmitted),
+            offsetof(V, logprobs), offsetof(V, workspace), offsetof(V, batch), offsetof(V, gamma),
+            offsetof(V, hiddenSize), offsetof(V, vocabSize), offsetof(V, dtype), offsetof(V, numSplits), sizeof(V)});
+    default: return -1;
+    }
 }
 
 } // extern "C"

@@ -23,6 +23,10 @@ FLASHSPEC_API size_t flashspecVerifyResampleWorkspaceSize(int32_t numRows, int32
 FLASHSPEC_API int32_t flashspecTiledArgmax(void const* params, void* stream);     // params: TiledArgmaxParams
 FLASHSPEC_API int32_t flashspecVerifyResample(void const* params, void* stream);  // params: VerifyResampleParams
 FLASHSPEC_API char const* flashspecErrorString(int32_t status);
+//! Field offsets of a params struct in declaration order, then its size, into offsets
+//! (op 0: TiledArgmaxParams, 1: VerifyResampleParams); returns the count written, -1 if the op
+//! is unknown or capacity too small. Lets bindings check their mirror of the layout.
+FLASHSPEC_API int32_t flashspecParamsLayout(int32_t op, size_t* offsets, int32_t capacity);
 
 #ifdef __cplusplus
 }
