@@ -47,26 +47,35 @@ inline bool aligned16(void const* p)
     return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
 
+//! What a launch does: vocabulary splits, rows per CTA, and the streaming path.
+struct LaunchPlan
+{
+    int32_t splits;
+    int32_t rows;
+    bool vectorised; // FMA path: 16-byte loads
+    bool mma;        // tensor-core path
+};
+
 //! Calls f.template operator()<T, ROWS, VEC, MMA>() for the runtime choice: the tensor-core path
 //! (ROWS = 16, VEC unused) when mma, else the FMA path with VEC = 16 bytes of T when
 //! vectorised (H and the pointers allow 16-byte loads), else 1.
 template <typename F>
-cudaError_t dispatch(int32_t dtype, int32_t rows, bool vectorised, bool mma, F&& f)
+cudaError_t dispatch(int32_t dtype, LaunchPlan const& plan, F&& f)
 {
     auto byVec = [&]<typename T, int ROWS>() -> cudaError_t {
-        return vectorised ? f.template operator()<T, ROWS, 16 / sizeof(T), false>()
+        return plan.vectorised ? f.template operator()<T, ROWS, 16 / sizeof(T), false>()
                           : f.template operator()<T, ROWS, 1, false>();
     };
     auto byRows = [&](auto tag) -> cudaError_t {
         using T = decltype(tag);
         if constexpr (!std::is_same_v<T, float>)
         {
-            if (mma)
+            if (plan.mma)
             {
-                return rows <= 16 ? f.template operator()<T, 16, 1, true>() : f.template operator()<T, 32, 1, true>();
+                return plan.rows <= 16 ? f.template operator()<T, 16, 1, true>() : f.template operator()<T, 32, 1, true>();
             }
         }
-        switch (rows)
+        switch (plan.rows)
         {
         case 1: return byVec.template operator()<T, 1>();
         case 2: return byVec.template operator()<T, 2>();
@@ -109,6 +118,14 @@ inline bool vectorisable(void const* hidden, void const* lmHead, int32_t hiddenS
     return hiddenSize % (16 / elementSize(dtype)) == 0 && aligned16(hidden) && aligned16(lmHead);
 }
 
+inline LaunchPlan planLaunch(void const* hidden, void const* lmHead, int32_t numRows, int32_t hiddenSize,
+    int32_t vocabSize, int32_t dtype, int32_t requestedSplits)
+{
+    bool const mma = useMma(hidden, lmHead, hiddenSize, dtype);
+    return {resolveNumSplits(numRows, hiddenSize, vocabSize, dtype, requestedSplits),
+        blockRows(numRows, hiddenSize, dtype, mma), vectorisable(hidden, lmHead, hiddenSize, dtype), mma};
+}
+
 //! Opt a kernel into more than 48 KB of dynamic shared memory (once per instance).
 template <typename Kernel>
 cudaError_t allowSmem(Kernel kernel, size_t bytes)
@@ -118,6 +135,31 @@ cudaError_t allowSmem(Kernel kernel, size_t bytes)
         return cudaSuccess;
     }
     return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+}
+
+} // namespace flashspec
+
+namespace flashspec
+{
+
+//! Launch a stage-1 kernel instance: the dynamic shared memory of its path, grid (row blocks,
+//! splits) with the row blocks fastest.
+template <typename T, int ROWS, bool MMA, typename Kernel, typename... Args>
+cudaError_t launchTiles(Kernel kernel, int32_t numRows, int32_t hiddenSize, int32_t splits, cudaStream_t stream, Args... args)
+{
+    size_t smem = static_cast<size_t>(ROWS) * hiddenSize * sizeof(T);
+    if constexpr (MMA)
+    {
+        smem = gemmSmemBytes<T, ROWS>();
+    }
+    cudaError_t const attr = allowSmem(kernel, smem);
+    if (attr != cudaSuccess)
+    {
+        return attr;
+    }
+    dim3 const grid((numRows + ROWS - 1) / ROWS, splits);
+    kernel<<<grid, kThreads, smem, stream>>>(args...);
+    return cudaGetLastError();
 }
 
 } // namespace flashspec

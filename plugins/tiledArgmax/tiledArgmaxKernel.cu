@@ -118,27 +118,14 @@ cudaError_t invokeTiledArgmax(TiledArgmaxParams const& p, cudaStream_t stream)
     {
         return cudaErrorInvalidValue;
     }
-    int32_t const splits = resolveNumSplits(p.numRows, p.hiddenSize, p.vocabSize, p.dtype, p.numSplits);
-    int32_t const rows = blockRows(p.numRows, p.hiddenSize, p.dtype, useMma(p.hidden, p.lmHead, p.hiddenSize, p.dtype));
+    LaunchPlan const plan
+        = planLaunch(p.hidden, p.lmHead, p.numRows, p.hiddenSize, p.vocabSize, p.dtype, p.numSplits);
+    int32_t const splits = plan.splits;
     ArgmaxWorkspace const ws = argmaxWorkspace(p.workspace, p.numRows, splits);
-    bool const vec = vectorisable(p.hidden, p.lmHead, p.hiddenSize, p.dtype);
-    bool const mma = useMma(p.hidden, p.lmHead, p.hiddenSize, p.dtype);
-    cudaError_t status = dispatch(p.dtype, rows, vec, mma, [&]<typename T, int ROWS, int VEC, bool MMA>() -> cudaError_t {
-        size_t smem = static_cast<size_t>(ROWS) * p.hiddenSize * sizeof(T);
-        if constexpr (MMA)
-        {
-            smem = gemmSmemBytes<T, ROWS>();
-        }
-        auto kernel = argmaxTilesKernel<T, ROWS, VEC, MMA>;
-        cudaError_t const attr = allowSmem(kernel, smem);
-        if (attr != cudaSuccess)
-        {
-            return attr;
-        }
-        dim3 const grid((p.numRows + ROWS - 1) / ROWS, splits);
-        kernel<<<grid, kThreads, smem, stream>>>(static_cast<T const*>(p.hidden), static_cast<T const*>(p.lmHead), ws,
-            p.numRows, p.hiddenSize, p.vocabSize);
-        return cudaGetLastError();
+    cudaError_t const status = dispatch(p.dtype, plan, [&]<typename T, int ROWS, int VEC, bool MMA>() {
+        return launchTiles<T, ROWS, MMA>(argmaxTilesKernel<T, ROWS, VEC, MMA>, p.numRows, p.hiddenSize, splits, stream,
+            static_cast<T const*>(p.hidden), static_cast<T const*>(p.lmHead), ws, static_cast<int>(p.numRows),
+            static_cast<int>(p.hiddenSize), static_cast<int>(p.vocabSize));
     });
     if (status != cudaSuccess)
     {

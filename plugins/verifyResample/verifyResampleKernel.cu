@@ -271,28 +271,14 @@ cudaError_t invokeVerifyResample(VerifyResampleParams const& p, cudaStream_t str
         return cudaErrorInvalidValue;
     }
     int32_t const numRows = static_cast<int32_t>(numRows64);
-    int32_t const splits = resolveNumSplits(numRows, p.hiddenSize, p.vocabSize, p.dtype, p.numSplits);
-    int32_t const rows = blockRows(numRows, p.hiddenSize, p.dtype, useMma(p.hidden, p.lmHead, p.hiddenSize, p.dtype));
+    LaunchPlan const plan = planLaunch(p.hidden, p.lmHead, numRows, p.hiddenSize, p.vocabSize, p.dtype, p.numSplits);
+    int32_t const splits = plan.splits;
     VerifyWorkspace const ws = verifyWorkspace(p.workspace, numRows, splits);
     RowInputs const in{p.draftTokens, p.temperature, p.seed, p.positions, p.gamma};
-    bool const vec = vectorisable(p.hidden, p.lmHead, p.hiddenSize, p.dtype);
-    bool const mma = useMma(p.hidden, p.lmHead, p.hiddenSize, p.dtype);
-    cudaError_t status = dispatch(p.dtype, rows, vec, mma, [&]<typename T, int ROWS, int VEC, bool MMA>() -> cudaError_t {
-        size_t smem = static_cast<size_t>(ROWS) * p.hiddenSize * sizeof(T);
-        if constexpr (MMA)
-        {
-            smem = gemmSmemBytes<T, ROWS>();
-        }
-        auto kernel = verifyTilesKernel<T, ROWS, VEC, MMA>;
-        cudaError_t const attr = allowSmem(kernel, smem);
-        if (attr != cudaSuccess)
-        {
-            return attr;
-        }
-        dim3 const grid((numRows + ROWS - 1) / ROWS, splits);
-        kernel<<<grid, kThreads, smem, stream>>>(static_cast<T const*>(p.hidden), static_cast<T const*>(p.lmHead), in, ws,
-            numRows, p.hiddenSize, p.vocabSize);
-        return cudaGetLastError();
+    cudaError_t const status = dispatch(p.dtype, plan, [&]<typename T, int ROWS, int VEC, bool MMA>() {
+        return launchTiles<T, ROWS, MMA>(verifyTilesKernel<T, ROWS, VEC, MMA>, numRows, p.hiddenSize, splits, stream,
+            static_cast<T const*>(p.hidden), static_cast<T const*>(p.lmHead), in, ws, static_cast<int>(numRows),
+            static_cast<int>(p.hiddenSize), static_cast<int>(p.vocabSize));
     });
     if (status != cudaSuccess)
     {
