@@ -1,14 +1,21 @@
 /*
- * Host-side self-test of the TensorRT adapters, built with the plugins (needs only TensorRT's
- * headers, no TensorRT library and no GPU): the creators TensorRT finds through getCreators,
- * the attribute handling, and each plugin's I/O contract as TensorRT queries it at build time.
+ * Self-test of the TensorRT adapters, built with the plugins (needs only TensorRT's headers, no
+ * TensorRT library): the creators TensorRT finds through getCreators, the attribute handling,
+ * and each plugin's I/O contract as TensorRT queries it at build time. With a CUDA device it
+ * also runs each plugin's enqueue as TensorRT would (descriptors, workspace from
+ * getWorkspaceSize) and checks its outputs equal a direct invoke<Op> call on the same inputs:
+ * the adapter's plumbing (the kernels themselves are tested against the reference in Python).
  * Prints one line per check; exit status 0 when all pass.
  */
 #include "../common/flashspecPlugin.h"
 
+#include <cuda_runtime.h>
+
 #include <cstdio>
 #include <cstring>
+#include <random>
 #include <string>
+#include <vector>
 
 extern "C" nvinfer1::IPluginCreatorInterface* const* getCreators(int32_t& nbCreators);
 
@@ -116,10 +123,172 @@ IPluginV3OneBuild* buildOf(char const* name)
     IPluginV3* plugin = create(creator(name), 1000, PluginFieldType::kINT32);
     return static_cast<IPluginV3OneBuild*>(plugin->getCapabilityInterface(PluginCapabilityType::kBUILD));
 }
+//! A device copy of a host vector (freed at exit: a test process).
+template <typename T>
+T* toDevice(std::vector<T> const& host)
+{
+    T* device = nullptr;
+    cudaMalloc(&device, host.size() * sizeof(T));
+    cudaMemcpy(device, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice);
+    return device;
+}
+
+template <typename T>
+std::vector<T> toHost(T const* device, size_t count)
+{
+    std::vector<T> host(count);
+    cudaMemcpy(host.data(), device, count * sizeof(T), cudaMemcpyDeviceToHost);
+    return host;
+}
+
+PluginTensorDesc tensor(DataType type, std::initializer_list<int64_t> dims)
+{
+    PluginTensorDesc d{};
+    d.type = type;
+    d.format = TensorFormat::kLINEAR;
+    d.dims.nbDims = static_cast<int32_t>(dims.size());
+    int32_t i = 0;
+    for (int64_t x : dims)
+    {
+        d.dims.d[i++] = x;
+    }
+    return d;
+}
+
+std::vector<DynamicPluginTensorDesc> dynamic(std::vector<PluginTensorDesc> const& descs)
+{
+    std::vector<DynamicPluginTensorDesc> out;
+    for (PluginTensorDesc const& d : descs)
+    {
+        DynamicPluginTensorDesc x{};
+        x.desc = d;
+        x.min = x.opt = x.max = d.dims;
+        out.push_back(x);
+    }
+    return out;
+}
+
+//! Run a plugin's enqueue the way TensorRT does; returns its status.
+int32_t enqueue(char const* name, int32_t vocab, std::vector<PluginTensorDesc> const& in,
+    std::vector<PluginTensorDesc> const& out, std::vector<void const*> const& inputs, std::vector<void*> const& outputs)
+{
+    IPluginV3* plugin = create(creator(name), vocab, PluginFieldType::kINT32);
+    auto* build = static_cast<IPluginV3OneBuild*>(plugin->getCapabilityInterface(PluginCapabilityType::kBUILD));
+    auto* runtime = static_cast<IPluginV3OneRuntime*>(plugin->getCapabilityInterface(PluginCapabilityType::kRUNTIME));
+    auto dynIn = dynamic(in);
+    auto dynOut = dynamic(out);
+    size_t const bytes = build->getWorkspaceSize(dynIn.data(), static_cast<int32_t>(in.size()), dynOut.data(),
+        static_cast<int32_t>(out.size()));
+    void* workspace = nullptr;
+    cudaMalloc(&workspace, bytes > 0 ? bytes : 16);
+    int32_t const status = runtime->enqueue(in.data(), out.data(), inputs.data(), outputs.data(), workspace, nullptr);
+    cudaDeviceSynchronize();
+    delete plugin;
+    return status;
+}
+
+void gpuChecks()
+{
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0)
+    {
+        std::printf("SKIP enqueue checks: no CUDA device\n");
+        return;
+    }
+    int64_t const n = 3, rows = 4, hidden = 64, vocab = 1000, padded = 1024;
+    std::mt19937 rng(7);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> h(n * rows * hidden), w(padded * hidden);
+    for (float& x : h) x = normal(rng);
+    for (float& x : w) x = normal(rng) * 0.75f;
+    std::vector<int64_t> drafts(n * (rows - 1));
+    for (int64_t& d : drafts) d = static_cast<int64_t>(rng() % vocab);
+    std::vector<float> temps = {0.0f, 0.7f, 1.0f};
+    std::vector<int64_t> seeds = {1, 2, (int64_t{1} << 62) + 5}, positions = {0, 5, 9};
+    float* dh = toDevice(h);
+    float* dw = toDevice(w);
+    int64_t* dd = toDevice(drafts);
+    float* dt = toDevice(temps);
+    int64_t* ds = toDevice(seeds);
+    int64_t* dp = toDevice(positions);
+
+    // VerifyResample through the plugin ...
+    std::vector<int64_t> zeros(n * rows, 0);
+    std::vector<float> fzeros(n * rows, 0.0f);
+    int64_t* tokens = toDevice(zeros);
+    int64_t* emitted = toDevice(std::vector<int64_t>(n, 0));
+    float* logprobs = toDevice(fzeros);
+    int32_t const status = enqueue("VerifyResample", vocab,
+        {tensor(DataType::kFLOAT, {n, rows, hidden}), tensor(DataType::kFLOAT, {padded, hidden}),
+            tensor(DataType::kINT64, {n, rows - 1}), tensor(DataType::kFLOAT, {n}), tensor(DataType::kINT64, {n}),
+            tensor(DataType::kINT64, {n})},
+        {tensor(DataType::kINT64, {n, rows}), tensor(DataType::kINT64, {n}), tensor(DataType::kFLOAT, {n, rows})},
+        {dh, dw, dd, dt, ds, dp}, {tokens, emitted, logprobs});
+    check(status == 0, "VerifyResample: enqueue succeeds");
+    // ... and directly.
+    int64_t* tokens2 = toDevice(zeros);
+    int64_t* emitted2 = toDevice(std::vector<int64_t>(n, 0));
+    float* logprobs2 = toDevice(fzeros);
+    int32_t const splits = flashspec::resolveNumSplits(n * rows, hidden, vocab, 0, 0);
+    void* ws = nullptr;
+    cudaMalloc(&ws, flashspec::getVerifyResampleWorkspaceSize(n * rows, splits));
+    flashspec::VerifyResampleParams params{dh, dw, dd, dt, ds, dp, tokens2, emitted2, logprobs2, ws,
+        static_cast<int32_t>(n), static_cast<int32_t>(rows - 1), static_cast<int32_t>(hidden),
+        static_cast<int32_t>(vocab), 0, splits};
+    check(flashspec::invokeVerifyResample(params, nullptr) == cudaSuccess, "VerifyResample: direct invoke succeeds");
+    cudaDeviceSynchronize();
+    auto t1 = toHost(tokens, n * rows), t2 = toHost(tokens2, n * rows);
+    auto e1 = toHost(emitted, n), e2 = toHost(emitted2, n);
+    auto l1 = toHost(logprobs, n * rows), l2 = toHost(logprobs2, n * rows);
+    check(t1 == t2 && e1 == e2 && l1 == l2, "VerifyResample: plugin outputs equal the direct call's");
+    bool valid = true;
+    for (int64_t i = 0; i < n; ++i)
+    {
+        valid = valid && e1[i] >= 1 && e1[i] <= rows && t1[i * rows + e1[i] - 1] >= 0 && t1[i * rows + e1[i] - 1] < vocab;
+    }
+    check(valid, "VerifyResample: num_emitted in 1..R, last emitted token in the vocabulary");
+
+    // TiledArgmax on the first row of each sequence.
+    int64_t* token = toDevice(std::vector<int64_t>(n, -2));
+    float* maxLogit = toDevice(std::vector<float>(n, 0.0f));
+    std::vector<float> first(n * hidden);
+    for (int64_t i = 0; i < n; ++i)
+    {
+        std::copy(h.begin() + i * rows * hidden, h.begin() + (i * rows + 1) * hidden, first.begin() + i * hidden);
+    }
+    float* df = toDevice(first);
+    check(enqueue("TiledArgmax", vocab, {tensor(DataType::kFLOAT, {n, hidden}), tensor(DataType::kFLOAT, {padded, hidden})},
+              {tensor(DataType::kINT64, {n}), tensor(DataType::kFLOAT, {n})}, {df, dw}, {token, maxLogit})
+            == 0,
+        "TiledArgmax: enqueue succeeds");
+    auto tok = toHost(token, n);
+    bool argmaxOk = true;
+    for (int64_t i = 0; i < n; ++i) // a host fp32 argmax: tokens may differ only at near-ties
+    {
+        float best = -1e30f;
+        int64_t arg = -1;
+        for (int64_t v = 0; v < vocab; ++v)
+        {
+            float dot = 0.0f;
+            for (int64_t k = 0; k < hidden; ++k)
+            {
+                dot += first[i * hidden + k] * w[v * hidden + k];
+            }
+            if (dot > best)
+            {
+                best = dot;
+                arg = v;
+            }
+        }
+        argmaxOk = argmaxOk && tok[i] == arg;
+    }
+    check(argmaxOk, "TiledArgmax: plugin tokens equal a host fp32 argmax");
+}
 } // namespace
 
 int main()
 {
+    gpuChecks();
     checkCommon("TiledArgmax", 2);
     checkCommon("VerifyResample", 3);
 
