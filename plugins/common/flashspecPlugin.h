@@ -64,6 +64,28 @@ private:
     nvinfer1::PluginFieldCollection mFieldCollection{};
 };
 
+//! What every op's plugin P derives from: the clone / name / output count TensorRT asks for,
+//! from P::kName and P::kNbOutputs.
+template <typename P>
+class FlashspecOpPlugin : public FlashspecPlugin
+{
+public:
+    using FlashspecPlugin::FlashspecPlugin;
+
+    nvinfer1::IPluginV3* clone() noexcept override
+    {
+        return new P(static_cast<P const&>(*this));
+    }
+    char const* getPluginName() const noexcept override
+    {
+        return P::kName;
+    }
+    int32_t getNbOutputs() const noexcept override
+    {
+        return P::kNbOutputs;
+    }
+};
+
 //! Creator of a plugin class P (P::kName, P(int32_t vocabSize)): reads `vocab_size` (INT32 or
 //! INT64, as the ONNX parser or a serialized engine hands it over).
 template <typename P>

@@ -16,23 +16,8 @@ constexpr int32_t kMaxLogit = 3;
 } // namespace
 
 TiledArgmaxPlugin::TiledArgmaxPlugin(int32_t vocabSize)
-    : FlashspecPlugin(vocabSize)
+    : FlashspecOpPlugin(vocabSize)
 {
-}
-
-IPluginV3* TiledArgmaxPlugin::clone() noexcept
-{
-    return new TiledArgmaxPlugin(*this);
-}
-
-char const* TiledArgmaxPlugin::getPluginName() const noexcept
-{
-    return kName;
-}
-
-int32_t TiledArgmaxPlugin::getNbOutputs() const noexcept
-{
-    return 2;
 }
 
 int32_t TiledArgmaxPlugin::getOutputDataTypes(

@@ -11,16 +11,14 @@ namespace flashspec
 namespace plugin
 {
 
-class TiledArgmaxPlugin : public FlashspecPlugin
+class TiledArgmaxPlugin : public FlashspecOpPlugin<TiledArgmaxPlugin>
 {
 public:
     static constexpr char const* kName = "TiledArgmax";
+    static constexpr int32_t kNbOutputs = 2;
 
     explicit TiledArgmaxPlugin(int32_t vocabSize);
 
-    nvinfer1::IPluginV3* clone() noexcept override;
-    char const* getPluginName() const noexcept override;
-    int32_t getNbOutputs() const noexcept override;
     int32_t getOutputDataTypes(nvinfer1::DataType* outputTypes, int32_t nbOutputs,
         nvinfer1::DataType const* inputTypes, int32_t nbInputs) const noexcept override;
     int32_t getOutputShapes(nvinfer1::DimsExprs const* inputs, int32_t nbInputs, nvinfer1::DimsExprs const* shapeInputs,

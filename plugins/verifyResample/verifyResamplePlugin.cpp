@@ -18,27 +18,11 @@ constexpr int32_t kTemperature = 3;
 constexpr int32_t kSeed = 4;
 constexpr int32_t kPositions = 5;
 constexpr int32_t kNbInputs = 6;
-constexpr int32_t kNbOutputs = 3;
 } // namespace
 
 VerifyResamplePlugin::VerifyResamplePlugin(int32_t vocabSize)
-    : FlashspecPlugin(vocabSize)
+    : FlashspecOpPlugin(vocabSize)
 {
-}
-
-IPluginV3* VerifyResamplePlugin::clone() noexcept
-{
-    return new VerifyResamplePlugin(*this);
-}
-
-char const* VerifyResamplePlugin::getPluginName() const noexcept
-{
-    return kName;
-}
-
-int32_t VerifyResamplePlugin::getNbOutputs() const noexcept
-{
-    return kNbOutputs;
 }
 
 int32_t VerifyResamplePlugin::getOutputDataTypes(

@@ -11,16 +11,14 @@ namespace flashspec
 namespace plugin
 {
 
-class VerifyResamplePlugin : public FlashspecPlugin
+class VerifyResamplePlugin : public FlashspecOpPlugin<VerifyResamplePlugin>
 {
 public:
     static constexpr char const* kName = "VerifyResample";
+    static constexpr int32_t kNbOutputs = 3;
 
     explicit VerifyResamplePlugin(int32_t vocabSize);
 
-    nvinfer1::IPluginV3* clone() noexcept override;
-    char const* getPluginName() const noexcept override;
-    int32_t getNbOutputs() const noexcept override;
     int32_t getOutputDataTypes(nvinfer1::DataType* outputTypes, int32_t nbOutputs,
         nvinfer1::DataType const* inputTypes, int32_t nbInputs) const noexcept override;
     int32_t getOutputShapes(nvinfer1::DimsExprs const* inputs, int32_t nbInputs, nvinfer1::DimsExprs const* shapeInputs,
