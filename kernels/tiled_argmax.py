@@ -157,8 +157,9 @@ def dot_tile(
     lm_head_ptr,
     row_off,  # [BLOCK_N] int64 element offsets of the rows of hidden
     row_ok,  # [BLOCK_N]
-    col_off,  # [BLOCK_V] int64 element offsets of the LM-head rows of the tile
-    col_ok,  # [BLOCK_V]
+    tile,  # vocabulary tile index: ids tile · BLOCK_V .. + BLOCK_V - 1
+    vocab_size,
+    stride_vv,
     stride_hh,
     stride_vh,
     HIDDEN_SIZE: tl.constexpr,
@@ -168,11 +169,15 @@ def dot_tile(
     BLOCK_V: tl.constexpr,
     BLOCK_H: tl.constexpr,
 ):
-    """``dot[BLOCK_N, BLOCK_V] = Σ_k hidden[rows, k] · lm_head[cols, k]`` in fp32.
+    """The ids ``cols [BLOCK_V]`` of vocabulary tile ``tile``, their mask ``col_ok`` (id <
+    vocab_size), and ``dot[BLOCK_N, BLOCK_V] = Σ_k hidden[rows, k] · lm_head[cols, k]`` in fp32.
 
     The LM-head tile (BLOCK_V · H elements) is the only DRAM stream of the kernels; the hidden
     block is re-read per tile from L2. Masked rows, columns and the H tail load zeros.
     """
+    cols = tile * BLOCK_V + tl.arange(0, BLOCK_V)
+    col_ok = cols < vocab_size
+    col_off = cols.to(tl.int64) * stride_vv  # [BLOCK_V]
     acc = tl.zeros([BLOCK_N, BLOCK_V], dtype=tl.float32)
     for k0 in range(0, HIDDEN_SIZE, BLOCK_H):
         ks = k0 + tl.arange(0, BLOCK_H)
@@ -191,7 +196,7 @@ def dot_tile(
             h = h.to(tl.float32)
             w = w.to(tl.float32)
         acc = tl.dot(h, tl.trans(w), acc, input_precision=DOT_PRECISION)
-    return acc
+    return cols, col_ok, acc
 
 
 @triton.jit
@@ -230,16 +235,14 @@ def _argmax_tiles_kernel(
     for j in range(0, TILES_PER_SPLIT):
         tile = pid_s * TILES_PER_SPLIT + j
         tile_valid = tile * BLOCK_V < vocab_size
-        cols = tile * BLOCK_V + tl.arange(0, BLOCK_V)
-        col_ok = cols < vocab_size
-        col_off = cols.to(tl.int64) * stride_vv  # [BLOCK_V]
-        acc = dot_tile(
+        _, col_ok, acc = dot_tile(
             hidden_ptr,
             lm_head_ptr,
             row_off,
             row_ok,
-            col_off,
-            col_ok,
+            tile,
+            vocab_size,
+            stride_vv,
             stride_hh,
             stride_vh,
             HIDDEN_SIZE,

@@ -132,16 +132,14 @@ def _verify_tiles_kernel(
     for j in range(0, TILES_PER_SPLIT):
         tile = pid_s * TILES_PER_SPLIT + j
         tile_valid = tile * BLOCK_V < vocab_size
-        cols = tile * BLOCK_V + tl.arange(0, BLOCK_V)
-        col_ok = cols < vocab_size
-        col_off = cols.to(tl.int64) * stride_vv  # [BLOCK_V]
-        acc = dot_tile(
+        cols, col_ok, acc = dot_tile(
             hidden_ptr,
             lm_head_ptr,
             row_off,
             row_ok,
-            col_off,
-            col_ok,
+            tile,
+            vocab_size,
+            stride_vv,
             stride_hh,
             stride_vh,
             HIDDEN_SIZE,

@@ -13,3 +13,16 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def runnable(backend: str) -> str:
+    """``backend`` if it can run here; otherwise the test skips with the reason."""
+    import pytest
+
+    from flashspec_export.ops import cuda
+
+    if backend == "triton":
+        pytest.importorskip("triton")
+    if backend == "cuda" and not cuda.available():
+        pytest.skip(f"cuda backend: needs a CUDA device and {cuda.library_path()}")
+    return backend

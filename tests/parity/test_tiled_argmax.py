@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from flashspec_export import ops
-from flashspec_export.ops import cuda as cuda_backend
+from tests.parity.conftest import runnable
 from tests.tolerances import LOGIT_ATOL, LOGIT_RTOL
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -20,11 +20,7 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 @pytest.fixture(params=[b for b in ops.backends("tiled_argmax") if b != "reference"])
 def backend(request):
-    if request.param == "triton":
-        pytest.importorskip("triton")
-    if request.param == "cuda" and not cuda_backend.available():
-        pytest.skip(f"cuda backend: needs a CUDA device and {cuda_backend.library_path()}")
-    return request.param
+    return runnable(request.param)
 
 
 def _case(n, hidden_size, padded, dtype, seed):

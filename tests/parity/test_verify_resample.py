@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from flashspec_export import ops
-from flashspec_export.ops import cuda as cuda_backend
 from flashspec_export.reference import noise
 from tests.cases import make_case
+from tests.parity.conftest import runnable
 from tests.tolerances import LOGPROB_ATOL, LOGPROB_RTOL
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -29,11 +29,7 @@ MIXED_T = torch.tensor([0.0, 1.0, 0.7, 0.0, 1.5, 0.5, 2.0])
 
 @pytest.fixture(params=[b for b in ops.backends("verify_resample") if b != "reference"])
 def backend(request):
-    if request.param == "triton":
-        pytest.importorskip("triton")
-    if request.param == "cuda" and not cuda_backend.available():
-        pytest.skip(f"cuda backend: needs a CUDA device and {cuda_backend.library_path()}")
-    return request.param
+    return runnable(request.param)
 
 
 def _case(n, gamma, hidden_size, vocab, padded, dtype, seed):
