@@ -46,20 +46,17 @@ def profile(io: list[dict], max_tokens: int) -> dict[str, tuple[tuple[int, ...],
     return shapes
 
 
-def polygraphy_command(directory, graph: str, engine: pathlib.Path) -> list[str]:
-    """``polygraphy convert`` of ``graph`` (e.g. "target_step") of the export in ``directory``."""
-    directory = pathlib.Path(directory)
-    manifest = read_manifest(directory)
-    if graph not in manifest["graphs"]:
-        raise ConfigError(
-            f"graph: {graph!r} is not in this export ({', '.join(manifest['graphs'])})"
-        )
+def polygraphy_command(directory, manifest: dict, graph: str, engine: pathlib.Path) -> list[str]:
+    """``polygraphy convert`` of ``graph`` (e.g. "target_step") of the export in ``directory``
+    described by ``manifest``."""
     entry = manifest["graphs"][graph]
-    command = ["polygraphy", "convert", str(directory / entry["file"]), "-o", str(engine)]
+    source = pathlib.Path(directory) / entry["file"]
+    command = ["polygraphy", "convert", str(source), "-o", str(engine)]
     shapes = profile(entry["inputs"], manifest["config"]["max_len"])
     dynamic = {name: s for name, s in shapes.items() if s[0] != s[2]}
-    for flag, index in (("--trt-min-shapes", 0), ("--trt-opt-shapes", 1), ("--trt-max-shapes", 2)):
-        if dynamic:
+    flags = ("--trt-min-shapes", "--trt-opt-shapes", "--trt-max-shapes")
+    if dynamic:
+        for index, flag in enumerate(flags):
             command.append(flag)
             command += [f"{name}:[{','.join(map(str, s[index]))}]" for name, s in dynamic.items()]
     return command
@@ -71,7 +68,12 @@ def build_engines(directory, graphs=None, force: bool = False) -> dict[str, path
     An existing engine is kept unless ``force``. Uses TensorRT when installed, else TensorRT-RTX.
     """
     directory = pathlib.Path(directory)
-    names = graphs or list(read_manifest(directory)["graphs"])
+    manifest = read_manifest(directory)
+    names = graphs or list(manifest["graphs"])
+    unknown = [n for n in names if n not in manifest["graphs"]]
+    if unknown:
+        known = ", ".join(manifest["graphs"])
+        raise ConfigError(f"graphs: {', '.join(unknown)} not in this export (it has {known})")
     out = directory / "engines"
     existing = [n for n in names if (out / f"{n}.engine").exists()]
     if existing and not force:
@@ -85,7 +87,7 @@ def build_engines(directory, graphs=None, force: bool = False) -> dict[str, path
     engines = {}
     for name in names:
         engine = out / f"{name}.engine"
-        command = polygraphy_command(directory, name, engine)
+        command = polygraphy_command(directory, manifest, name, engine)
         logger.info("%s", " ".join(command))
         result = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
         if result.returncode != 0:

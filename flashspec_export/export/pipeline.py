@@ -120,7 +120,7 @@ def _check_drafter(config: ExportConfig) -> None:
 
 
 def _check(config: ExportConfig) -> pathlib.Path:
-    _check_drafter(config)
+    """The sizes and the output directory (the drafter is checked by build_modules)."""
     for name in ("gamma", "batch", "max_len"):
         if getattr(config, name) < (0 if name == "gamma" else 1):
             raise ConfigError(f"{name}: expected a positive value, got {getattr(config, name)}")

@@ -196,6 +196,8 @@ def test_tensorrt_rtx_parses_every_graph_and_builds_engines(exported):
         assert (exported / "engines" / f"{name}.engine").stat().st_size > 0
     again = _script_at("build_engines.py", str(exported), "--graphs", "target_step")
     assert again.returncode == 2 and "pass --force to rebuild" in again.stderr
+    unknown = _script_at("build_engines.py", str(exported), "--graphs", "drafter_eagle")
+    assert unknown.returncode == 2 and "drafter_eagle not in this export" in unknown.stderr
 
 
 def test_tensorrt_rtx_builds_a_batched_target_step(tmp_path):
