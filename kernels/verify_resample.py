@@ -6,24 +6,25 @@ of ``hidden [N, γ + 1, H]`` are flattened to ``R = N · (γ + 1)``; row ``r = n
 Stage 1 (``_verify_tiles_kernel``), grid ``(row blocks, vocabulary splits)``: a program owns
 ``BLOCK_N`` flattened rows and a contiguous run of ``BLOCK_V``-id tiles. Per tile it forms the
 fp32 logits ``hidden_block · lm_head_tileᵀ / scale`` (``scale = T``, or 1 for greedy rows) and
-folds them into six running values per row:
+folds them into running values per row:
 
-- ``m, s``: online softmax, ``s = Σ exp(l_v - m)`` rescaled by ``exp(m_old - m_new)``;
-- ``draft_logit``: ``l(x)`` of the drafted token ``x = d[n, i]`` (row γ has none);
-- ``best_score, best_index, best_logit``: the Gumbel-max candidate ``argmax (l_v + g_v)`` over
-  ``v != x`` (greedy rows: ``argmax l_v``, no exclusion), lowest index on ties, and its logit.
+- ``best_score, best_index``: the Gumbel-max sample ``y = argmax_v (l_v + g_v)`` over every id
+  (greedy rows: ``argmax_v l_v``), lowest index on ties;
+- with ``RETURN_LOGPROBS`` only: ``best_logit`` (``l(y)``) and the online softmax ``m, s``
+  (``s = Σ exp(l_v - m)`` rescaled by ``exp(m_old - m_new)``); without it no ``exp`` is spent
+  per logit.
 
 The Gumbel noise ``g_v = gumbel(seed, position + i, v, STREAM_GUMBEL)`` is generated in
 registers: the row keys ``(a, b)`` once per program, then ``token_bits(a, b, v)`` per element.
 Memory traffic: the LM head is read once per row block (once in all when ``R <= BLOCK_N``); the
-hidden block is re-read per tile from L2; per (row, split) six scalars are written. No
-vocabulary-sized tensor exists outside registers.
+hidden block is re-read per tile from L2; per (row, split) two scalars are written (five with
+log-probabilities). No vocabulary-sized tensor exists outside registers.
 
 Stage 2 (``_verify_finalize_kernel``), one program per sequence: reduces the splits like the
-reference ``finalize`` (``M = max m``, ``S = Σ s · exp(m - M)``, ``LSE = M + log S``, best score
-with the lowest split on ties), draws ``u_i = uniform(seed, position + i, 0, STREAM_ACCEPT)``,
-accepts ``x`` iff ``u_i <= exp(l(x) - LSE)`` (greedy: iff ``x == argmax``), and writes tokens,
-``num_emitted`` and log-probabilities. No host synchronisation.
+reference ``finalize`` (best score with the lowest split on ties; with log-probabilities
+``M = max m``, ``S = Σ s · exp(m - M)``, ``LSE = M + log S``), accepts the draft ``x = d[n, i]``
+iff ``x == y_i``, and writes ``y_0 .. y_k`` (k leading accepts), ``num_emitted`` and the
+log-probabilities. No host synchronisation.
 
 The reference reduces per-tile summaries of 4096 ids; the splits here differ, so ``LSE`` may
 differ from it in the last ulps of fp32. Tokens agree except at near-ties.
@@ -38,14 +39,12 @@ import triton
 import triton.language as tl
 
 from flashspec_export.kernels.noise import (
-    STREAM_ACCEPT,
     STREAM_GUMBEL,
     gumbel_from_bits,
     math_exp,
     math_log,
     row_keys,
     token_bits,
-    uniform_from_bits,
     use_libdevice,
 )
 from flashspec_export.kernels.tiled_argmax import (
@@ -58,26 +57,24 @@ from flashspec_export.kernels.tiled_argmax import (
 )
 from flashspec_export.reference.verify_resample import VerifyResult
 
-# Float fields of the stage-1 workspace [NUM_FIELDS, R, S]; the index field is a separate int32
-# [R, S] tensor.
-NUM_FLOAT_FIELDS = 5
-_MAX, _SUM_EXP, _DRAFT_LOGIT, _BEST_SCORE, _BEST_LOGIT = range(NUM_FLOAT_FIELDS)
-F_MAX: tl.constexpr = tl.constexpr(_MAX)
-F_SUM_EXP: tl.constexpr = tl.constexpr(_SUM_EXP)
-F_DRAFT_LOGIT: tl.constexpr = tl.constexpr(_DRAFT_LOGIT)
+# Float fields of the stage-1 workspace [NUM_FIELDS, R, S] (the last three only written with
+# log-probabilities); the index field is a separate int32 [R, S] tensor.
+NUM_FLOAT_FIELDS = 4
+_BEST_SCORE, _BEST_LOGIT, _MAX, _SUM_EXP = range(NUM_FLOAT_FIELDS)
 F_BEST_SCORE: tl.constexpr = tl.constexpr(_BEST_SCORE)
 F_BEST_LOGIT: tl.constexpr = tl.constexpr(_BEST_LOGIT)
+F_MAX: tl.constexpr = tl.constexpr(_MAX)
+F_SUM_EXP: tl.constexpr = tl.constexpr(_SUM_EXP)
 
 
 @triton.jit
 def _verify_tiles_kernel(
     hidden_ptr,  # [N, γ + 1, H]
     lm_head_ptr,  # [V, H]
-    draft_ptr,  # [N, γ] int64
     temperature_ptr,  # [N] float32
     seed_ptr,  # [N] int64
     positions_ptr,  # [N] int64
-    ws_float_ptr,  # [5, R, S] float32: max, sum_exp, draft_logit, best_score, best_logit
+    ws_float_ptr,  # [4, R, S] float32: best_score, best_logit, max, sum_exp
     ws_index_ptr,  # [R, S] int32: best_index
     num_rows,  # R = N · (γ + 1)
     gamma,
@@ -88,8 +85,6 @@ def _verify_tiles_kernel(
     stride_hh,
     stride_vv,
     stride_vh,
-    stride_dn,
-    stride_di,
     # Loop bounds are compile-time constants: H is fixed per model, and the Triton 3.6
     # interpreter cannot take a runtime loop bound under NumPy >= 2.4 (triton-lang/triton#9171).
     HIDDEN_SIZE: tl.constexpr,
@@ -97,6 +92,7 @@ def _verify_tiles_kernel(
     DOT_PRECISION: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
     LIBDEVICE: tl.constexpr,
+    RETURN_LOGPROBS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_V: tl.constexpr,
     BLOCK_H: tl.constexpr,
@@ -113,16 +109,12 @@ def _verify_tiles_kernel(
     temperature = tl.load(temperature_ptr + seq, mask=row_ok, other=1.0)
     greedy = temperature == 0.0
     scale = tl.where(greedy, 1.0, temperature)  # logits = dot / T, or the raw dot (greedy)
-    has_draft = row_ok & (pos_i < gamma)
-    draft = tl.load(draft_ptr + seq * stride_dn + pos_i * stride_di, mask=has_draft, other=-1)
     seed = tl.load(seed_ptr + seq, mask=row_ok, other=0)
     position = tl.load(positions_ptr + seq, mask=row_ok, other=0) + pos_i
     key_a, key_b = row_keys(seed, position, STREAM_GUMBEL)  # [BLOCK_N] uint32 each
-    excluded = tl.where(greedy, -1, draft)  # sampled rows draw the residual: x is left out
 
     m = tl.full([BLOCK_N], float("-inf"), tl.float32)
     s = tl.zeros([BLOCK_N], tl.float32)
-    draft_logit = tl.full([BLOCK_N], float("-inf"), tl.float32)
     best_score = tl.full([BLOCK_N], float("-inf"), tl.float32)
     best_index = tl.full([BLOCK_N], -1, tl.int32)
     best_logit = tl.zeros([BLOCK_N], tl.float32)
@@ -153,50 +145,43 @@ def _verify_tiles_kernel(
         logits = tl.math.div_rn(acc, scale[:, None])
         logits = tl.where(col_ok[None, :], logits, float("-inf"))  # padded ids: exp = 0
 
-        # Online softmax; m_ref stands in for m_new = -inf (nothing valid seen yet) so that
-        # exp(-inf - -inf) never occurs: s stays 0.
-        m_new = tl.maximum(m, tl.max(logits, 1))
-        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-        s = s * tl.exp(m - m_ref) + tl.sum(tl.exp(logits - m_ref[:, None]), 1)
-        m = m_new
-
-        is_draft = cols[None, :] == draft[:, None]  # [BLOCK_N, BLOCK_V]
-        draft_logit = tl.maximum(draft_logit, tl.max(tl.where(is_draft, logits, float("-inf")), 1))
-
-        # Gumbel-max candidate: 7 32-bit multiply-mods and 2 logs per element, in registers.
+        # Gumbel-max sample: 7 32-bit multiply-mods and 2 logs per element, in registers.
         g = gumbel_from_bits(token_bits(key_a[:, None], key_b[:, None], cols[None, :]), LIBDEVICE)
         score = tl.where(greedy[:, None], logits, logits + g)
-        score = tl.where(cols[None, :] == excluded[:, None], float("-inf"), score)
         tile_best, tile_arg = tl.max(
             score, 1, return_indices=True, return_indices_tie_break_left=True
-        )
-        tile_logit = tl.sum(
-            tl.where(tl.arange(0, BLOCK_V)[None, :] == tile_arg[:, None], logits, 0.0), 1
         )
         # Strict '>' keeps the earlier (lower-index) tile on ties; best_index < 0 seeds the run.
         take = (tile_best > best_score) | ((best_index < 0) & tile_valid)
         best_score = tl.where(take, tile_best, best_score)
         best_index = tl.where(take, tile * BLOCK_V + tile_arg, best_index)
-        best_logit = tl.where(take, tile_logit, best_logit)
+        if RETURN_LOGPROBS:
+            tile_logit = tl.sum(
+                tl.where(tl.arange(0, BLOCK_V)[None, :] == tile_arg[:, None], logits, 0.0), 1
+            )
+            best_logit = tl.where(take, tile_logit, best_logit)
+            # Online softmax; m_ref stands in for m_new = -inf (nothing valid seen yet) so that
+            # exp(-inf - -inf) never occurs: s stays 0.
+            m_new = tl.maximum(m, tl.max(logits, 1))
+            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+            s = s * tl.exp(m - m_ref) + tl.sum(tl.exp(logits - m_ref[:, None]), 1)
+            m = m_new
 
     plane = num_rows * num_splits
     ws_off = rows * num_splits + pid_s
-    tl.store(ws_float_ptr + F_MAX * plane + ws_off, m, mask=row_ok)
-    tl.store(ws_float_ptr + F_SUM_EXP * plane + ws_off, s, mask=row_ok)
-    tl.store(ws_float_ptr + F_DRAFT_LOGIT * plane + ws_off, draft_logit, mask=row_ok)
     tl.store(ws_float_ptr + F_BEST_SCORE * plane + ws_off, best_score, mask=row_ok)
-    tl.store(ws_float_ptr + F_BEST_LOGIT * plane + ws_off, best_logit, mask=row_ok)
     tl.store(ws_index_ptr + ws_off, best_index, mask=row_ok)
+    if RETURN_LOGPROBS:
+        tl.store(ws_float_ptr + F_BEST_LOGIT * plane + ws_off, best_logit, mask=row_ok)
+        tl.store(ws_float_ptr + F_MAX * plane + ws_off, m, mask=row_ok)
+        tl.store(ws_float_ptr + F_SUM_EXP * plane + ws_off, s, mask=row_ok)
 
 
 @triton.jit
 def _verify_finalize_kernel(
-    ws_float_ptr,  # [5, R, S] float32
+    ws_float_ptr,  # [4, R, S] float32
     ws_index_ptr,  # [R, S] int32
     draft_ptr,  # [N, γ] int64
-    temperature_ptr,  # [N] float32
-    seed_ptr,  # [N] int64
-    positions_ptr,  # [N] int64
     tokens_ptr,  # [N, γ + 1] int64 out
     num_emitted_ptr,  # [N] int64 out
     logprobs_ptr,  # [N, γ + 1] float32 out (only with RETURN_LOGPROBS)
@@ -218,47 +203,36 @@ def _verify_finalize_kernel(
     plane = num_rows * num_splits
     off = (n * (gamma + 1) + i)[:, None] * num_splits + split[None, :]  # [BLOCK_R, BLOCK_S]
 
-    # ---- reduce the splits (the reference `finalize`, with splits in place of tiles)
-    m = tl.load(ws_float_ptr + F_MAX * plane + off, mask=mask, other=float("-inf"))
-    s = tl.load(ws_float_ptr + F_SUM_EXP * plane + off, mask=mask, other=0.0)
-    big_m = tl.where(row_ok, tl.max(m, 1), 0.0)  # padding rows: 0, never -inf - -inf
-    total = tl.where(row_ok, tl.sum(s * math_exp(m - big_m[:, None], LIBDEVICE), 1), 1.0)
-    lse = big_m + math_log(total, LIBDEVICE)
-    draft_logit = tl.max(
-        tl.load(ws_float_ptr + F_DRAFT_LOGIT * plane + off, mask=mask, other=float("-inf")), 1
-    )
+    # ---- y_i: the best split's candidate (the lowest split on ties, as the reference's tiles)
     score = tl.load(ws_float_ptr + F_BEST_SCORE * plane + off, mask=mask, other=float("-inf"))
     _, best_split = tl.max(score, 1, return_indices=True, return_indices_tie_break_left=True)
     chosen = split[None, :] == best_split[:, None]
     index = tl.load(ws_index_ptr + off, mask=mask, other=0)
-    best_index = tl.sum(tl.where(chosen, index, 0), 1).to(tl.int64)  # [BLOCK_R]
-    logit = tl.load(ws_float_ptr + F_BEST_LOGIT * plane + off, mask=mask, other=0.0)
-    best_logit = tl.sum(tl.where(chosen, logit, 0.0), 1)
+    y = tl.sum(tl.where(chosen, index, 0), 1).to(tl.int64)  # [BLOCK_R]
 
-    # ---- accept drafts left to right: k = the first rejected position (γ if none)
+    # ---- accept drafts left to right while x == y: k = the first rejected position (γ if none)
     has_draft = i < gamma
     draft = tl.load(draft_ptr + n * stride_dn + i * stride_di, mask=has_draft, other=-1)
-    greedy = tl.load(temperature_ptr + n) == 0.0
-    seed = tl.load(seed_ptr + n)
-    position = tl.load(positions_ptr + n) + i
-    key_a, key_b = row_keys(seed, position, STREAM_ACCEPT)
-    u = uniform_from_bits(token_bits(key_a, key_b, tl.zeros_like(i)))
-    draft_logprob = draft_logit - lse
-    sampled_accept = u <= math_exp(draft_logprob, LIBDEVICE)
-    accept = has_draft & tl.where(greedy, draft == best_index, sampled_accept)
+    accept = has_draft & (draft == y)
     k = tl.min(tl.where(accept, BLOCK_R, i), 0)  # row γ never accepts, so k <= γ
 
-    # ---- emit: drafts before k, the candidate of row k (recovered or bonus), then -1
-    tokens = tl.where(i < k, draft, tl.where(i == k, best_index, -1))
-    tl.store(tokens_ptr + n * (gamma + 1) + i, tokens, mask=row_ok)
+    # ---- emit y_0 .. y_k (the accepted drafts, then the recovered or bonus token), then -1
+    tl.store(tokens_ptr + n * (gamma + 1) + i, tl.where(i <= k, y, -1), mask=row_ok)
     tl.store(num_emitted_ptr + n, (k + 1).to(tl.int64))
     if RETURN_LOGPROBS:
-        logprobs = tl.where(i < k, draft_logprob, tl.where(i == k, best_logit - lse, 0.0))
+        m = tl.load(ws_float_ptr + F_MAX * plane + off, mask=mask, other=float("-inf"))
+        s = tl.load(ws_float_ptr + F_SUM_EXP * plane + off, mask=mask, other=0.0)
+        big_m = tl.where(row_ok, tl.max(m, 1), 0.0)  # padding rows: 0, never -inf - -inf
+        total = tl.where(row_ok, tl.sum(s * math_exp(m - big_m[:, None], LIBDEVICE), 1), 1.0)
+        lse = big_m + math_log(total, LIBDEVICE)
+        logit = tl.load(ws_float_ptr + F_BEST_LOGIT * plane + off, mask=mask, other=0.0)
+        best_logit = tl.sum(tl.where(chosen, logit, 0.0), 1)
+        logprobs = tl.where(i <= k, best_logit - lse, 0.0)
         tl.store(logprobs_ptr + n * (gamma + 1) + i, logprobs, mask=row_ok)
 
 
 class VerifyWorkspace(NamedTuple):
-    """Stage-1 summaries: ``floats [5, R, S]`` float32 and ``index [R, S]`` int32."""
+    """Stage-1 summaries: ``floats [4, R, S]`` float32 and ``index [R, S]`` int32."""
 
     floats: torch.Tensor
     index: torch.Tensor
@@ -343,7 +317,6 @@ def verify_resample(
     _verify_tiles_kernel[(triton.cdiv(rows, config.block_n), splits)](
         hidden,
         lm_head,
-        drafts,
         temperature,
         seed,
         positions,
@@ -355,12 +328,11 @@ def verify_resample(
         splits,
         *hidden.stride(),
         *lm_head.stride(),
-        stride_dn,
-        stride_di,
         HIDDEN_SIZE=hidden_size,
         TILES_PER_SPLIT=triton.cdiv(tiles, splits),
         **dot_options(hidden),
         LIBDEVICE=libdevice,
+        RETURN_LOGPROBS=return_logprobs,
         BLOCK_N=config.block_n,
         BLOCK_V=config.block_v,
         BLOCK_H=config.block_h,
@@ -371,9 +343,6 @@ def verify_resample(
         workspace.floats,
         workspace.index,
         drafts,
-        temperature,
-        seed,
-        positions,
         tokens,
         num_emitted,
         logprobs if return_logprobs else tokens,  # placeholder pointer, never written

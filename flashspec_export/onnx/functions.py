@@ -32,11 +32,6 @@ def _rows_before_last(b: Body, x: str) -> str:
     return b.op("Slice", x, b.const([0], I64), b.const([-1], I64), b.const([1], I64))
 
 
-def _last_row(b: Body, x: str) -> str:
-    """x[:, -1:] — the bonus row."""
-    return b.op("Slice", x, b.const([-1], I64), b.const([_BIG], I64), b.const([1], I64))
-
-
 def _fence(b: Body, x: str) -> str:
     """``x`` unchanged (a CumSum over a new unit axis), but materialised by TensorRT.
 
@@ -76,10 +71,15 @@ def tiled_argmax_function() -> onnx.FunctionProto:
 
 def verify_resample_function() -> onnx.FunctionProto:
     """``VerifyResample(hidden [N, γ+1, H], lm_head [V, H], draft_tokens [N, γ], temperature [N],
-    seed [N], positions [N]) -> tokens [N, γ+1], num_emitted [N], logprobs [N, γ+1]``."""
+    seed [N], positions [N]) -> tokens [N, γ+1], num_emitted [N], logprobs [N, γ+1]``.
+
+    Per row i: ``y_i = argmax_v (l_v + g_v)`` (greedy: ``argmax_v l_v``); drafts are accepted
+    while ``x == y``; the step emits ``y_0 .. y_k``. Log-probabilities: ``l(y) - LSE``.
+    """
     b = Body("vr")
     one_f, zero_f = b.const(1.0, F32), b.const(0.0, F32)
     vocab_size = b.attr_int("vocab_size")  # scalar
+    unsqueeze2 = b.const([2], I64)
 
     # Logits and their log-sum-exp: [N, R, V], [N, R]  (R = γ + 1)
     greedy = b.op("Equal", "temperature", zero_f)  # [N]
@@ -93,7 +93,7 @@ def verify_resample_function() -> onnx.FunctionProto:
     total = b.op(
         "ReduceSum", b.op("Exp", b.op("Sub", logits, peak)), b.const([-1], I64), keepdims=1
     )
-    lse = b.op("Squeeze", b.op("Add", peak, b.op("Log", total)), b.const([2], I64))
+    lse = b.op("Squeeze", b.op("Add", peak, b.op("Log", total)), unsqueeze2)
 
     # Noise keys per row: position of row i is positions + i.
     rows = b.op("Gather", b.op("Shape", "hidden"), b.const(1, I64), axis=0)
@@ -102,53 +102,29 @@ def verify_resample_function() -> onnx.FunctionProto:
     seed = b.op("Unsqueeze", "seed", b.const([1], I64))  # [N, 1]
     token = b.op("Range", b.const(0, I64), vocab_size, b.const(1, I64))  # [V]
 
-    # Candidates: argmax over v != x of (l + g) (greedy rows: argmax l), lowest index on ties.
+    # y = argmax (l + g) (greedy rows: argmax l), lowest index on ties.
     key_a, key_b = noise.row_keys(b, seed, row_pos, spec.STREAM_GUMBEL)
-    unsqueeze2 = b.const([2], I64)
     bits = noise.token_bits(
         b, b.op("Unsqueeze", key_a, unsqueeze2), b.op("Unsqueeze", key_b, unsqueeze2), token
     )  # [N, R, V]
     gumbel = _fence(b, noise.gumbel_from_bits(b, bits))  # [N, R, V], see _fence
-    excluded = b.op("Pad", "draft_tokens", b.const([0, 0, 0, 1], I64), b.const(-1, I64))  # [N, R]
-    is_draft = b.op("Equal", b.op("Unsqueeze", excluded, unsqueeze2), token)  # [N, R, V]
     greedy3 = b.op("Unsqueeze", greedy, b.const([1, 2], I64))
     score = b.op("Where", greedy3, logits, b.op("Add", logits, gumbel))
-    score = b.op("Where", b.op("And", is_draft, b.op("Not", greedy3)), b.const(-np.inf, F32), score)
     best = b.op("ArgMax", score, axis=2, keepdims=1, select_last_index=0)  # [N, R, 1]
     best_logit = b.op("Squeeze", b.op("GatherElements", logits, best, axis=2), unsqueeze2)
-    best = b.op("Squeeze", best, unsqueeze2)  # [N, R]
+    y = b.op("Squeeze", best, unsqueeze2)  # [N, R]
 
-    # Acceptance of the γ drafts: u <= exp(l(x) - LSE) (greedy: x == argmax).
-    drafts3 = b.op("Unsqueeze", "draft_tokens", unsqueeze2)
-    draft_logit = b.op(
-        "Squeeze", b.op("GatherElements", _rows_before_last(b, logits), drafts3, axis=2), unsqueeze2
-    )  # [N, γ]
-    draft_logprob = b.op("Sub", draft_logit, _rows_before_last(b, lse))
-    _, acc_b = noise.row_keys(b, seed, _rows_before_last(b, row_pos), spec.STREAM_ACCEPT)
-    u = noise.uniform_from_bits(b, noise.token_bits(b, None, acc_b, None))
-    sampled_ok = b.op("LessOrEqual", u, b.op("Exp", draft_logprob))
-    greedy_ok = b.op("Equal", "draft_tokens", _rows_before_last(b, best))
-    greedy2 = b.op("Unsqueeze", greedy, b.const([1], I64))  # (Where has no bool kernel in ORT)
-    accept = b.op(
-        "Or",
-        b.op("And", greedy2, greedy_ok),
-        b.op("And", b.op("Not", greedy2), sampled_ok),
-    )
-
-    # k = number of leading accepts: rows before the first rejection have a zero reject count.
+    # k = number of leading drafts equal to y: rows before the first mismatch.
+    accept = b.op("Equal", "draft_tokens", _rows_before_last(b, y))  # [N, γ]
     rejects = b.op(
         "CumSum", b.op("Cast", b.op("Not", accept), to=TensorProto.INT64), b.const(1, I64)
     )
     leading = b.op("Cast", b.op("Equal", rejects, b.const(0, I64)), to=TensorProto.INT64)
     k = b.op("ReduceSum", leading, b.const([1], I64), keepdims=1)  # [N, 1]
 
-    def emitted(draft_values: str, candidates: str, fill: str) -> str:
-        padded = b.op("Concat", draft_values, _last_row(b, candidates), axis=1)
-        out = b.op("Where", b.op("Less", row_ids, k), padded, fill)
-        return b.op("Where", b.op("Equal", row_ids, k), candidates, out)
-
-    tokens = emitted("draft_tokens", best, b.const(-1, I64))
-    logprobs = emitted(draft_logprob, b.op("Sub", best_logit, lse), zero_f)
+    emitted = b.op("LessOrEqual", row_ids, k)  # [N, R]: rows 0 .. k
+    tokens = b.op("Where", emitted, y, b.const(-1, I64))
+    logprobs = b.op("Where", emitted, b.op("Sub", best_logit, lse), zero_f)
     num_emitted = b.op("Squeeze", b.op("Add", k, b.const(1, I64)), b.const([1], I64))
     return b.function(
         DOMAIN,

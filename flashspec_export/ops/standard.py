@@ -1,9 +1,11 @@
 """The materialised ("standard") path, the way common serving stacks verify drafts.
 
-logits [N, γ + 1, V] -> softmax probabilities -> gather p(x) -> accept -> residual
-(p with the draft removed) -> exponential-race sample -> emitted tokens. Every intermediate is
-vocabulary-sized and written to memory. It is the benchmark baseline and, being written
-independently of the tiled reference, the oracle the tiled paths are checked against.
+logits [N, γ + 1, V] -> softmax probabilities -> exponential-race sample per row (``argmax_v
+p_v / E_v``, the same event as Gumbel-max on the logits) -> accept the drafts that equal it ->
+emitted tokens. Every intermediate is vocabulary-sized and written to memory. It is written
+independently of the tiled reference (probabilities, not noisy logits) and is the oracle the
+tiled paths are checked against; its counter-based noise costs dozens of elementwise kernels, so
+it is no speed baseline (``scripts/bench_kernels.py`` times the samplers users would run).
 """
 
 from __future__ import annotations
@@ -12,13 +14,7 @@ import torch
 
 from flashspec_export.reference import noise
 from flashspec_export.reference.sampled_verify import exponential_race
-from flashspec_export.reference.verify_resample import (
-    VerifyResult,
-    acceptance_uniform,
-    count_accepted,
-    logit_scale,
-    select_emitted,
-)
+from flashspec_export.reference.verify_resample import VerifyResult, count_accepted, logit_scale
 
 
 def verify_resample(
@@ -38,21 +34,13 @@ def verify_resample(
     logits = hidden.float() @ lm_head[:vocab_size].float().T  # [N, γ + 1, V]
     logits = logits / logit_scale(temperature)[:, None, None]
     probs = torch.softmax(logits, dim=-1)  # [N, γ + 1, V]
-    argmax = logits.argmax(dim=-1)  # [N, γ + 1]
-
-    p_x = probs[:, :gamma].gather(-1, draft_tokens[..., None]).squeeze(-1)  # [N, γ]
-    u = acceptance_uniform(seed, positions, gamma)
-    accept = torch.where(greedy[:, None], draft_tokens == argmax[:, :gamma], u <= p_x)
-
-    # max(0, p - q) for a one-hot q: p with the drafted token removed.
-    residual = probs[:, :gamma].scatter(-1, draft_tokens[..., None], 0.0)  # [N, γ, V]
-    weights = torch.cat([residual, probs[:, gamma:]], dim=1)  # [N, γ + 1, V]
     row_pos = positions[:, None] + torch.arange(gamma + 1, device=positions.device)
-    sampled = exponential_race(weights, seed, row_pos, noise.STREAM_GUMBEL)
-    candidates = torch.where(greedy[:, None], argmax, sampled)  # [N, γ + 1]
+    sampled = exponential_race(probs, seed, row_pos, noise.STREAM_GUMBEL)  # [N, γ + 1]
+    y = torch.where(greedy[:, None], logits.argmax(dim=-1), sampled)  # [N, γ + 1]
 
-    num_accepted = count_accepted(accept)
-    tokens = select_emitted(num_accepted, draft_tokens, candidates, fill=-1)
+    num_accepted = count_accepted(draft_tokens == y[:, :gamma])
+    col = torch.arange(gamma + 1, device=y.device)[None, :]
+    tokens = torch.where(col <= num_accepted[:, None], y, -1)
     logprobs = None
     if return_logprobs:
         log_probs = torch.log_softmax(logits, dim=-1)

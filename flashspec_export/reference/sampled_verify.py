@@ -3,8 +3,10 @@
 Leviathan et al. (2023), Algorithm 1, materialised: for each draft position i with drafted token
 ``x ~ q_i``, accept with probability ``min(1, p_i(x) / q_i(x))``; on the first rejection emit a
 token from the residual ``max(0, p_i - q_i)`` normalised; if all γ drafts are accepted emit a
-bonus token from ``p_γ``. Noise comes from the same streams as ``VerifyResample`` (acceptance
-uniform, residual / bonus noise), so a one-hot ``q`` reproduces the greedy-draft op.
+bonus token from ``p_γ``. Acceptance draws its own uniform (``STREAM_ACCEPT``) and the residual /
+bonus sample uses ``STREAM_GUMBEL``. A one-hot ``q`` gives the greedy-draft op's law, not its
+tokens: ``VerifyResample`` couples acceptance and recovery through one Gumbel-max sample per
+position, which Leviathan's rule for a general ``q`` does not.
 
 Categorical sampling uses the exponential race ``argmax_v w_v / E_v`` (``E_v`` the Exp(1)
 variate of token v), the same event as Gumbel-max on ``log w``.
@@ -15,13 +17,32 @@ from __future__ import annotations
 import torch
 
 from flashspec_export.reference import noise
-from flashspec_export.reference.verify_resample import (
-    VerifyResult,
-    acceptance_uniform,
-    count_accepted,
-    logit_scale,
-    select_emitted,
-)
+from flashspec_export.reference.verify_resample import VerifyResult, count_accepted, logit_scale
+
+
+def acceptance_uniform(seed: torch.Tensor, positions: torch.Tensor, gamma: int) -> torch.Tensor:
+    """``u_i = uniform(seed, position + i, 0, STREAM_ACCEPT)`` for i < γ: [N] x2 -> [N, γ]."""
+    row_pos = positions[:, None] + torch.arange(gamma, device=positions.device)
+    return noise.uniform(seed[:, None], row_pos, 0, noise.STREAM_ACCEPT)
+
+
+def select_emitted(
+    num_accepted: torch.Tensor,
+    draft_values: torch.Tensor,
+    candidate_values: torch.Tensor,
+    fill: float,
+) -> torch.Tensor:
+    """Lay out what a step emits: drafts while accepted, then the candidate of the first
+    rejected row (or the bonus row γ), then ``fill``.
+
+    Shapes: num_accepted [N], draft_values [N, γ], candidate_values [N, γ + 1] -> [N, γ + 1].
+    """
+    gamma = draft_values.shape[1]
+    col = torch.arange(gamma + 1, device=draft_values.device)[None, :]  # [1, γ + 1]
+    k = num_accepted[:, None]  # [N, 1]
+    padded = torch.cat([draft_values, candidate_values[:, gamma:]], dim=1)  # [N, γ + 1]
+    out = torch.where(col < k, padded, torch.full_like(padded, fill))
+    return torch.where(col == k, candidate_values, out)
 
 
 def exponential_race(

@@ -1,16 +1,16 @@
 /*
- * VerifyResample in one pass over the LM head (contract: DESIGN.md; specification:
+ * VerifyResample in one pass over the LM head (contract: docs/DESIGN.md; specification:
  * flashspec_export/reference/verify_resample.py).
  *
  * Stage 1, grid (vocabulary splits x blocks of ROWS flattened rows n * (gamma + 1) + i): each
  * warp computes fp32 logits l = dot / T (IEEE division, as the reference) for U vocabulary ids
- * at a time; lane r keeps row r's running summary: online max / sum-exp, the drafted token's
- * logit, and the best candidate score l + g (g: Gumbel noise keyed by (seed, position + i, v);
- * greedy rows: l) with the draft excluded on sampled rows. Warps merge through shared memory and
- * write one summary per (row, split). Stage 2 (one thread per sequence) merges the splits in
- * order, forms LSE, accepts drafts left to right (u <= exp(l(x) - LSE); greedy: x == argmax) and
- * writes the tokens. Nothing vocabulary-sized is written: the workspace is 24 bytes per
- * (row, split).
+ * at a time; lane r keeps row r's running Gumbel-max sample y = argmax_v (l_v + g_v) (g: Gumbel
+ * noise keyed by (seed, position + i, v); greedy rows: argmax_v l_v), lowest id on ties. Only
+ * with log-probabilities (LOGPROBS) does it also keep l(y) and the online max / sum-exp: without
+ * them no exp is spent per logit. Warps merge through shared memory and write one summary per
+ * (row, split). Stage 2 (one thread per sequence) merges the splits in order, accepts the draft
+ * x iff x == y_i, left to right, and writes y_0 .. y_k (and l(y_i) - LSE_i). Nothing
+ * vocabulary-sized is written: the workspace is 20 bytes per (row, split).
  */
 #include "../common/flashspecKernels.h"
 #include "../common/flashspecNoise.cuh"
@@ -25,12 +25,11 @@ namespace
 
 struct Summary
 {
-    float m = -INFINITY;         // running max logit
-    float s = 0.0f;              // sum of exp(l - m)
-    float draftLogit = -INFINITY; // l(x) once x was seen
-    float bestScore = -INFINITY;
-    float bestLogit = 0.0f;
-    int32_t bestIndex = -1;
+    float bestScore = -INFINITY; // l(y) + g(y) (greedy: l(y))
+    int32_t bestIndex = -1;      // y
+    float bestLogit = 0.0f;      // l(y)                 (log-probabilities only)
+    float m = -INFINITY;         // running max logit    (log-probabilities only)
+    float s = 0.0f;              // sum of exp(l - m)    (log-probabilities only)
 };
 
 __device__ __forceinline__ void mergeSoftmax(float& m, float& s, float m2, float s2)
@@ -77,11 +76,10 @@ __device__ __forceinline__ void mergeBest(Summary& a, float score, int32_t index
 
 struct VerifyWorkspace
 {
-    float* m;          // each [numRows, numSplits]
+    float* bestScore; // each [numRows, numSplits]
+    float* bestLogit; // the last three only written with log-probabilities
+    float* m;
     float* s;
-    float* draftLogit;
-    float* bestScore;
-    float* bestLogit;
     int32_t* bestIndex;
 };
 
@@ -89,7 +87,7 @@ VerifyWorkspace verifyWorkspace(void* workspace, int32_t numRows, int32_t numSpl
 {
     size_t const count = static_cast<size_t>(numRows) * numSplits;
     auto* f = static_cast<float*>(workspace);
-    return {f, f + count, f + 2 * count, f + 3 * count, f + 4 * count, reinterpret_cast<int32_t*>(f + 5 * count)};
+    return {f, f + count, f + 2 * count, f + 3 * count, reinterpret_cast<int32_t*>(f + 4 * count)};
 }
 
 struct RowInputs
@@ -101,7 +99,7 @@ struct RowInputs
     int32_t gamma;
 };
 
-template <typename T, int ROWS, int VEC, bool MMA>
+template <typename T, int ROWS, int VEC, bool MMA, bool LOGPROBS>
 __global__ void __launch_bounds__(kThreads) verifyTilesKernel(T const* hidden, T const* lmHead, RowInputs in,
     VerifyWorkspace ws, int numRows, int hiddenSize, int vocabSize)
 {
@@ -126,7 +124,6 @@ __global__ void __launch_bounds__(kThreads) verifyTilesKernel(T const* hidden, T
     float const temperature = in.temperature[n];
     bool const greedy = temperature == 0.0f;
     float const scale = greedy ? 1.0f : temperature;
-    int64_t const excluded = i < in.gamma ? in.draftTokens[n * in.gamma + i] : -1;
     RowKeys const keys = rowKeys(in.seed[n], in.positions[n] + i, kStreamGumbel);
 
     int begin, end;
@@ -134,20 +131,11 @@ __global__ void __launch_bounds__(kThreads) verifyTilesKernel(T const* hidden, T
     Summary sum;
     streamVocab<T, ROWS, VEC, MMA>(hidden, smemHidden, smemRaw, lmHead, row0, numRows, begin, end, hiddenSize, vocabSize, [&](int v, float dot) {
         float const logit = __fdiv_rn(dot, scale); // IEEE division, as the reference
-        addLogit(sum.m, sum.s, logit);
-        bool const isDraft = v == excluded;
-        if (isDraft)
+        if constexpr (LOGPROBS)
         {
-            sum.draftLogit = logit;
+            addLogit(sum.m, sum.s, logit);
         }
-        if (greedy)
-        {
-            mergeBest(sum, logit, v, logit);
-        }
-        else if (!isDraft)
-        {
-            mergeBest(sum, logit + gumbelFromBits(tokenBits(keys, v)), v, logit);
-        }
+        mergeBest(sum, greedy ? logit : logit + gumbelFromBits(tokenBits(keys, v)), v, logit);
     });
     warpSummary[warp][lane] = sum;
     __syncthreads();
@@ -159,18 +147,22 @@ __global__ void __launch_bounds__(kThreads) verifyTilesKernel(T const* hidden, T
             for (int l = lane; l < 32; l += laneStride<ROWS, MMA>()) // the lanes that served this row
             {
                 Summary const& x = warpSummary[w][l];
-                mergeSoftmax(total.m, total.s, x.m, x.s);
-                total.draftLogit = fmaxf(total.draftLogit, x.draftLogit);
                 mergeBest(total, x.bestScore, x.bestIndex, x.bestLogit);
+                if constexpr (LOGPROBS)
+                {
+                    mergeSoftmax(total.m, total.s, x.m, x.s);
+                }
             }
         }
         size_t const slot = static_cast<size_t>(row0 + lane) * gridDim.y + blockIdx.y;
-        ws.m[slot] = total.m;
-        ws.s[slot] = total.s;
-        ws.draftLogit[slot] = total.draftLogit;
         ws.bestScore[slot] = total.bestScore;
-        ws.bestLogit[slot] = total.bestLogit;
         ws.bestIndex[slot] = total.bestIndex;
+        if constexpr (LOGPROBS)
+        {
+            ws.bestLogit[slot] = total.bestLogit;
+            ws.m[slot] = total.m;
+            ws.s[slot] = total.s;
+        }
     }
 }
 
@@ -183,73 +175,52 @@ __global__ void verifyFinalizeKernel(VerifyWorkspace ws, RowInputs in, int64_t* 
         return;
     }
     int const gamma = in.gamma;
-    bool const greedy = in.temperature[n] == 0.0f;
-    int k = 0;              // leading accepted drafts
-    bool rejected = false;
-    for (int i = 0; i <= gamma && !rejected; ++i)
+    int k = 0; // leading accepted drafts; rows 0 .. k are emitted
+    for (int i = 0; i <= gamma; ++i)
     {
-        size_t const base = (static_cast<size_t>(n) * (gamma + 1) + i) * numSplits;
-        // As the reference: m = max over splits, then s = sum of s_t exp(m_t - m).
-        float m = -INFINITY;
-        for (int t = 0; t < numSplits; ++t)
+        size_t const out = static_cast<size_t>(n) * (gamma + 1) + i;
+        if (i > k)
         {
-            m = fmaxf(m, ws.m[base + t]);
-        }
-        float s = 0.0f;
-        float draftLogit = -INFINITY;
-        Summary best;
-        for (int t = 0; t < numSplits; ++t)
-        {
-            if (ws.m[base + t] != -INFINITY)
+            tokens[out] = -1;
+            if (logprobs != nullptr)
             {
-                s += ws.s[base + t] * expf(ws.m[base + t] - m);
+                logprobs[out] = 0.0f;
             }
-            draftLogit = fmaxf(draftLogit, ws.draftLogit[base + t]);
-            if (ws.bestIndex[base + t] >= 0 && (best.bestIndex < 0 || ws.bestScore[base + t] > best.bestScore))
+            continue;
+        }
+        size_t const base = out * numSplits;
+        int t0 = 0; // y_i: the best split's candidate; splits ascend, so strict > keeps the lowest id
+        for (int t = 1; t < numSplits; ++t)
+        {
+            if (ws.bestIndex[base + t] >= 0
+                && (ws.bestIndex[base + t0] < 0 || ws.bestScore[base + t] > ws.bestScore[base + t0]))
             {
-                best.bestScore = ws.bestScore[base + t]; // splits ascend: strict > keeps the lowest id
-                best.bestIndex = ws.bestIndex[base + t];
-                best.bestLogit = ws.bestLogit[base + t];
+                t0 = t;
             }
         }
-        float const lse = m + logf(s);
-        bool accept = false;
-        if (i < gamma)
+        int64_t const y = ws.bestIndex[base + t0];
+        tokens[out] = y; // an accepted draft (x == y), or the recovered / bonus token
+        if (logprobs != nullptr)
         {
-            int64_t const draft = in.draftTokens[n * gamma + i];
-            if (greedy)
+            // As the reference: m = max over splits, then s = sum of s_t exp(m_t - m).
+            float m = -INFINITY;
+            for (int t = 0; t < numSplits; ++t)
             {
-                accept = draft == best.bestIndex;
+                m = fmaxf(m, ws.m[base + t]);
             }
-            else
+            float s = 0.0f;
+            for (int t = 0; t < numSplits; ++t)
             {
-                RowKeys const keys = rowKeys(in.seed[n], in.positions[n] + i, kStreamAccept);
-                accept = uniformFromBits(tokenBits(keys, 0)) <= expf(draftLogit - lse);
-            }
-            if (accept)
-            {
-                tokens[n * (gamma + 1) + i] = draft;
-                if (logprobs != nullptr)
+                if (ws.m[base + t] != -INFINITY)
                 {
-                    logprobs[n * (gamma + 1) + i] = draftLogit - lse;
+                    s += ws.s[base + t] * expf(ws.m[base + t] - m);
                 }
-                ++k;
-                continue;
             }
+            logprobs[out] = ws.bestLogit[base + t0] - (m + logf(s));
         }
-        tokens[n * (gamma + 1) + i] = best.bestIndex; // the recovered (or bonus) token
-        if (logprobs != nullptr)
+        if (i < gamma && in.draftTokens[n * gamma + i] == y)
         {
-            logprobs[n * (gamma + 1) + i] = best.bestLogit - lse;
-        }
-        rejected = true;
-    }
-    for (int j = k + 1; j <= gamma; ++j)
-    {
-        tokens[n * (gamma + 1) + j] = -1;
-        if (logprobs != nullptr)
-        {
-            logprobs[n * (gamma + 1) + j] = 0.0f;
+            ++k;
         }
     }
     numEmitted[n] = k + 1;
@@ -259,7 +230,7 @@ __global__ void verifyFinalizeKernel(VerifyWorkspace ws, RowInputs in, int64_t* 
 
 size_t getVerifyResampleWorkspaceSize(int32_t numRows, int32_t numSplits)
 {
-    return static_cast<size_t>(numRows) * numSplits * (5 * sizeof(float) + sizeof(int32_t));
+    return static_cast<size_t>(numRows) * numSplits * (4 * sizeof(float) + sizeof(int32_t));
 }
 
 cudaError_t invokeVerifyResample(VerifyResampleParams const& p, cudaStream_t stream)
@@ -276,9 +247,13 @@ cudaError_t invokeVerifyResample(VerifyResampleParams const& p, cudaStream_t str
     VerifyWorkspace const ws = verifyWorkspace(p.workspace, numRows, splits);
     RowInputs const in{p.draftTokens, p.temperature, p.seed, p.positions, p.gamma};
     cudaError_t const status = dispatch(p.dtype, plan, [&]<typename T, int ROWS, int VEC, bool MMA>() {
-        return launchTiles<T, ROWS, MMA>(verifyTilesKernel<T, ROWS, VEC, MMA>, numRows, p.hiddenSize, splits, stream,
-            static_cast<T const*>(p.hidden), static_cast<T const*>(p.lmHead), in, ws, static_cast<int>(numRows),
-            static_cast<int>(p.hiddenSize), static_cast<int>(p.vocabSize));
+        auto launch = [&](auto kernel) {
+            return launchTiles<T, ROWS, MMA>(kernel, numRows, p.hiddenSize, splits, stream,
+                static_cast<T const*>(p.hidden), static_cast<T const*>(p.lmHead), in, ws, static_cast<int>(numRows),
+                static_cast<int>(p.hiddenSize), static_cast<int>(p.vocabSize));
+        };
+        return p.logprobs != nullptr ? launch(verifyTilesKernel<T, ROWS, VEC, MMA, true>)
+                                     : launch(verifyTilesKernel<T, ROWS, VEC, MMA, false>);
     });
     if (status != cudaSuccess)
     {

@@ -111,12 +111,25 @@ def test_greedy_ties_go_to_the_lowest_index(backend):
     assert emitted.tolist() == [1, 3]
 
 
-def test_without_logprobs(backend):
-    case = _case(3, 2, 40, 111, 128, torch.float32, seed=11)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_without_logprobs(backend, dtype):
+    """Without log-probabilities the kernels skip the online softmax (a separate compiled
+    variant): same tokens as the reference, every outcome 1..γ+1 present."""
+    case = _case(24, 3, 40, 1000, 1024, dtype, seed=12)
     tokens, emitted = ops.verify_resample(*case, backend=backend)
     r_tokens, r_emitted = ops.verify_resample(*case, backend="reference")
     assert torch.equal(tokens, r_tokens)
     assert torch.equal(emitted, r_emitted)
+    assert set(r_emitted.tolist()) == {1, 2, 3, 4}
+
+
+def test_golden_coupled_rule_tokens(backend):
+    """The frozen tokens of tests/reference/test_verify_resample.py on this backend."""
+    from tests.reference import test_verify_resample as golden
+
+    case = make_case(7, 3, 8, 50, torch.float32, temperature=golden.MIXED_T, seed=11)
+    tokens, _ = ops.verify_resample(*(t.to(DEVICE) for t in case[:6]), case[6], backend=backend)
+    assert tokens.tolist() == golden.GOLDEN_TOKENS
 
 
 # ---- Triton-specific: launch configurations and workspaces the heuristic would not pick

@@ -5,6 +5,9 @@ distribution of row i is ``p_i = softmax(z_i / T)``, known in closed form. Each 
 ``N_SAMPLES`` = 20 000 independent steps (one per seed) and applies Pearson's chi-square test at
 level ``ALPHA`` = 1e-3 (tests/stats.py). Seeds are fixed, so the outcome is deterministic.
 
+The greedy-draft op uses the coupled rule: per row ``y = argmax(l + g)`` (Gumbel-max), drafts are
+accepted while they equal ``y``, and the step emits ``y_0 .. y_k``.
+
 Power: every case states the deviation of a named wrong sampler; ``test_wrong_samplers_are_caught``
 runs those wrong samplers through the same tests and requires rejection, and
 ``test_power_against_residual_bug`` computes the analytic power (noncentral chi-square).
@@ -18,13 +21,12 @@ import torch
 
 from flashspec_export import ops
 from flashspec_export.reference import noise, sampled_verify
-from flashspec_export.reference.sampled_verify import exponential_race
-from flashspec_export.reference.verify_resample import (
-    VerifyResult,
+from flashspec_export.reference.sampled_verify import (
     acceptance_uniform,
-    count_accepted,
+    exponential_race,
     select_emitted,
 )
+from flashspec_export.reference.verify_resample import VerifyResult, count_accepted
 from tests.stats import ALPHA, chi_square_pvalue, power
 
 N_SAMPLES = 20_000
@@ -193,48 +195,59 @@ def test_sampled_first_two_tokens_follow_two_step_sampling(temperature, case):
     assert chi_square_pvalue(pair_categories(result.tokens, result.num_emitted), expected) > ALPHA
 
 
-def test_sampled_with_one_hot_q_reproduces_greedy_draft_op():
-    """A one-hot q is a greedy draft: same noise streams, hence the same tokens."""
+def test_sampled_with_one_hot_q_has_the_greedy_draft_law():
+    """A one-hot q is a greedy draft: Leviathan's rule then has the greedy op's pair law (its
+    tokens differ: it accepts by a uniform of its own instead of coupling through y)."""
     rows = [CASES["peaked"], ROW1, ROW2]
     one_hot = [np.eye(VOCAB)[DRAFT], np.eye(VOCAB)[DRAFT1]]
     drafts, result = sampled_step(rows, one_hot, 1.0)
     assert bool((drafts == torch.tensor([DRAFT, DRAFT1])).all())
-    tokens, emitted = greedy_draft_step(rows, [DRAFT, DRAFT1], 1.0, "standard")
-    assert torch.equal(result.tokens, tokens) and torch.equal(result.num_emitted, emitted)
+    expected = pair_probs(softmax(rows[0], 1.0), softmax(ROW1, 1.0), np.eye(VOCAB)[DRAFT])
+    assert chi_square_pvalue(pair_categories(result.tokens, result.num_emitted), expected) > ALPHA
+    tokens, _ = greedy_draft_step(rows, [DRAFT, DRAFT1], 1.0, "standard")
+    assert not torch.equal(result.tokens, tokens)
 
 
 # --- the tests have power -------------------------------------------------------------------
 
 
+def _row_samples(logits, seeds, positions, stream=noise.STREAM_GUMBEL):
+    """``y_i = argmax_v (l_i,v + g_i,v)`` per row, noise keyed by (seed, position + i, v)."""
+    rows = positions[:, None] + torch.arange(logits.shape[1])  # [N, R]
+    g = noise.gumbel(seeds[:, None, None], rows[..., None], torch.arange(VOCAB), stream)
+    return (logits + g).argmax(dim=-1)  # [N, R]
+
+
 def _greedy_mutant(rows, drafts, temperature, mutation):
-    """Materialised greedy-draft verification with one deliberate bug."""
+    """Materialised greedy-draft verification (the coupled rule) with one deliberate bug."""
     n, gamma = N_SAMPLES, len(drafts)
-    logits = _hidden(rows) / temperature
-    p = torch.softmax(logits, dim=-1)
+    logits = _hidden(rows) / temperature  # [N, γ + 1, V]
     d = torch.tensor([drafts]).expand(n, -1)
     seeds, positions = torch.arange(n), torch.full((n,), 100)
-    p_rows = p[:, 1:] if mutation == "accept with the next row's p" else p[:, :gamma]
-    u = acceptance_uniform(seeds, positions, gamma)
-    accepted = u <= p_rows.gather(-1, d[..., None]).squeeze(-1)
-    residual = p[:, :gamma]
-    if mutation != "residual includes the draft":
-        residual = residual.scatter(-1, d[..., None], 0.0)
-    weights = torch.cat([residual, p[:, gamma:]], dim=1)
-    row_pos = positions[:, None] + torch.arange(gamma + 1)
-    stream = (
-        noise.STREAM_ACCEPT
-        if mutation == "gumbel reuses the accept stream"
-        else noise.STREAM_GUMBEL
-    )
-    candidates = exponential_race(weights, seeds, row_pos, stream)
+    y = _row_samples(logits, seeds, positions)  # [N, γ + 1]
+    accepted = d == y[:, :gamma]
+    emitted = y
+    if mutation == "accept by a separate uniform but emit the Gumbel argmax":
+        p_x = torch.softmax(logits[:, :gamma], dim=-1).gather(-1, d[..., None]).squeeze(-1)
+        accepted = acceptance_uniform(seeds, positions, gamma) <= p_x
+    elif mutation == "accept with the next row's sample":
+        accepted = d == y[:, 1:]
+    elif mutation == "one noise vector for every row":
+        token = torch.arange(VOCAB)
+        g = noise.gumbel(seeds[:, None, None], positions[:, None, None], token, noise.STREAM_GUMBEL)
+        emitted = (logits + g).argmax(dim=-1)  # row 0's noise on every row
+        accepted = d == emitted[:, :gamma]
+    elif mutation == "recovery redrawn from p":
+        emitted = _row_samples(logits, seeds, positions, noise.STREAM_DRAFT)
     k = count_accepted(accepted)
-    return select_emitted(k, d, candidates, -1), k + 1
+    return select_emitted(k, d, emitted, -1), k + 1
 
 
 GREEDY_MUTANTS = [
-    "residual includes the draft",  # resampling from p instead of the residual
-    "accept with the next row's p",  # off-by-one in the acceptance rule
-    "gumbel reuses the accept stream",  # correlated acceptance and resampling noise
+    "accept by a separate uniform but emit the Gumbel argmax",  # decoupled: x over-emitted
+    "accept with the next row's sample",  # off-by-one in the acceptance rule
+    "one noise vector for every row",  # positions share noise: rows correlated
+    "recovery redrawn from p",  # a rejection may emit the draft again
 ]
 
 

@@ -136,6 +136,66 @@ def test_golden_certain_accept_and_certain_reject():
         assert emitted.tolist() == [1] and int(tokens[0, 0]) in (1, 2)
 
 
+# Frozen from the reference when the coupled rule landed (regenerate only with a rule change):
+# make_case(7, 3, 8, 50, float32, temperature=MIXED_T, seed=11). Seeds and positions are random
+# int64s, so the noise vectors of tests/data decide these tokens; every outcome 1..4 occurs.
+GOLDEN_TOKENS = [
+    [42, 32, -1, -1],
+    [42, -1, -1, -1],
+    [46, 41, 5, -1],
+    [5, -1, -1, -1],
+    [17, 15, -1, -1],
+    [3, 47, 48, 9],
+    [2, -1, -1, -1],
+]
+
+
+@pytest.mark.parametrize("backend", ["reference", "standard"])
+def test_golden_coupled_rule_tokens(backend):
+    case = make_case(7, 3, 8, 50, torch.float32, temperature=MIXED_T, seed=11)
+    tokens, emitted, _ = _run(case, backend)
+    assert tokens.tolist() == GOLDEN_TOKENS
+    assert emitted.tolist() == [sum(t >= 0 for t in row) for row in GOLDEN_TOKENS]
+
+
+def test_every_emitted_token_is_its_positions_own_sample():
+    """The coupled rule: the token a step emits at row i is what a γ = 0 step at position
+    p + i emits from the same hidden row (its own Gumbel-max sample), whatever the drafts.
+    Drafts are set to those samples up to a per-sequence cut, so 1..γ+1 tokens are emitted."""
+    gamma, n = 5, 12
+    hidden, lm_head, _, _, seeds, positions, vocab = make_case(n, gamma, 16, 300, torch.float32)
+    temps = MIXED_T[:4].repeat(3)
+    samples = torch.stack(
+        [
+            ops.verify_resample(
+                hidden[:, i : i + 1],
+                lm_head,
+                torch.zeros(n, 0).long(),
+                temps,
+                seeds,
+                positions + i,
+                vocab,
+            )[0][:, 0]
+            for i in range(gamma + 1)
+        ],
+        dim=1,
+    )  # [N, γ + 1]
+    cut = torch.arange(n) % (gamma + 1)  # sequence n's drafts agree with the samples before cut
+    drafts = torch.where(
+        torch.arange(gamma)[None, :] < cut[:, None],
+        samples[:, :gamma],
+        (samples[:, :gamma] + 1) % vocab,
+    )
+    for backend in ("reference", "standard"):
+        tokens, emitted = ops.verify_resample(
+            hidden, lm_head, drafts, temps, seeds, positions, vocab, backend=backend
+        )
+        assert emitted.tolist() == (cut + 1).tolist()
+        for row in range(n):
+            k = int(emitted[row])
+            assert tokens[row, :k].tolist() == samples[row, :k].tolist()
+
+
 def test_gamma_zero_emits_only_the_bonus_token():
     rows = torch.tensor([[0.0, 8.0, 0.0]])
     tokens, emitted, logprobs = _one_hot_case(rows, [], 0.0)
