@@ -19,6 +19,8 @@ class NgramDrafter:
         """Nothing to update."""
 
     def propose_one(self, sequence: list[int], gamma: int) -> list[int]:
+        if gamma == 0:
+            return []
         for n in range(min(self.max_ngram, len(sequence) - 1), 0, -1):
             tail = sequence[-n:]
             for start in range(len(sequence) - n - 1, -1, -1):
@@ -29,4 +31,5 @@ class NgramDrafter:
 
     def propose(self, sequences: list[list[int]], gamma: int) -> torch.Tensor:
         """[N, γ] int64 drafts for N token lists."""
-        return torch.tensor([self.propose_one(s, gamma) for s in sequences], dtype=torch.int64)
+        drafts = [self.propose_one(s, gamma) for s in sequences]
+        return torch.tensor(drafts, dtype=torch.int64).reshape(len(sequences), gamma)
