@@ -95,14 +95,20 @@ def generate(
     steps, active_steps, emitted_total = 0, 0, 0
     total = prompt_len + max_new_tokens
     while min(len(s) for s in sequences) < total:
+        lengths = torch.tensor([len(s) for s in sequences])
+        active = lengths < total
         last = torch.tensor([s[-1] for s in sequences])[:, None]
         tokens = torch.cat([last, drafter.propose(sequences, gamma)], dim=1)  # [N, γ + 1]
-        step = target.step(tokens, positions, k, v, temperature, seed)
+        # Finished sequences idle at position 0: their cache is dead, and their writes (γ + 1
+        # slots from the step position, more in the drafter) stay inside the cache.
+        step_positions = torch.where(active, positions, 0)
+        step = target.step(tokens, step_positions, k, v, temperature, seed)
         emitted, num_emitted, _, hidden, k, v = step
-        # finished sequences idle: their position stays, so their cache writes stay in bounds
-        active = torch.tensor([len(s) < total for s in sequences])
         num_emitted = torch.where(active, num_emitted, 0)
-        drafter.update(positions, emitted, num_emitted.clamp(min=1), hidden)
+        finished = lengths + num_emitted >= total
+        drafter.update(
+            torch.where(finished, 0, positions), emitted, num_emitted.clamp(min=1), hidden
+        )
         for row, count in enumerate(num_emitted.tolist()):
             sequences[row].extend(emitted[row, :count].tolist())
         positions = positions + num_emitted

@@ -19,10 +19,24 @@ from flashspec_export.runtime.drafting import GraphDrafter
 from flashspec_export.runtime.loop import Graph, Target
 
 
-def torch_graph(module: torch.nn.Module) -> Graph:
+def torch_graph(
+    module: torch.nn.Module, device: str = "cpu", dtype: torch.dtype | None = None
+) -> Graph:
+    """A module as a callable on CPU tensors, run on ``device``: float tensors of rank >= 3
+    (hidden states, caches) are cast to ``dtype`` there, float outputs come back as fp32. Lower
+    ranks (temperature) keep their dtype."""
+
+    def to_device(t: torch.Tensor) -> torch.Tensor:
+        if dtype is not None and t.is_floating_point() and t.dim() >= 3:
+            return t.to(device, dtype)
+        return t.to(device)
+
+    def to_host(t: torch.Tensor) -> torch.Tensor:
+        return t.float().cpu() if t.is_floating_point() else t.cpu()
+
     @torch.no_grad()
     def run(*args):
-        return tuple(module(*args))
+        return tuple(to_host(out) for out in module(*(to_device(a) for a in args)))
 
     return run
 
@@ -38,17 +52,31 @@ def onnx_graph(session) -> Graph:
     return run
 
 
-def from_modules(modules: Modules, draft: str, batch: int, max_len: int):
-    """(Target, drafter) running the PyTorch modules with caches for ``batch`` x ``max_len``."""
+def from_modules(
+    modules: Modules,
+    draft: str,
+    batch: int,
+    max_len: int,
+    device: str = "cpu",
+    dtype: torch.dtype | None = None,
+):
+    """(Target, drafter) running the PyTorch modules with caches for ``batch`` x ``max_len``.
+
+    ``device`` / ``dtype``: where and in which float type the modules run (they are moved there;
+    the FlashSpec ops then take the Triton kernels on CUDA). The loop still hands CPU tensors.
+    """
+    for module in (modules.model, modules.target, modules.drafter):
+        if module is not None:
+            module.to(device=device, dtype=dtype)
     target = Target(
-        torch_graph(modules.target.step),
-        torch_graph(modules.target),
+        torch_graph(modules.target.step, device, dtype),
+        torch_graph(modules.target, device, dtype),
         modules.target.step.cache_shape(batch, max_len),
     )
     if modules.drafter is None:
         return target, NgramDrafter()
     drafter = GraphDrafter(
-        torch_graph(modules.drafter),
+        torch_graph(modules.drafter, device, dtype),
         modules.drafter.cache_shape(batch, max_len),
         features=draft != "model",
     )

@@ -13,6 +13,7 @@ pytest.importorskip("transformers")
 from flashspec_export.config import TargetConfig
 from flashspec_export.export.pipeline import ExportConfig, build_modules
 from flashspec_export.runtime import sessions
+from flashspec_export.runtime.invariance import compare_with_plain
 from flashspec_export.runtime.loop import generate
 
 GAMMA, NEW_TOKENS, BATCH, MAX_LEN = 3, 12, 3, 48
@@ -96,20 +97,17 @@ MUST_ACCEPT = ("model", "ngram")
 
 def _assert_speculation_invariant(draft, run):
     """``run(gamma, temperature, seeds)`` -> GenerationResult. For every γ and T (batch 3, three
-    seeds), the tokens equal the γ = 0 loop's; returns the mean tokens per step per (γ, T)."""
-    rates = {}
+    seeds per T), every sequence's tokens equal the γ = 0 loop's."""
+    cases = []
     for t_index, temperature in enumerate(INVARIANCE_TEMPERATURES):
         seeds = SEEDS + 10 * t_index
-        plain = run(0, temperature, seeds)
-        assert plain.mean_emitted == 1.0
-        for gamma in INVARIANCE_GAMMAS:
-            result = run(gamma, temperature, seeds)
-            assert result.tokens == plain.tokens, (draft, gamma, temperature)
-            rates[gamma, temperature] = result.mean_emitted
+        cases += compare_with_plain(run, INVARIANCE_GAMMAS, [temperature], seeds)
+    assert len(cases) == BATCH * len(INVARIANCE_GAMMAS) * len(INVARIANCE_TEMPERATURES)
+    assert [c for c in cases if not c.equal] == []
     if draft in MUST_ACCEPT:  # the multi-token path ran at every temperature
         for temperature in INVARIANCE_TEMPERATURES:
-            assert max(rates[g, temperature] for g in INVARIANCE_GAMMAS) > 1.0, rates
-    return rates
+            rates = [c.tokens_per_step for c in cases if c.temperature == temperature]
+            assert max(rates) > 1.0, (temperature, rates)
 
 
 @pytest.mark.parametrize("draft", ["ngram", "mtp", "eagle", "model"])
@@ -124,6 +122,22 @@ def test_speculation_does_not_change_the_text(draft, prompt, target_checkpoint):
         return generate(*runtime, prompt, NEW_TOKENS, gamma, temps, seeds)
 
     _assert_speculation_invariant(draft, run)
+
+
+@pytest.mark.parametrize("draft", MUST_ACCEPT)  # drafters that accept here: ragged finishes
+def test_a_cache_of_exactly_the_needed_length_holds_ragged_finishes(draft, target_checkpoint):
+    """Cache = prompt + new tokens + γ, the loop's stated need: sequences finish at different
+    steps (ragged acceptance) and the finished ones must write nothing out of bounds; the
+    tokens equal those of a run with a roomy cache."""
+    modules = build_modules(_config(draft, target_checkpoint))
+    prompt = torch.randint(0, 512, (BATCH, 4), generator=torch.Generator().manual_seed(1))
+    temps = torch.tensor([0.6, 1.0, 1.5])
+    results = []
+    for max_len in (4 + NEW_TOKENS + GAMMA, MAX_LEN):
+        runtime = sessions.from_modules(modules, draft, BATCH, max_len)
+        results.append(generate(*runtime, prompt, NEW_TOKENS, GAMMA, temps, SEEDS))
+    assert results[0].tokens == results[1].tokens
+    assert results[0].mean_emitted > 1.0  # drafts accepted: sequences finish at different steps
 
 
 def test_mtp_drafts_equal_drafting_from_scratch(prompt, target_checkpoint):
