@@ -1,18 +1,29 @@
 #!/usr/bin/env bash
-# The GPU session behind docs/BENCHMARKS.md's CUDA numbers and the GPU test logs: run from the
-# repository root on a CUDA machine with the kernel library built (cmake -S plugins -B plugins/build).
-# Writes logs and JSON to ${OUT:-gpu_out}.
+# The GPU session behind docs/BENCHMARKS.md and the GPU logs under docs/bench: run from the
+# repository root on a CUDA machine. Writes at most 8 files to ${OUT:-gpu_out}.
+#
+#   bash docs/bench/gpu_checks.sh tests              # install, build, GPU tests, sanitizer, invariance
+#   bash docs/bench/gpu_checks.sh bench [BEFORE]     # kernel sweep; BEFORE: an older tree, timed first
 set -uo pipefail
 out="${OUT:-gpu_out}"
 mkdir -p "$out"
-python3 -m pip install -q --no-build-isolation --no-deps -e . >/dev/null 2>&1
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$out/gpu.txt"
-# 1. Parity and exactness of the CUDA (and Triton) backends on the GPU.
-python3 -m pytest -q -s -x tests/parity tests/reference/test_exactness.py -k cuda \
-    > "$out/gpu_tests.log" 2>&1
-echo "tests rc=$?" >> "$out/gpu_tests.log"
-# 2. compute-sanitizer memcheck on small odd shapes (unaligned H, padded vocabulary, every dtype).
-compute-sanitizer --tool memcheck --error-exitcode 9 python3 - > "$out/sanitizer.log" 2>&1 <<'PY'
+rows="1 4 16 64 128 256 512"
+build() {  # $1: a repository root; builds its CUDA kernel library
+    cmake -S "$1/plugins" -B "$1/plugins/build" -DCMAKE_BUILD_TYPE=Release > /dev/null &&
+        cmake --build "$1/plugins/build" -j 16 > /dev/null
+}
+case "${1:-tests}" in
+tests)
+    python3 -m pip install -q --no-build-isolation --no-deps -e . > /dev/null 2>&1
+    build . || exit 1
+    log="$out/gpu_tests.log"
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$log"
+    python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$log"
+    # 1. Parity and exactness of the Triton and CUDA backends (statistical suite included).
+    python3 -m pytest -q -x -m "gpu or cuda_kernels" tests/parity tests/reference >> "$log" 2>&1
+    echo "tests rc=$?" >> "$log"
+    # 2. compute-sanitizer memcheck on odd shapes, with and without log-probabilities.
+    compute-sanitizer --tool memcheck --error-exitcode 9 python3 - >> "$log" 2>&1 <<'PY'
 import torch
 from flashspec_export import ops
 from tests.cases import make_case
@@ -20,13 +31,36 @@ for dtype in (torch.float32, torch.bfloat16, torch.float16):
     for n, gamma, h, v in ((3, 2, 40, 1000), (5, 0, 64, 777), (17, 4, 72, 3001), (2, 1, 37, 500)):
         case = make_case(n, gamma, h, v, dtype, padded_vocab=v + 13, seed=n)
         case = (*(t.cuda() for t in case[:6]), case[6])
-        ops.verify_resample(*case, return_logprobs=True, backend="cuda")
+        for logprobs in (True, False):
+            ops.verify_resample(*case, return_logprobs=logprobs, backend="cuda")
         ops.tiled_argmax(case[0][:, 0], case[1], case[6], backend="cuda")
 torch.cuda.synchronize()
 print("sanitizer run done")
 PY
-echo "sanitizer rc=$?" >> "$out/sanitizer.log"
-# 3. Side-by-side timing: Triton, CUDA, cuBLAS matmul, the materialised path.
-python3 scripts/bench_kernels.py --heads llama3-8b qwen3-8b --rows 1 4 16 64 256 \
-    --out "$out/bench_cuda.json" --plot "$out/bench_cuda.png" > "$out/bench_cuda.log" 2>&1
-echo "bench rc=$?" >> "$out/bench_cuda.log"
+    echo "sanitizer rc=$?" >> "$log"
+    # 3. Speculation vs plain decoding on the GPU (Triton kernels), bf16 and fp32.
+    for dtype in bfloat16 float32; do
+        python3 scripts/check_invariance.py --device cuda --dtype "$dtype" --batches 4 \
+            --out "$out/invariance_$dtype.json" 2>&1 | grep -v -i "warn\|loading\|writing" \
+            >> "$out/invariance.log"
+    done
+    ;;
+bench)
+    before="${2:-}"
+    if [ -n "$before" ]; then  # the older tree, installed beside this one and timed first
+        python3 -m pip install -q --no-build-isolation --no-deps --target /tmp/before "$before" \
+            > /dev/null 2>&1
+        build "$before" || exit 1
+        PYTHONPATH=/tmp/before FLASHSPEC_KERNELS_LIB="$before/plugins/build/libflashspec_kernels.so" \
+            python3 "$before/scripts/bench_kernels.py" --heads llama3-8b --rows $rows \
+            --providers verify_resample "verify_resample[cuda]" matmul \
+            --out "$out/bench_before.json" > "$out/bench.log" 2>&1
+        echo "before rc=$?" >> "$out/bench.log"
+    fi
+    python3 -m pip install -q --no-build-isolation --no-deps -e . > /dev/null 2>&1
+    build . || exit 1
+    python3 scripts/bench_kernels.py --heads llama3-8b --rows $rows \
+        --out "$out/bench.json" --plot "$out/bench.png" >> "$out/bench.log" 2>&1
+    echo "bench rc=$?" >> "$out/bench.log"
+    ;;
+esac
