@@ -97,7 +97,7 @@ def run_layers(layers, rotary, geometry, x, positions, k_cache, v_cache):
     n, t, _ = x.shape
     heads, kv_heads, d = geometry
     pos = positions[:, None] + torch.arange(t, device=x.device)  # [N, T]
-    cos, sin = rope(rotary, pos)
+    cos, sin = (t.to(x.dtype) for t in rope(rotary, pos))  # as HF: in the model's dtype
     key_pos = torch.arange(k_cache.shape[3], device=x.device)  # [S]
     visible = (key_pos[None, None, :] <= pos[:, :, None])[:, None]  # [N, 1, T, S]
     slots = pos[:, None, :, None].expand(n, kv_heads, t, d)  # [N, KV, T, D]
