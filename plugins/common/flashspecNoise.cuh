@@ -18,7 +18,6 @@ constexpr uint64_t kInit = 1234567891ULL;
 constexpr uint64_t kA = 362436069ULL;
 constexpr uint64_t kB = 521288629ULL;
 constexpr uint64_t kMix = 88675123ULL;
-constexpr uint64_t kStreamAccept = 0;
 constexpr uint64_t kStreamGumbel = 1;
 
 //! z mod P for z < 2^62.
