@@ -25,7 +25,7 @@ def verify_resample(
     backend: str = "reference",
     check_values: bool = True,
 ):
-    """Verify γ greedy drafts per sequence and emit the next tokens (DESIGN.md, VerifyResample).
+    """Verify γ greedy drafts per sequence and emit the next tokens (docs/DESIGN.md, VerifyResample).
 
     Parameters
     ----------

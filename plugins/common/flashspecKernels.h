@@ -29,7 +29,7 @@ struct TiledArgmaxParams
     int32_t numSplits;    // vocabulary splits (CTAs per row block); 0 = chosen from the SM count
 };
 
-//! VerifyResample: verify gamma greedy drafts and emit the next tokens (DESIGN.md contract).
+//! VerifyResample: verify gamma greedy drafts and emit the next tokens (docs/DESIGN.md contract).
 struct VerifyResampleParams
 {
     void const* hidden;          // [batch, gamma + 1, hiddenSize] of dtype

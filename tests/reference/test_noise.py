@@ -139,7 +139,7 @@ def test_independence_of_neighbours(other):
 
 def test_linear_mixing_would_be_caught():
     """The independence check has power: a plain multiply-add hash of the token id (the linear
-    mixing DESIGN.md warns about) fails it."""
+    mixing docs/DESIGN.md warns about) fails it."""
     token = np.arange(2**20 + 1, dtype=np.int64)
     u = ((token * 1_103_515_245 + 12_345) % noise.P // 256 * 2 + 1) * 2.0**-24
     with pytest.raises(AssertionError):
