@@ -47,7 +47,7 @@ def _schema(op_type: str) -> OpSchema:
         op_type,
         DOMAIN,
         DOMAIN_VERSION,
-        f"FlashSpec {op_type} (see docs/DESIGN.md); TensorRT resolves it to the plugin of that name.",
+        f"FlashSpec {op_type} (docs/DESIGN.md); TensorRT resolves it to the plugin of that name.",
         inputs=[param(name, type_str, f"{shape} {doc}") for name, type_str, shape, doc in inputs],
         outputs=[param(name, type_str, f"{shape} {doc}") for name, type_str, shape, doc in outputs],
         type_constraints=[("T", FLOATS, "hidden and LM-head dtype")],

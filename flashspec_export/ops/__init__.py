@@ -25,7 +25,8 @@ def verify_resample(
     backend: str = "reference",
     check_values: bool = True,
 ):
-    """Verify γ greedy drafts per sequence and emit the next tokens (docs/DESIGN.md, VerifyResample).
+    """Verify γ greedy drafts per sequence and emit the next tokens (VerifyResample in
+    docs/DESIGN.md): per position the Gumbel-max sample ``y``; drafts accepted while equal to it.
 
     Parameters
     ----------
