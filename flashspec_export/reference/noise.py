@@ -61,9 +61,10 @@ Backends without ``log1p`` (ONNX) may use ``log1p(y) = log(1 + y) * y / ((1 + y)
 
 Streams
 -------
-``STREAM_ACCEPT`` keys the acceptance uniform of a position (token id 0), ``STREAM_GUMBEL`` the
-residual / bonus Gumbel noise of a position (token id = vocabulary id), ``STREAM_DRAFT`` any
-draft-side sampling.
+``STREAM_GUMBEL`` keys the Gumbel noise of a position (token id = vocabulary id): the one sample
+per position that ``VerifyResample`` accepts drafts against and emits. ``STREAM_ACCEPT`` keys the
+acceptance uniform of the sampled-draft reference (Leviathan's rule, token id 0);
+``STREAM_DRAFT`` any draft-side sampling.
 """
 
 from __future__ import annotations
