@@ -58,16 +58,22 @@ def _sm_count(device_index: int) -> int:
 
 
 # Tuned on an H100 (Llama-3-8B head, bf16; scripts/tune_kernels.py, docs/BENCHMARKS.md): per op,
-# rows up to the key -> (BLOCK_N, BLOCK_V, num_warps, waves), waves = programs per SM along the
-# vocabulary (0: one tile per program). VerifyResample carries the Gumbel hash per logit, so it
-# wants fewer logits per thread than the plain argmax.
+# rows up to the key -> (BLOCK_N, BLOCK_V, num_warps, waves, num_stages), waves = programs per SM
+# along the vocabulary (0: one tile per program). VerifyResample carries the Gumbel hash per
+# logit, so it wants fewer logits per thread than the plain argmax; from 64 rows it wants a
+# deeper pipeline (docs/bench/tune_verify_large_h100.log: -12% at 128 rows, -13% at 512).
 TUNED = {
-    "verify_resample": ((16, (16, 128, 8, 2)), (32, (32, 128, 8, 0)), (None, (64, 64, 4, 2))),
+    "verify_resample": (
+        (16, (16, 128, 8, 2, 3)),
+        (32, (32, 128, 8, 0, 3)),
+        (128, (64, 64, 4, 2, 4)),
+        (None, (128, 64, 8, 2, 4)),
+    ),
     "tiled_argmax": (
-        (16, (16, 128, 8, 2)),
-        (32, (32, 128, 8, 2)),
-        (128, (128, 128, 8, 0)),
-        (None, (64, 256, 8, 0)),
+        (16, (16, 128, 8, 2, 3)),
+        (32, (32, 128, 8, 2, 3)),
+        (128, (128, 128, 8, 0, 3)),
+        (None, (64, 256, 8, 0, 3)),
     ),
 }
 
@@ -100,8 +106,9 @@ def choose_config(
         block_n = min(64, max(16, triton.next_power_of_2(rows)))
         block_v, num_warps, waves, sms = 512, 4, WAVES_PER_SM, _INTERPRETER_SMS
         block_h = min(128, max(16, triton.next_power_of_2(hidden_size)))
+        num_stages = 3
     else:
-        block_n, block_v, num_warps, waves = next(
+        block_n, block_v, num_warps, waves, num_stages = next(
             config for limit, config in TUNED[op] if limit is None or rows <= limit
         )
         block_h = 64 if sixteen_bit else 32
@@ -111,7 +118,7 @@ def choose_config(
     splits = tiles if waves == 0 else max(1, min(tiles, triton.cdiv(waves * sms, row_blocks)))
     # Even out the runs of tiles so that no split is empty.
     splits = triton.cdiv(tiles, triton.cdiv(tiles, splits))
-    return KernelConfig(block_n, block_v, block_h, splits, num_warps, num_stages=3)
+    return KernelConfig(block_n, block_v, block_h, splits, num_warps, num_stages)
 
 
 def check_device(hidden: torch.Tensor) -> None:

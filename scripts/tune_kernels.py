@@ -23,20 +23,21 @@ from flashspec_export.kernels.verify_resample import verify_resample as triton_v
 
 
 def candidates(rows: int, vocab: int, sms: int):
-    """Row block from the row count (and 64 for large counts), three tile widths, 4 or 8
-    warps, and splits for two waves or one tile per program."""
+    """Row block from the row count (and 64 / 128, GEMM-shaped, for 64 rows and more), three
+    tile widths, 4 or 8 warps, 3 or 4 pipeline stages, and splits for two waves or one tile
+    per program."""
     base = max(16, min(128, triton.next_power_of_2(rows)))
-    row_blocks_options = sorted({base, 64}) if rows >= 128 else [base]
-    for block_n, block_v, warps, waves in itertools.product(
-        row_blocks_options, (64, 128, 256), (4, 8), (2, 0)
+    row_blocks_options = sorted({base, 64, 128}) if rows >= 64 else [base]
+    for block_n, block_v, warps, stages, waves in itertools.product(
+        row_blocks_options, (64, 128, 256), (4, 8), (3, 4), (2, 0)
     ):
-        if block_n * block_v > 16384:
+        if block_n * block_v > 32768 or (block_n * block_v > 8192 and warps == 4):
             continue
         tiles = triton.cdiv(vocab, block_v)
         row_blocks = triton.cdiv(rows, block_n)
         splits = tiles if waves == 0 else min(tiles, triton.cdiv(waves * sms, row_blocks))
         splits = triton.cdiv(tiles, triton.cdiv(tiles, splits))
-        yield KernelConfig(block_n, block_v, 64, splits, warps, 3)
+        yield KernelConfig(block_n, block_v, 64, splits, warps, stages)
 
 
 def main() -> None:
@@ -44,6 +45,12 @@ def main() -> None:
     parser.add_argument("--head", default="llama3-8b")
     parser.add_argument("--rows", nargs="+", type=int, default=[4, 32, 128, 512])
     parser.add_argument("--out", default="tune.json")
+    parser.add_argument(
+        "--ops",
+        nargs="+",
+        default=["verify_resample", "tiled_argmax"],
+        choices=["verify_resample", "tiled_argmax"],
+    )
     args = parser.parse_args()
     shape = HeadShape.from_name(args.head)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -65,7 +72,7 @@ def main() -> None:
         matmul = functools.partial(torch.matmul, flat, lm_head.T)
         matmul_us[rows] = statistics.median(time_graph(matmul, 30, 3))
         for config in candidates(rows, shape.vocab_size, sms):
-            for op in ("verify_resample", "tiled_argmax"):
+            for op in args.ops:
                 if op == "verify_resample":
                     fn = functools.partial(
                         triton_verify,
@@ -97,7 +104,7 @@ def main() -> None:
         json.dump(dict(head=args.head, matmul_us=matmul_us, results=results), f, indent=1)
     print("\nbest per row count:")
     for rows in args.rows:
-        for op in ("verify_resample", "tiled_argmax"):
+        for op in args.ops:
             mine = [r for r in results if r["rows"] == rows and r["op"] == op]
             if mine:
                 best = min(mine, key=lambda r: r["us"])
