@@ -114,12 +114,16 @@ size_t getTiledArgmaxWorkspaceSize(int32_t numRows, int32_t numSplits)
 cudaError_t invokeTiledArgmax(TiledArgmaxParams const& p, cudaStream_t stream)
 {
     if (p.numRows <= 0 || p.hiddenSize <= 0 || p.vocabSize <= 0 || !validDtype(p.dtype)
-        || !hiddenFits(p.hiddenSize, p.dtype) || p.numSplits < 0)
+        || p.numSplits < 0)
     {
         return cudaErrorInvalidValue;
     }
     LaunchPlan const plan
         = planLaunch(p.hidden, p.lmHead, p.numRows, p.hiddenSize, p.vocabSize, p.dtype, p.numSplits);
+    if (!plan.mma && !hiddenFits(p.hiddenSize, p.dtype))
+    {
+        return cudaErrorInvalidValue; // the FMA path stages hidden rows in shared memory; the tensor-core path does not
+    }
     int32_t const splits = plan.splits;
     ArgmaxWorkspace const ws = argmaxWorkspace(p.workspace, p.numRows, splits);
     cudaError_t const status = dispatch(p.dtype, plan, [&]<typename T, int ROWS, int VEC, bool MMA>() {

@@ -237,12 +237,16 @@ cudaError_t invokeVerifyResample(VerifyResampleParams const& p, cudaStream_t str
 {
     int64_t const numRows64 = static_cast<int64_t>(p.batch) * (p.gamma + 1);
     if (p.batch <= 0 || p.gamma < 0 || numRows64 > (1 << 30) || p.hiddenSize <= 0 || p.vocabSize <= 0
-        || !validDtype(p.dtype) || !hiddenFits(p.hiddenSize, p.dtype) || p.numSplits < 0)
+        || !validDtype(p.dtype) || p.numSplits < 0)
     {
         return cudaErrorInvalidValue;
     }
     int32_t const numRows = static_cast<int32_t>(numRows64);
     LaunchPlan const plan = planLaunch(p.hidden, p.lmHead, numRows, p.hiddenSize, p.vocabSize, p.dtype, p.numSplits);
+    if (!plan.mma && !hiddenFits(p.hiddenSize, p.dtype))
+    {
+        return cudaErrorInvalidValue; // the FMA path stages hidden rows in shared memory; the tensor-core path does not
+    }
     int32_t const splits = plan.splits;
     VerifyWorkspace const ws = verifyWorkspace(p.workspace, numRows, splits);
     RowInputs const in{p.draftTokens, p.temperature, p.seed, p.positions, p.gamma};

@@ -192,3 +192,12 @@ def test_triton_refuses_cpu_tensors_outside_the_interpreter(monkeypatch):
     hidden, lm_head, drafts, temps, seeds, positions, _ = make_case(2, 1, 8, 16, torch.float32)
     with pytest.raises(ValueError, match="hidden: the triton backend needs CUDA tensors"):
         ops.verify_resample(hidden, lm_head, drafts, temps, seeds, positions, backend="triton")
+
+
+@pytest.mark.cuda_kernels
+def test_cuda_tensor_core_path_takes_a_hidden_size_beyond_shared_memory():
+    """bf16 with H = 90112 (176 KB a row, a multiple of the k chunk): the tensor-core path
+    stages no hidden rows, so it must not be refused for the FMA path's shared-memory limit."""
+    runnable("cuda")
+    case = _case(2, 1, 90112, 300, 320, torch.bfloat16, seed=5)
+    _assert_parity(case, "cuda")
