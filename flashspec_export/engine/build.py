@@ -1,20 +1,24 @@
-"""Build TensorRT engines from an export's graphs with ``polygraphy convert``.
+"""Build TensorRT engines from an export's graphs (the TensorRT Python API, in process).
 
-Works with full TensorRT (where the FlashSpec plugins resolve the custom nodes) and with
-TensorRT-RTX (``POLYGRAPHY_USE_TENSORRT_RTX=1``: no plugins, the parser inlines the function
-bodies; its parser and builder run on a CPU-only machine). Dynamic token axes get a profile
-1 .. the cache length; the engines go to ``<export>/engines/<graph>.engine``.
+Works with full TensorRT and with TensorRT-RTX (its parser and builder run on a CPU-only
+machine; its engines run on RTX GPUs, not on Hopper). The FlashSpec plugin library
+(``engine/plugins.py``) is loaded for every build where it exists, and the build fails when a
+``flashspec`` node was not resolved to a plugin layer. Without the library the parser inlines
+the ops' function bodies (exact, but materialised): the default for TensorRT-RTX, and for full
+TensorRT only when asked (``function_bodies=True``). Dynamic token axes get a profile 1 .. the
+cache length; the engines go to ``<export>/engines/<graph>.engine``.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import logging
-import os
 import pathlib
-import subprocess
+from dataclasses import dataclass
 
 from flashspec_export.config import ConfigError
+from flashspec_export.engine import plugins
 from flashspec_export.runtime.sessions import read_manifest
 
 logger = logging.getLogger(__name__)
@@ -46,26 +50,59 @@ def profile(io: list[dict], max_tokens: int) -> dict[str, tuple[tuple[int, ...],
     return shapes
 
 
-def polygraphy_command(directory, manifest: dict, graph: str, engine: pathlib.Path) -> list[str]:
-    """``polygraphy convert`` of ``graph`` (e.g. "target_step") of the export in ``directory``
-    described by ``manifest``."""
-    entry = manifest["graphs"][graph]
-    source = pathlib.Path(directory) / entry["file"]
-    command = ["polygraphy", "convert", str(source), "-o", str(engine)]
-    shapes = profile(entry["inputs"], manifest["config"]["max_len"])
-    dynamic = {name: s for name, s in shapes.items() if s[0] != s[2]}
-    flags = ("--trt-min-shapes", "--trt-opt-shapes", "--trt-max-shapes")
-    if dynamic:
-        for index, flag in enumerate(flags):
-            command.append(flag)
-            command += [f"{name}:[{','.join(map(str, s[index]))}]" for name, s in dynamic.items()]
-    return command
+@dataclass(frozen=True)
+class EngineReport:
+    """What one engine build did."""
+
+    path: pathlib.Path
+    layers: int  # layers of the parsed network
+    plugin_layers: tuple[str, ...]  # its PLUGIN_V3 layers (the flashspec nodes, when resolved)
+    flashspec_nodes: int  # flashspec nodes in the ONNX graph
 
 
-def build_engines(directory, graphs=None, force: bool = False) -> dict[str, pathlib.Path]:
-    """Build the engines of ``graphs`` (default: all) of an export; returns name -> engine path.
+def _flashspec_nodes(path: pathlib.Path) -> int:
+    import onnx
 
-    An existing engine is kept unless ``force``. Uses TensorRT when installed, else TensorRT-RTX.
+    model = onnx.load(str(path), load_external_data=False)
+    return sum(node.domain == plugins.PLUGIN_NAMESPACE for node in model.graph.node)
+
+
+def _build_one(trt, source: pathlib.Path, shapes: dict, engine: pathlib.Path, with_plugins: bool):
+    log = trt.Logger(trt.Logger.ERROR)
+    builder = trt.Builder(log)
+    network = builder.create_network(0)
+    parser = trt.OnnxParser(network, log)
+    if not parser.parse_from_file(str(source)):
+        errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
+        raise RuntimeError(f"{source.name}: the TensorRT ONNX parser failed: {errors}")
+    layers = [network.get_layer(i) for i in range(network.num_layers)]
+    plugin_layers = tuple(layer.name for layer in layers if layer.type == trt.LayerType.PLUGIN_V3)
+    nodes = _flashspec_nodes(source)
+    if with_plugins and len(plugin_layers) != nodes:
+        raise RuntimeError(
+            f"{source.name}: {nodes} flashspec node(s) but {len(plugin_layers)} plugin layer(s): "
+            "a node fell back to its function body (is the plugin library current?)"
+        )
+    config = builder.create_builder_config()
+    profile = builder.create_optimization_profile()
+    for name, (low, opt, high) in shapes.items():
+        profile.set_shape(name, low, opt, high)
+    config.add_optimization_profile(profile)
+    serialized = builder.build_serialized_network(network, config)
+    if serialized is None:
+        raise RuntimeError(f"{source.name}: the TensorRT builder failed")
+    engine.write_bytes(bytes(serialized))
+    return EngineReport(engine, len(layers), plugin_layers, nodes)
+
+
+def build_engines(
+    directory, graphs=None, force: bool = False, function_bodies: bool = False
+) -> dict[str, EngineReport]:
+    """Build the engines of ``graphs`` (default: all) of an export; returns name -> report.
+
+    An existing engine is kept unless ``force``. Uses TensorRT when installed, else
+    TensorRT-RTX. ``function_bodies``: build the ops' function bodies even where the plugin
+    library exists (the materialised path).
     """
     directory = pathlib.Path(directory)
     manifest = read_manifest(directory)
@@ -80,17 +117,32 @@ def build_engines(directory, graphs=None, force: bool = False) -> dict[str, path
         raise FileExistsError(
             f"out: {out} already has {', '.join(existing)}; pass --force to rebuild them"
         )
-    env = dict(os.environ)
-    if tensorrt_flavour() == "tensorrt_rtx":
-        env["POLYGRAPHY_USE_TENSORRT_RTX"] = "1"
+    flavour = tensorrt_flavour()
+    library = None if function_bodies else plugins.library_path()
+    if library is None and not function_bodies and flavour == "tensorrt":
+        raise ConfigError(
+            f"plugins: TensorRT needs the FlashSpec plugin library ({plugins.DEFAULT_LIBRARY} or "
+            f"${plugins.LIBRARY_ENV}); pass --function-bodies to build the materialised bodies"
+        )
+    trt = importlib.import_module(flavour)
+    if library is not None:
+        creators = plugins.register(trt, library)
+        logger.info("%s: plugins %s from %s", flavour, ", ".join(creators), library)
+    else:
+        why = "as asked" if function_bodies else "no plugin library"
+        logger.info("%s: %s, the flashspec function bodies are inlined", flavour, why)
     out.mkdir(exist_ok=True)
-    engines = {}
+    reports = {}
     for name in names:
+        entry = manifest["graphs"][name]
+        shapes = profile(entry["inputs"], manifest["config"]["max_len"])
         engine = out / f"{name}.engine"
-        command = polygraphy_command(directory, manifest, name, engine)
-        logger.info("%s", " ".join(command))
-        result = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
-        if result.returncode != 0:
-            raise RuntimeError(f"{name}: polygraphy convert failed:\n{result.stdout[-3000:]}")
-        engines[name] = engine
-    return engines
+        source = directory / entry["file"]
+        reports[name] = _build_one(trt, source, shapes, engine, library is not None)
+        logger.info(
+            "%s: %d layers, plugin layers %s",
+            name,
+            reports[name].layers,
+            list(reports[name].plugin_layers),
+        )
+    return reports

@@ -1,0 +1,79 @@
+"""Engine builds with the FlashSpec plugin library: TensorRT-RTX (CPU) resolves the exported
+``flashspec`` nodes to the plugins' PLUGIN_V3 layers, and a node that falls back to its function
+body fails the build. Each build runs in its own process (the plugin registry is global)."""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from flashspec_export.config import ConfigError
+from flashspec_export.engine import build, plugins
+from flashspec_export.export.pipeline import ExportConfig, export
+
+ROOT = pathlib.Path(__file__).parents[2]
+HOW = "cmake -S plugins -B plugins/build -DTENSORRT_INCLUDE_DIR=<TensorRT 10.16+>/include"
+
+
+def _script(*args):
+    command = [sys.executable, "scripts/build_engines.py", *map(str, args)]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def exported_mtp(tmp_path_factory):
+    pytest.importorskip("tensorrt_rtx", reason="needs TensorRT-RTX (pip install tensorrt-rtx)")
+    if plugins.library_path() is None:
+        pytest.skip(f"needs the plugin library: {HOW}")
+    out = tmp_path_factory.mktemp("engine-plugins")
+    export(ExportConfig(draft="mtp", out=str(out), batch=2, max_len=32))
+    return out
+
+
+def test_flashspec_nodes_become_plugin_layers(exported_mtp):
+    result = _script(exported_mtp, "--graphs", "target_step", "drafter_mtp")
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = dict(line.split(": ", 1) for line in result.stdout.splitlines())
+    assert "plugins: node_verify_resample" in lines["target_step"]
+    assert "plugins: node_tiled_argmax" in lines["drafter_mtp"]
+    bodies = _script(exported_mtp, "--graphs", "target_step", "--force", "--function-bodies")
+    assert bodies.returncode == 0, bodies.stderr[-3000:]
+    assert "plugins: none (function bodies inlined)" in bodies.stdout
+
+
+def test_a_node_that_falls_back_to_its_body_fails_the_build(exported_mtp, tmp_path):
+    """plugin_version "2" matches no registered creator: the parser inlines the body, and the
+    build must say so instead of silently building the materialised path."""
+    import shutil
+
+    import onnx
+
+    shutil.copytree(exported_mtp, tmp_path / "export", ignore=shutil.ignore_patterns("engines"))
+    path = tmp_path / "export" / "target_step.onnx"
+    model = onnx.load(str(path))
+    node = next(n for n in model.graph.node if n.domain == plugins.PLUGIN_NAMESPACE)
+    next(a for a in node.attribute if a.name == "plugin_version").s = b"2"
+    onnx.save(model, str(path))
+    result = _script(tmp_path / "export", "--graphs", "target_step")
+    assert result.returncode != 0
+    assert "1 flashspec node(s) but 0 plugin layer(s)" in result.stderr
+
+
+def test_full_tensorrt_without_the_library_is_refused(monkeypatch, tmp_path):
+    """Full TensorRT would silently inline the bodies: without the library the build stops
+    before anything is written, and says how to get the library or ask for the bodies."""
+    export(ExportConfig(draft="ngram", out=str(tmp_path), max_len=16))
+    monkeypatch.setattr(build, "tensorrt_flavour", lambda: "tensorrt")
+    monkeypatch.setattr(plugins, "library_path", lambda: None)
+    with pytest.raises(ConfigError, match=r"plugins: TensorRT needs the FlashSpec plugin library"):
+        build.build_engines(tmp_path)
+    assert not (tmp_path / "engines").exists()
+
+
+def test_a_plugin_library_path_that_names_no_file_is_an_error(monkeypatch, tmp_path):
+    monkeypatch.setenv(plugins.LIBRARY_ENV, str(tmp_path / "missing.so"))
+    with pytest.raises(ConfigError, match=r"FLASHSPEC_PLUGINS_LIB: .*missing.so is not a file"):
+        plugins.library_path()
