@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 
+import torch
+
 from flashspec_export.benchmark import PROVIDERS, BenchConfig, markdown, run, write_report
 from flashspec_export.config import HEAD_SHAPES
 
@@ -27,6 +29,8 @@ def main() -> None:
     parser.add_argument("--out", default="bench_kernels.json", help="JSON report path")
     parser.add_argument("--plot", default=None, help="PNG plot path")
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        parser.exit(2, "error: needs a CUDA GPU (torch.cuda.is_available() is False)\n")
     config = BenchConfig(
         heads=tuple(args.heads),
         rows=tuple(args.rows),

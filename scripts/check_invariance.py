@@ -42,6 +42,8 @@ def main() -> None:
     add("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     add("--out", default=None, help="JSON report path")
     args = parser.parse_args()
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error(f"--device: {args.device} asked for, but torch.cuda.is_available() is False")
     if min(args.gammas) < 1:
         parser.error(f"--gammas: expected values >= 1 (γ = 0 is the reference), got {args.gammas}")
 

@@ -30,6 +30,8 @@ def main() -> None:
     parser.add_argument("--gamma", type=int, default=3)
     parser.add_argument("--out", default="tune_cuda.json")
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        parser.exit(2, "error: needs a CUDA GPU (torch.cuda.is_available() is False)\n")
     shape = HeadShape.from_name(args.head)
     h, vocab = shape.hidden_size, shape.vocab_size
     lm_head = (torch.randn(shape.padded_vocab, h, device="cuda") * h**-0.5).bfloat16()

@@ -52,6 +52,8 @@ def main() -> None:
         choices=["verify_resample", "tiled_argmax"],
     )
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        parser.exit(2, "error: needs a CUDA GPU (torch.cuda.is_available() is False)\n")
     shape = HeadShape.from_name(args.head)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     lm_head = torch.randn(

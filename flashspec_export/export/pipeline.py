@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import pathlib
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import onnx
 import torch
@@ -33,6 +33,13 @@ from flashspec_export.onnx import functions, translation
 logger = logging.getLogger(__name__)
 
 DRAFTERS = ("mtp", "eagle", "model", "ngram")
+# (field, lowest, highest) of the sizes an export takes; gamma 0 is the non-speculative step.
+LIMITS = (
+    ("gamma", 0, 64),
+    ("batch", 1, 4096),
+    ("max_len", 2, 1 << 20),
+    ("seed", 0, 2**63 - 1),
+)
 EXTERNAL_DATA_BYTES = 2**31 - 2**20  # protobuf's 2 GB limit, with headroom
 
 
@@ -61,18 +68,37 @@ def load_target(spec: str, seed: int) -> torch.nn.Module:
         )
     if not (path / "config.json").is_file():
         raise ConfigError(f"target: {path} has no config.json (expected a Hugging Face checkpoint)")
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ConfigError(f"target: {path}/config.json is not valid JSON ({error})") from error
+    if not isinstance(config, dict) or "model_type" not in config:
+        raise ConfigError(f"target: {path}/config.json has no model_type (not a HF config)")
+    weights = [*path.glob("*.safetensors"), *path.glob("*.bin")]
+    if not weights:
+        raise ConfigError(f"target: {path} has no weights (*.safetensors or *.bin)")
     import transformers
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        path, dtype=torch.float32, local_files_only=True
-    )
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            path, dtype=torch.float32, local_files_only=True
+        )
+    except (OSError, ValueError, KeyError) as error:
+        raise ConfigError(f"target: {path} could not be loaded as a causal LM ({error})") from error
     return model.eval()
 
 
 def load_draft_weights(drafter: torch.nn.Module, path: str) -> None:
     """Load the drafter's own weights; shared target weights may be absent. Unknown names and
     shapes that do not fit the target (hidden size, vocabulary) are refused by name."""
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    if not pathlib.Path(path).is_file():
+        raise ConfigError(f"draft-weights: {path} is not a file (expected a torch state dict)")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # torch raises many types for a file that is no state dict
+        raise ConfigError(f"draft-weights: {path} is not a torch state dict ({error})") from error
+    if not isinstance(state, dict) or not all(isinstance(t, torch.Tensor) for t in state.values()):
+        raise ConfigError(f"draft-weights: {path} holds no {{name: tensor}} state dict")
     expected = drafter.state_dict()
     unknown = sorted(set(state) - set(expected))
     if unknown:
@@ -98,7 +124,11 @@ class Modules:
 
 def build_modules(config: ExportConfig) -> Modules:
     """The target and drafter modules of ``config`` (presets: random weights from the seed)."""
-    _check_drafter(config)
+    validate(config)
+    return _build_modules(config)
+
+
+def _build_modules(config: ExportConfig) -> Modules:
     model = load_target(config.target, config.seed)
     drafter = None
     if config.draft in ("mtp", "eagle"):
@@ -109,31 +139,49 @@ def build_modules(config: ExportConfig) -> Modules:
     elif config.draft == "model":
         draft_lm = load_target(config.draft_model, config.seed + 1)
         drafter = ModelDrafter(draft_lm, model.config.vocab_size)
-    return Modules(model, SpeculativeTarget(model), drafter and drafter.eval())
+    max_positions = getattr(model.config, "max_position_embeddings", None)
+    if max_positions is not None and config.max_len > max_positions:
+        raise ConfigError(
+            f"max_len: {config.max_len} exceeds the target's {max_positions} positions"
+        )
+    return Modules(model.eval(), SpeculativeTarget(model).eval(), drafter and drafter.eval())
 
 
-def _check_drafter(config: ExportConfig) -> None:
+def validate(config: ExportConfig) -> None:
+    """Refuse a config that cannot be exported, before any model is loaded (ConfigError)."""
     if config.draft not in DRAFTERS:
         raise ConfigError(f"draft: unknown drafter {config.draft!r}; expected one of {DRAFTERS}")
     if config.draft == "model" and not config.draft_model:
         raise ConfigError("draft-model: --draft model needs --draft-model (a preset or directory)")
+    if config.draft_model and config.draft != "model":
+        raise ConfigError(f"draft-model: only --draft model takes it (got --draft {config.draft})")
+    if config.draft_weights and config.draft not in ("mtp", "eagle"):
+        raise ConfigError(
+            f"draft-weights: only --draft mtp or eagle takes them (got --draft {config.draft})"
+        )
 
-
-def _check(config: ExportConfig) -> pathlib.Path:
-    """The sizes and the output directory (the drafter is checked by build_modules)."""
-    for name in ("gamma", "batch", "max_len"):
-        if getattr(config, name) < (0 if name == "gamma" else 1):
-            raise ConfigError(f"{name}: expected a positive value, got {getattr(config, name)}")
+    for name, low, high in LIMITS:
+        value = getattr(config, name)
+        if not low <= value <= high:
+            raise ConfigError(f"{name}: expected {low} <= {name} <= {high}, got {value}")
     if config.gamma + 2 > config.max_len:
         raise ConfigError(
             f"max_len: {config.max_len} cannot hold a token and gamma + 1 = {config.gamma + 1} more"
         )
+
+
+def _output_dir(config: ExportConfig) -> pathlib.Path:
     out = pathlib.Path(config.out)
     if out.exists() and any(out.iterdir()) and not config.force:
         raise FileExistsError(
             f"out: {out} exists and is not empty; pass --force to overwrite the export there"
         )
     return out
+
+
+def _resolved(spec: str) -> str:
+    """A preset name as is; a directory as an absolute path."""
+    return spec if spec in TARGET_PRESETS else str(pathlib.Path(spec).resolve())
 
 
 def _io(values) -> list[dict]:
@@ -169,8 +217,16 @@ def _save(model: onnx.ModelProto, path: pathlib.Path) -> dict:
 
 def export(config: ExportConfig) -> dict:
     """Export the graphs of ``config`` into ``config.out``; returns the manifest."""
-    out = _check(config)
-    modules = build_modules(config)
+    validate(config)
+    out = _output_dir(config)
+    # Directories are recorded absolute, so the manifest works from any working directory.
+    config = replace(
+        config,
+        target=_resolved(config.target),
+        draft_model=config.draft_model and _resolved(config.draft_model),
+        draft_weights=config.draft_weights and str(pathlib.Path(config.draft_weights).resolve()),
+    )
+    modules = _build_modules(config)
     model, target, drafter = modules.model, modules.target, modules.drafter
     b, s = config.batch, config.max_len
     zeros = torch.zeros(b, dtype=torch.int64)

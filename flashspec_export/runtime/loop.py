@@ -77,6 +77,14 @@ def generate(
     temperature : [N] float32 (0: greedy); seed : [N] int64
     """
     n, prompt_len = prompt.shape
+    if max_new_tokens < 1:
+        raise ConfigError(f"new_tokens: expected at least 1, got {max_new_tokens}")
+    if gamma < 0:
+        raise ConfigError(f"gamma: expected >= 0, got {gamma}")
+    finite = temperature.shape == (n,) and bool(torch.isfinite(temperature).all())
+    if not finite or bool((temperature < 0).any()):
+        values = temperature.tolist()
+        raise ConfigError(f"temperature: expected {n} finite values >= 0 (0: greedy), got {values}")
     if n != target.batch:
         raise ConfigError(f"prompt: expected {target.batch} sequences (the batch), got {n}")
     if prompt_len < 2:

@@ -3,12 +3,14 @@ the PyTorch modules it was exported from (same prompts, temperatures and seeds).
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
 import torch
 
 from flashspec_export.config import ConfigError
+from flashspec_export.reference.noise import MAX_SEED
 from flashspec_export.runtime import sessions
 from flashspec_export.runtime.loop import GenerationResult, generate
 
@@ -41,12 +43,20 @@ def run(config: RunConfig) -> RunReport:
     """Generate ``new_tokens`` per sequence (the export's batch) from random prompts."""
     if config.prompt_len < 2:
         raise ConfigError(f"prompt_len: expected at least 2, got {config.prompt_len}")
+    if config.new_tokens < 1:
+        raise ConfigError(f"new_tokens: expected at least 1, got {config.new_tokens}")
+    if not (math.isfinite(config.temperature) and config.temperature >= 0):
+        raise ConfigError(f"temperature: expected a finite value >= 0, got {config.temperature}")
+    if not 0 <= config.seed <= MAX_SEED:
+        raise ConfigError(f"seed: expected 0 <= seed <= {MAX_SEED}, got {config.seed}")
     manifest = sessions.read_manifest(config.export_dir)
     target, drafter = sessions.from_export(config.export_dir)
     g = torch.Generator().manual_seed(config.seed)
     shape = (target.batch, config.prompt_len)
     prompt = torch.randint(0, manifest["vocab_size"], shape, generator=g)
     temperature = torch.full((target.batch,), config.temperature)
+    if config.seed + target.batch - 1 > MAX_SEED:  # sequence i uses seed + i
+        raise ConfigError(f"seed: {config.seed} + batch {target.batch} - 1 exceeds {MAX_SEED}")
     seeds = torch.arange(target.batch, dtype=torch.int64) + config.seed
     args = (prompt, config.new_tokens, manifest["gamma"], temperature, seeds)
     start = time.perf_counter()

@@ -1,0 +1,135 @@
+"""Bad input at the scripts: one line naming the argument, what it got and what it expects, exit
+status 2, before any expensive work. Each case runs the real script in process (runpy) and
+reads its stderr; the export cases stop at validation, so no model is built."""
+
+from __future__ import annotations
+
+import pathlib
+import runpy
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+SCRIPTS = pathlib.Path(__file__).parents[1] / "scripts"
+
+
+def run_script(name: str, *args: str, capsys) -> tuple[int, str]:
+    """Run ``scripts/<name>`` with ``args``; returns (exit status, stderr)."""
+    argv = sys.argv
+    sys.argv = [name, *args]
+    try:
+        runpy.run_path(str(SCRIPTS / name), run_name="__main__")
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else 1
+    finally:
+        sys.argv = argv
+    return code, capsys.readouterr().err
+
+
+def _checkpoint_dir(tmp_path, config_text: str | None, weights: bool = False):
+    path = tmp_path / "ckpt"
+    path.mkdir()
+    if config_text is not None:
+        (path / "config.json").write_text(config_text)
+    if weights:
+        (path / "model.safetensors").write_bytes(b"")
+    return str(path)
+
+
+EXPORT_CASES = {
+    "gamma below 0": (["--gamma", "-1"], "gamma: expected 0 <= gamma <= 64, got -1"),
+    "absurd batch": (["--batch", "100000"], "batch: expected 1 <= batch <= 4096, got 100000"),
+    "absurd max-len": (["--max-len", "10000000"], "max_len: expected 2 <= max_len <= 1048576"),
+    "seed beyond int64": (["--seed", str(2**63)], "seed: expected 0 <= seed <= 922337203685477"),
+    "max-len below gamma + 2": (["--max-len", "4"], "max_len: 4 cannot hold a token and gamma"),
+    "draft-weights for ngram": (
+        ["--draft", "ngram", "--draft-weights", "w.pt"],
+        "draft-weights: only --draft mtp or eagle takes them (got --draft ngram)",
+    ),
+    "draft-model for mtp": (
+        ["--draft-model", "tiny-draft-llama"],
+        "draft-model: only --draft model takes it (got --draft mtp)",
+    ),
+    "model without draft-model": (["--draft", "model"], "draft-model: --draft model needs"),
+}
+
+
+@pytest.mark.parametrize("case", EXPORT_CASES)
+def test_export_refuses(case, tmp_path, capsys):
+    args, message = EXPORT_CASES[case]
+    code, err = run_script("export.py", *args, "--out", str(tmp_path / "x"), capsys=capsys)
+    assert code == 2 and message in err, err
+    assert not (tmp_path / "x").exists()  # refused before anything was written
+
+
+CHECKPOINT_CASES = {
+    "corrupt config.json": ('{"model_type": "llama",', False, "config.json is not valid JSON"),
+    "config without model_type": ('{"hidden_size": 64}', True, "config.json has no model_type"),
+    "no weights": ('{"model_type": "llama"}', False, "has no weights (*.safetensors or *.bin)"),
+    "no config.json": (None, True, "has no config.json"),
+}
+
+
+@pytest.mark.parametrize("case", CHECKPOINT_CASES)
+def test_export_refuses_a_damaged_checkpoint(case, tmp_path, capsys):
+    config_text, weights, message = CHECKPOINT_CASES[case]
+    target = _checkpoint_dir(tmp_path, config_text, weights)
+    code, err = run_script(
+        "export.py", "--target", target, "--out", str(tmp_path / "x"), capsys=capsys
+    )
+    assert code == 2 and message in err, err
+
+
+def test_export_refuses_draft_weights_that_are_no_state_dict(tmp_path, capsys):
+    out = ["--out", str(tmp_path / "x")]
+    code, err = run_script("export.py", "--draft-weights", "nowhere.pt", *out, capsys=capsys)
+    assert code == 2 and "nowhere.pt is not a file (expected a torch state dict)" in err, err
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(b"not a pickle")
+    code, err = run_script("export.py", "--draft-weights", str(garbage), *out, capsys=capsys)
+    assert code == 2 and "is not a torch state dict" in err, err
+
+
+def test_export_refuses_a_cache_longer_than_the_positions(tmp_path, capsys):
+    out = str(tmp_path / "x")
+    code, err = run_script("export.py", "--max-len", "300", "--out", out, capsys=capsys)
+    assert code == 2 and "max_len: 300 exceeds the target's 256 positions" in err, err
+
+
+@pytest.fixture(scope="module")
+def ngram_export(tmp_path_factory):
+    pytest.importorskip("onnxruntime")
+    from flashspec_export.export.pipeline import ExportConfig, export
+
+    out = tmp_path_factory.mktemp("ngram-export")
+    export(ExportConfig(draft="ngram", out=str(out), batch=2, max_len=32))
+    return str(out)
+
+
+GENERATE_CASES = {
+    "nan temperature": (["--temperature", "nan"], "temperature: expected a finite value >= 0"),
+    "negative temperature": (["--temperature", "-1"], "got -1.0"),
+    "infinite temperature": (["--temperature", "inf"], "got inf"),
+    "zero new tokens": (["--new-tokens", "0"], "new_tokens: expected at least 1, got 0"),
+    "seed beyond int64": (["--seed", str(2**63)], "seed: expected 0 <= seed <="),
+    "seed + batch beyond int64": (["--seed", str(2**63 - 1)], "exceeds 9223372036854775807"),
+    "prompt too short": (["--prompt-len", "1"], "prompt_len: expected at least 2, got 1"),
+}
+
+
+@pytest.mark.parametrize("case", GENERATE_CASES)
+def test_generate_refuses(case, ngram_export, capsys):
+    args, message = GENERATE_CASES[case]
+    code, err = run_script("generate.py", ngram_export, *args, capsys=capsys)
+    assert code == 2 and message in err, err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without GPU")
+@pytest.mark.parametrize("script", ["bench_kernels.py", "tune_kernels.py", "tune_cuda.py"])
+def test_gpu_scripts_say_they_need_a_gpu(script, capsys):
+    code, err = run_script(script, capsys=capsys)
+    assert code == 2 and "needs a CUDA GPU" in err, err
