@@ -219,6 +219,7 @@ def export(config: ExportConfig) -> dict:
     """Export the graphs of ``config`` into ``config.out``; returns the manifest."""
     validate(config)
     out = _output_dir(config)
+    modules = _build_modules(config)
     # Directories are recorded absolute, so the manifest works from any working directory.
     config = replace(
         config,
@@ -226,7 +227,6 @@ def export(config: ExportConfig) -> dict:
         draft_model=config.draft_model and _resolved(config.draft_model),
         draft_weights=config.draft_weights and str(pathlib.Path(config.draft_weights).resolve()),
     )
-    modules = _build_modules(config)
     model, target, drafter = modules.model, modules.target, modules.drafter
     b, s = config.batch, config.max_len
     zeros = torch.zeros(b, dtype=torch.int64)
