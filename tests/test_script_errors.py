@@ -4,6 +4,7 @@ reads its stderr; the export cases stop at validation, so no model is built."""
 
 from __future__ import annotations
 
+import importlib.util
 import pathlib
 import runpy
 import sys
@@ -133,3 +134,52 @@ def test_generate_refuses(case, ngram_export, capsys):
 def test_gpu_scripts_say_they_need_a_gpu(script, capsys):
     code, err = run_script(script, capsys=capsys)
     assert code == 2 and "needs a CUDA GPU" in err, err
+
+
+def _damaged(export_dir, tmp_path, damage):
+    import shutil
+
+    copy = tmp_path / "damaged"
+    shutil.copytree(export_dir, copy)
+    damage(copy)
+    return str(copy)
+
+
+DAMAGE = {
+    "truncated graph": (
+        lambda d: (d / "target_step.onnx").write_bytes((d / "target_step.onnx").read_bytes()[:999]),
+        "target_step.onnx does not match its manifest",
+    ),
+    "missing graph": (
+        lambda d: (d / "target_prefill.onnx").unlink(),
+        "target_prefill.onnx is missing (the manifest lists it)",
+    ),
+    "empty manifest": (
+        lambda d: (d / "manifest.json").write_text(""),
+        "manifest.json is not valid JSON",
+    ),
+    "truncated manifest": (
+        lambda d: (d / "manifest.json").write_text((d / "manifest.json").read_text()[:200]),
+        "manifest.json is not valid JSON",
+    ),
+    "manifest without graphs": (
+        lambda d: (d / "manifest.json").write_text('{"format": 1, "config": {}}'),
+        "manifest.json lacks vocab_size, gamma, drafter, graphs",
+    ),
+    "missing manifest": (
+        lambda d: (d / "manifest.json").unlink(),
+        "manifest.json not found (run scripts/export.py first)",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", DAMAGE)
+def test_generate_and_build_engines_refuse_a_damaged_export(case, ngram_export, tmp_path, capsys):
+    damage, message = DAMAGE[case]
+    damaged = _damaged(ngram_export, tmp_path, damage)
+    code, err = run_script("generate.py", damaged, "--new-tokens", "2", capsys=capsys)
+    assert code == 2 and message in err, err
+    if importlib.util.find_spec("tensorrt_rtx") is not None:  # the engine build refuses too
+        code, err = run_script("build_engines.py", damaged, capsys=capsys)
+        assert code == 2 and message in err, err
+        assert not (pathlib.Path(damaged) / "engines").exists()

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from flashspec_export.config import ConfigError
 from flashspec_export.engine import plugins
-from flashspec_export.runtime.sessions import read_manifest
+from flashspec_export.export import manifest as export_manifest
 
 logger = logging.getLogger(__name__)
 
@@ -105,12 +105,13 @@ def build_engines(
     library exists (the materialised path).
     """
     directory = pathlib.Path(directory)
-    manifest = read_manifest(directory)
+    manifest = export_manifest.read(directory)
     names = graphs or list(manifest["graphs"])
     unknown = [n for n in names if n not in manifest["graphs"]]
     if unknown:
         known = ", ".join(manifest["graphs"])
         raise ConfigError(f"graphs: {', '.join(unknown)} not in this export (it has {known})")
+    export_manifest.verify(directory, manifest, names)
     out = directory / "engines"
     existing = [n for n in names if (out / f"{n}.engine").exists()]
     if existing and not force:

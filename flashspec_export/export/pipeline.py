@@ -18,6 +18,9 @@ from __future__ import annotations
 import json
 import logging
 import pathlib
+import shutil
+import tempfile
+import uuid
 from dataclasses import asdict, dataclass, replace
 
 import onnx
@@ -25,6 +28,7 @@ import torch
 from tqdm import tqdm
 
 from flashspec_export.config import TARGET_PRESETS, ConfigError, TargetConfig
+from flashspec_export.export import manifest
 from flashspec_export.models.drafters import EagleDrafter, ModelDrafter
 from flashspec_export.models.mtp import MtpDrafter
 from flashspec_export.models.target import SpeculativeTarget
@@ -172,11 +176,25 @@ def validate(config: ExportConfig) -> None:
 
 def _output_dir(config: ExportConfig) -> pathlib.Path:
     out = pathlib.Path(config.out)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"out: {out} is a file, not a directory")
     if out.exists() and any(out.iterdir()) and not config.force:
         raise FileExistsError(
             f"out: {out} exists and is not empty; pass --force to overwrite the export there"
         )
     return out
+
+
+def _replace(out: pathlib.Path, staging: pathlib.Path) -> None:
+    """Put the finished ``staging`` directory at ``out``; an earlier export there (``--force``)
+    is moved aside first and removed only once the new one is in place."""
+    if not out.exists():
+        staging.rename(out)
+        return
+    old = out.with_name(f".{out.name}.old-{uuid.uuid4().hex[:8]}")
+    out.rename(old)
+    staging.rename(out)
+    shutil.rmtree(old)
 
 
 def _resolved(spec: str) -> str:
@@ -268,32 +286,39 @@ def export(config: ExportConfig) -> dict:
             dynamic = ({1: new}, {1: new}, None, None, None, None)
             draft_outputs.insert(2, "hidden_out")
         jobs[f"drafter_{config.draft}"] = (drafter, args, dynamic, draft_outputs)
-    out.mkdir(parents=True, exist_ok=True)
-    graphs = {}
-    for name, (module, args, dynamic, names) in tqdm(jobs.items(), desc="export", unit="graph"):
-        logger.info("exporting %s", name)
-        model_proto = translation.export(module, args, dynamic_shapes=dynamic, output_names=names)
-        graphs[name] = _save(model_proto, out / f"{name}.onnx")
-    manifest = {
-        "config": asdict(config),
-        "source": config.target,
-        "architecture": model.config.model_type,
-        "vocab_size": model.config.vocab_size,
-        "padded_vocab": int(model.lm_head.weight.shape[0]),
-        "hidden_size": model.config.hidden_size,
-        "gamma": config.gamma,
-        "drafter": config.draft,
-        "opset": functions.OPSET,
-        "ops": {
-            op: {
-                "domain": functions.DOMAIN,
-                "version": functions.DOMAIN_VERSION,
-                "plugin_namespace": functions.DOMAIN,
-                "plugin_version": functions.PLUGIN_VERSION,
-            }
-            for op in functions.FUNCTIONS
-        },
-        "graphs": graphs,
-    }
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
-    return manifest
+    # Written whole or not at all: a staging directory beside ``out``, renamed into place.
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    try:
+        graphs = {}
+        for name, (module, args, dynamic, names) in tqdm(jobs.items(), desc="export", unit="graph"):
+            logger.info("exporting %s", name)
+            proto = translation.export(module, args, dynamic_shapes=dynamic, output_names=names)
+            graphs[name] = _save(proto, staging / f"{name}.onnx")
+        entries = {
+            "config": asdict(config),
+            "source": config.target,
+            "architecture": model.config.model_type,
+            "vocab_size": model.config.vocab_size,
+            "padded_vocab": int(model.lm_head.weight.shape[0]),
+            "hidden_size": model.config.hidden_size,
+            "gamma": config.gamma,
+            "drafter": config.draft,
+            "opset": functions.OPSET,
+            "ops": {
+                op: {
+                    "domain": functions.DOMAIN,
+                    "version": functions.DOMAIN_VERSION,
+                    "plugin_namespace": functions.DOMAIN,
+                    "plugin_version": functions.PLUGIN_VERSION,
+                }
+                for op in functions.FUNCTIONS
+            },
+            "graphs": graphs,
+        }
+        written = manifest.write(staging, entries)
+        _replace(out, staging)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging)
+    return written

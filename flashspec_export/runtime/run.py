@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from flashspec_export.config import ConfigError
+from flashspec_export.export import manifest as export_manifest
 from flashspec_export.reference.noise import MAX_SEED
 from flashspec_export.runtime import sessions
 from flashspec_export.runtime.loop import GenerationResult, generate
@@ -49,7 +50,7 @@ def run(config: RunConfig) -> RunReport:
         raise ConfigError(f"temperature: expected a finite value >= 0, got {config.temperature}")
     if not 0 <= config.seed <= MAX_SEED:
         raise ConfigError(f"seed: expected 0 <= seed <= {MAX_SEED}, got {config.seed}")
-    manifest = sessions.read_manifest(config.export_dir)
+    manifest = export_manifest.read(config.export_dir)
     target, drafter = sessions.from_export(config.export_dir)
     g = torch.Generator().manual_seed(config.seed)
     shape = (target.batch, config.prompt_len)

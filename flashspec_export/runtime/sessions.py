@@ -7,12 +7,12 @@ the same tokens (``tests/runtime/test_loop.py``).
 
 from __future__ import annotations
 
-import json
 import pathlib
 
 import numpy as np
 import torch
 
+from flashspec_export.export import manifest as export_manifest
 from flashspec_export.export.pipeline import ExportConfig, Modules, build_modules
 from flashspec_export.models.ngram import NgramDrafter
 from flashspec_export.runtime.drafting import GraphDrafter
@@ -85,16 +85,9 @@ def from_modules(
 
 def reference_of(directory: str | pathlib.Path):
     """The PyTorch (Target, drafter) an export was made from (its manifest's config)."""
-    manifest = read_manifest(directory)
+    manifest = export_manifest.read(directory)
     config = ExportConfig(**manifest["config"])
     return from_modules(build_modules(config), config.draft, config.batch, config.max_len)
-
-
-def read_manifest(directory: str | pathlib.Path) -> dict:
-    path = pathlib.Path(directory) / "manifest.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"export: {path} not found (run scripts/export.py first)")
-    return json.loads(path.read_text())
 
 
 def from_export(directory: str | pathlib.Path, providers=("CPUExecutionProvider",)):
@@ -102,7 +95,8 @@ def from_export(directory: str | pathlib.Path, providers=("CPUExecutionProvider"
     import onnxruntime as ort
 
     directory = pathlib.Path(directory)
-    manifest = read_manifest(directory)
+    manifest = export_manifest.read(directory)
+    export_manifest.verify(directory, manifest)
     graphs = manifest["graphs"]
 
     def load(name):

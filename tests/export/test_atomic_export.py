@@ -1,0 +1,61 @@
+"""An export is written whole or not at all: ``--force`` replaces the whole directory (no stale
+graphs or engines of the previous export), and a real export killed midway leaves the previous
+export intact and verifiable."""
+
+from __future__ import annotations
+
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("onnxscript")
+
+from flashspec_export.export import manifest
+from flashspec_export.export.pipeline import ExportConfig, export
+
+ROOT = pathlib.Path(__file__).parents[2]
+
+
+def test_force_replaces_the_whole_directory(tmp_path):
+    out = tmp_path / "x"
+    export(ExportConfig(draft="mtp", out=str(out), max_len=16))
+    (out / "engines").mkdir()
+    (out / "engines" / "target_step.engine").write_bytes(b"old engine")
+    export(ExportConfig(draft="ngram", out=str(out), max_len=16, force=True))
+    assert sorted(p.name for p in out.iterdir()) == [
+        "manifest.json",
+        "target_prefill.onnx",
+        "target_step.onnx",
+    ]  # the MTP graph and the engines of the previous export are gone
+    manifest.verify(out, manifest.read(out))
+    assert [p.name for p in tmp_path.iterdir()] == ["x"]  # no staging directory left
+
+
+def test_an_export_killed_midway_leaves_the_previous_one_intact(tmp_path):
+    out = tmp_path / "x"
+    export(ExportConfig(draft="ngram", out=str(out), max_len=16))
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    command = [sys.executable, "scripts/export.py", "--draft", "mtp", "--max-len", "16"]
+    process = subprocess.Popen(
+        [*command, "--out", str(out), "--force"],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 120
+    staged = []
+    while time.monotonic() < deadline and process.poll() is None:
+        staged = list(tmp_path.glob(".x.partial-*/*.onnx"))
+        if staged:  # graphs are being written: kill it now
+            break
+        time.sleep(0.05)
+    assert staged, "the export finished or never started writing before it could be killed"
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    manifest.verify(out, manifest.read(out))
+    assert manifest.read(out)["drafter"] == "ngram"
