@@ -6,26 +6,26 @@ python scripts/bench_kernels.py --heads llama3-8b --rows 1 8 64 --providers veri
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 
+from flashspec_export import cli
 from flashspec_export.benchmark import PROVIDERS, BenchConfig, markdown, run, write_report
 from flashspec_export.config import HEAD_SHAPES
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = cli.parser(__doc__)
     defaults = BenchConfig()
-    parser.add_argument("--heads", nargs="+", default=defaults.heads, choices=sorted(HEAD_SHAPES))
-    parser.add_argument("--rows", nargs="+", type=int, default=defaults.rows)
-    parser.add_argument("--providers", nargs="+", default=defaults.providers, choices=PROVIDERS)
+    add = parser.add_argument
+    add("--heads", nargs="+", default=defaults.heads, choices=sorted(HEAD_SHAPES), help="LM heads")
+    add("--rows", nargs="+", type=cli.int_range(1), default=defaults.rows, help="R = N·(γ+1)")
+    add("--providers", nargs="+", default=defaults.providers, choices=PROVIDERS, help="to time")
     parser.add_argument(
         "--dtype", default=defaults.dtype, choices=["bfloat16", "float16", "float32"]
     )
-    parser.add_argument("--repeats", type=int, default=defaults.repeats)
+    parser.add_argument(
+        "--repeats", type=cli.int_range(1), default=defaults.repeats, help="timed graph replays"
+    )
     parser.add_argument("--out", default="bench_kernels.json", help="JSON report path")
     parser.add_argument("--plot", default=None, help="PNG plot path")
     args = parser.parse_args()

@@ -8,17 +8,15 @@ python scripts/build_engines.py out/tiny-llama-mtp --function-bodies    # no plu
 
 from __future__ import annotations
 
-import argparse
 import logging
 
+from flashspec_export import cli
 from flashspec_export.config import ConfigError
 from flashspec_export.engine.build import build_engines
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = cli.parser(__doc__)
     parser.add_argument("export_dir", help="an output directory of scripts/export.py")
     parser.add_argument("--graphs", nargs="+", default=None, help="default: every graph")
     parser.add_argument("--force", action="store_true", help="rebuild existing engines")

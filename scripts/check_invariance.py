@@ -10,7 +10,6 @@ T > 0 (random weights give nearly flat distributions otherwise).
 
 from __future__ import annotations
 
-import argparse
 import collections
 import dataclasses
 import json
@@ -18,6 +17,7 @@ import tempfile
 
 import torch
 
+from flashspec_export import cli
 from flashspec_export.config import TARGET_PRESETS, TargetConfig
 from flashspec_export.export.pipeline import DRAFTERS, ExportConfig, build_modules
 from flashspec_export.runtime import sessions
@@ -26,26 +26,22 @@ from flashspec_export.runtime.loop import generate
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = cli.parser(__doc__)
     add = parser.add_argument
     add("--target", default="tiny-llama", choices=sorted(TARGET_PRESETS), help="target preset")
     add("--head-scale", type=float, default=100.0, help="LM-head scale (peaks the distributions)")
-    add("--drafters", nargs="+", default=list(DRAFTERS), choices=DRAFTERS)
-    add("--gammas", nargs="+", type=int, default=[1, 3, 7])
-    add("--temperatures", nargs="+", type=float, default=[0.6, 1.0, 1.5])
-    add("--batch", type=int, default=3, help="sequences per run (one seed each)")
-    add("--batches", type=int, default=2, help="runs per (drafter, γ, T), new seeds each")
-    add("--new-tokens", type=int, default=24)
-    add("--device", default="cpu")
-    add("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    add("--drafters", nargs="+", default=list(DRAFTERS), choices=DRAFTERS, help="to compare")
+    add("--gammas", nargs="+", type=cli.int_range(1, 64), default=[1, 3, 7], help="vs γ = 0")
+    add("--temperatures", nargs="+", type=float, default=[0.6, 1.0, 1.5], help="T > 0")
+    add("--batch", type=cli.int_range(1), default=3, help="sequences per run (one seed each)")
+    add("--batches", type=cli.int_range(1), default=2, help="runs per (drafter, γ, T)")
+    add("--new-tokens", type=cli.int_range(1), default=24, help="per sequence")
+    add("--device", default="cpu", help="cpu or cuda")
+    add("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="modules")
     add("--out", default=None, help="JSON report path")
     args = parser.parse_args()
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error(f"--device: {args.device} asked for, but torch.cuda.is_available() is False")
-    if min(args.gammas) < 1:
-        parser.error(f"--gammas: expected values >= 1 (γ = 0 is the reference), got {args.gammas}")
 
     checkpoint = tempfile.mkdtemp(prefix="invariance-target-")
     model = TargetConfig.from_name(args.target).build(seed=0)

@@ -6,18 +6,16 @@ python scripts/demo.py --head llama3-8b --batch 4 --gamma 6
 
 from __future__ import annotations
 
-import argparse
 import logging
 
+from flashspec_export import cli
 from flashspec_export.config import HEAD_SHAPES
 from flashspec_export.demo import DemoConfig, run
 from flashspec_export.ops import backends
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = cli.parser(__doc__)
     parser.add_argument("--head", default="tiny", choices=sorted(HEAD_SHAPES))
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--gamma", type=int, default=4)

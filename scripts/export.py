@@ -6,29 +6,27 @@ python scripts/export.py --target /path/to/hf-checkpoint --draft ngram --gamma 4
 
 from __future__ import annotations
 
-import argparse
 import logging
 
+from flashspec_export import cli
 from flashspec_export.config import TARGET_PRESETS, ConfigError
 from flashspec_export.export.pipeline import DRAFTERS, ExportConfig, export
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = cli.parser(__doc__)
     d = ExportConfig()
     parser.add_argument(
         "--target",
         default=d.target,
         help=f"preset ({', '.join(TARGET_PRESETS)}) or checkpoint directory",
     )
-    parser.add_argument("--draft", default=d.draft, choices=DRAFTERS)
-    parser.add_argument("--out", default=None, help="output directory (default out/TARGET-DRAFT)")
-    parser.add_argument("--gamma", type=int, default=d.gamma)
-    parser.add_argument("--batch", type=int, default=d.batch)
-    parser.add_argument("--max-len", type=int, default=d.max_len)
-    parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument("--draft", default=d.draft, choices=DRAFTERS, help="the drafter")
+    parser.add_argument("--out", default=None, help="output directory; None: out/TARGET-DRAFT")
+    parser.add_argument("--gamma", type=int, default=d.gamma, help="drafts per step (0..64)")
+    parser.add_argument("--batch", type=int, default=d.batch, help="sequences (static)")
+    parser.add_argument("--max-len", type=int, default=d.max_len, help="KV-cache length (static)")
+    parser.add_argument("--seed", type=int, default=d.seed, help="seed of preset weights")
     parser.add_argument("--draft-weights", default=None, help="state dict of an mtp/eagle drafter")
     parser.add_argument(
         "--draft-model",

@@ -6,23 +6,21 @@ python scripts/generate.py out/tiny-llama-mtp --check   # also the PyTorch modul
 
 from __future__ import annotations
 
-import argparse
 import logging
 
+from flashspec_export import cli
 from flashspec_export.config import ConfigError
 from flashspec_export.runtime.run import RunConfig, run
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = cli.parser(__doc__)
     d = RunConfig("")
     parser.add_argument("export_dir", help="an output directory of scripts/export.py")
-    parser.add_argument("--new-tokens", type=int, default=d.new_tokens)
-    parser.add_argument("--prompt-len", type=int, default=d.prompt_len)
-    parser.add_argument("--temperature", type=float, default=d.temperature)
-    parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument("--new-tokens", type=int, default=d.new_tokens, help="per sequence")
+    parser.add_argument("--prompt-len", type=int, default=d.prompt_len, help="random prompt ids")
+    parser.add_argument("--temperature", type=float, default=d.temperature, help="0: greedy")
+    parser.add_argument("--seed", type=int, default=d.seed, help="sequence i samples with seed + i")
     parser.add_argument("--check", action="store_true", help="compare with the PyTorch modules")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(message)s")

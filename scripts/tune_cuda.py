@@ -8,27 +8,26 @@ library in ``$FLASHSPEC_KERNELS_LIB`` (run once per build variant). Timing as in
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import statistics
 
 import torch
 
+from flashspec_export import cli
 from flashspec_export.benchmark import time_graph
-from flashspec_export.config import HeadShape
+from flashspec_export.config import HEAD_SHAPES, HeadShape
 from flashspec_export.ops import cuda
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--head", default="llama3-8b")
-    parser.add_argument("--rows", nargs="+", type=int, default=[1, 16, 64, 256])
-    parser.add_argument("--splits", nargs="+", type=int, default=[0, 132, 264, 528])
-    parser.add_argument("--gamma", type=int, default=3)
-    parser.add_argument("--out", default="tune_cuda.json")
+    parser = cli.parser(__doc__)
+    add = parser.add_argument
+    add("--head", default="llama3-8b", choices=sorted(HEAD_SHAPES), help="LM head")
+    add("--rows", nargs="+", type=cli.int_range(1), default=[1, 16, 64, 256], help="R")
+    add("--splits", nargs="+", type=cli.int_range(0), default=[0, 132, 264, 528], help="0: auto")
+    add("--gamma", type=cli.int_range(0, 64), default=3, help="drafts per sequence")
+    add("--out", default="tune_cuda.json", help="JSON report path")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         parser.exit(2, "error: needs a CUDA GPU (torch.cuda.is_available() is False)\n")

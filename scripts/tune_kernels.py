@@ -6,7 +6,6 @@ count (the table ``choose_config`` encodes). Timing as in ``flashspec_export.ben
 
 from __future__ import annotations
 
-import argparse
 import functools
 import itertools
 import json
@@ -15,8 +14,9 @@ import statistics
 import torch
 import triton
 
+from flashspec_export import cli
 from flashspec_export.benchmark import time_graph
-from flashspec_export.config import HeadShape
+from flashspec_export.config import HEAD_SHAPES, HeadShape
 from flashspec_export.kernels.tiled_argmax import KernelConfig
 from flashspec_export.kernels.tiled_argmax import tiled_argmax as triton_argmax
 from flashspec_export.kernels.verify_resample import verify_resample as triton_verify
@@ -41,10 +41,11 @@ def candidates(rows: int, vocab: int, sms: int):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--head", default="llama3-8b")
-    parser.add_argument("--rows", nargs="+", type=int, default=[4, 32, 128, 512])
-    parser.add_argument("--out", default="tune.json")
+    parser = cli.parser(__doc__)
+    add = parser.add_argument
+    add("--head", default="llama3-8b", choices=sorted(HEAD_SHAPES), help="LM head")
+    add("--rows", nargs="+", type=cli.int_range(1), default=[4, 32, 128, 512], help="R")
+    add("--out", default="tune.json", help="JSON report path")
     parser.add_argument(
         "--ops",
         nargs="+",

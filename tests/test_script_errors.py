@@ -101,6 +101,14 @@ def test_export_refuses_a_cache_longer_than_the_positions(tmp_path, capsys):
     assert code == 2 and "max_len: 300 exceeds the target's 256 positions" in err, err
 
 
+def test_export_refuses_a_cache_larger_than_the_machine_before_building_the_model(tmp_path, capsys):
+    """llama3-8b-shape, batch 4096 x 8192 positions: petabytes of cache. Refused from the
+    preset's geometry alone (building the 8B model first would take minutes)."""
+    args = ["--target", "llama3-8b-shape", "--batch", "4096", "--max-len", "8192"]
+    code, err = run_script("export.py", *args, "--out", str(tmp_path / "x"), capsys=capsys)
+    assert code == 2 and "batch / max_len: the fp32 KV cache of batch 4096" in err, err
+
+
 @pytest.fixture(scope="module")
 def ngram_export(tmp_path_factory):
     pytest.importorskip("onnxruntime")
@@ -126,6 +134,22 @@ GENERATE_CASES = {
 def test_generate_refuses(case, ngram_export, capsys):
     args, message = GENERATE_CASES[case]
     code, err = run_script("generate.py", ngram_export, *args, capsys=capsys)
+    assert code == 2 and message in err, err
+
+
+SIZE_CASES = {
+    "bench rows 0": ("bench_kernels.py", ["--rows", "0"], "--rows: expected an integer >= 1"),
+    "bench repeats x": ("bench_kernels.py", ["--repeats", "x"], "expected an integer, got 'x'"),
+    "tune rows -4": ("tune_kernels.py", ["--rows", "-4"], "--rows: expected an integer >= 1"),
+    "tune_cuda gamma 99": ("tune_cuda.py", ["--gamma", "99"], "an integer in 0..64, got 99"),
+    "invariance gamma 0": ("check_invariance.py", ["--gammas", "0"], "in 1..64, got 0"),
+}
+
+
+@pytest.mark.parametrize("case", SIZE_CASES)
+def test_benchmark_scripts_refuse_bad_sizes_before_looking_for_a_gpu(case, capsys):
+    script, args, message = SIZE_CASES[case]
+    code, err = run_script(script, *args, capsys=capsys)
     assert code == 2 and message in err, err
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import pathlib
 import shutil
 import tempfile
@@ -31,7 +32,7 @@ from flashspec_export.config import TARGET_PRESETS, ConfigError, TargetConfig
 from flashspec_export.export import manifest
 from flashspec_export.models.drafters import EagleDrafter, ModelDrafter
 from flashspec_export.models.mtp import MtpDrafter
-from flashspec_export.models.target import SpeculativeTarget
+from flashspec_export.models.target import SpeculativeTarget, check_architecture
 from flashspec_export.onnx import functions, translation
 
 logger = logging.getLogger(__name__)
@@ -61,34 +62,64 @@ class ExportConfig:
     draft_model: str | None = None  # --draft model: a preset name or checkpoint directory
 
 
-def load_target(spec: str, seed: int) -> torch.nn.Module:
-    """A Hugging Face causal LM from a preset name or a local checkpoint directory (fp32)."""
-    path = pathlib.Path(spec)
+def checkpoint_config(spec: str, argument: str = "target") -> dict | None:
+    """The ``config.json`` of a checkpoint directory (None for a preset), checked: a directory
+    with a JSON config that names its ``model_type``, and weights beside it."""
     if spec in TARGET_PRESETS:
-        return TargetConfig.from_name(spec).build(seed)
+        return None
+    path = pathlib.Path(spec)
     if not path.is_dir():
         raise ConfigError(
-            f"target: {spec!r} is neither a preset ({', '.join(TARGET_PRESETS)}) nor a directory"
+            f"{argument}: {spec!r} is neither a preset ({', '.join(TARGET_PRESETS)}) nor a "
+            "directory"
         )
     if not (path / "config.json").is_file():
-        raise ConfigError(f"target: {path} has no config.json (expected a Hugging Face checkpoint)")
+        raise ConfigError(
+            f"{argument}: {path} has no config.json (expected a Hugging Face checkpoint)"
+        )
     try:
         config = json.loads((path / "config.json").read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ConfigError(f"target: {path}/config.json is not valid JSON ({error})") from error
+        raise ConfigError(f"{argument}: {path}/config.json is not valid JSON ({error})") from error
     if not isinstance(config, dict) or "model_type" not in config:
-        raise ConfigError(f"target: {path}/config.json has no model_type (not a HF config)")
-    weights = [*path.glob("*.safetensors"), *path.glob("*.bin")]
-    if not weights:
-        raise ConfigError(f"target: {path} has no weights (*.safetensors or *.bin)")
+        raise ConfigError(f"{argument}: {path}/config.json has no model_type (not a HF config)")
+    if not [*path.glob("*.safetensors"), *path.glob("*.bin")]:
+        raise ConfigError(f"{argument}: {path} has no weights (*.safetensors or *.bin)")
+    return config
+
+
+def target_geometry(spec: str) -> tuple[int, int, int, int]:
+    """(layers, KV heads, head dim, max positions) of a preset or checkpoint, without weights."""
+    config = checkpoint_config(spec)
+    if config is None:
+        t = TargetConfig.from_name(spec)
+        return t.num_layers, t.num_kv_heads, t.head_dim, t.max_positions
+    check_architecture(config["model_type"])
+    try:
+        heads = config["num_attention_heads"]
+        head_dim = config.get("head_dim") or config["hidden_size"] // heads
+        kv_heads = config.get("num_key_value_heads") or heads
+        return config["num_hidden_layers"], kv_heads, head_dim, config["max_position_embeddings"]
+    except (KeyError, TypeError, ZeroDivisionError) as error:
+        raise ConfigError(
+            f"target: {spec}/config.json lacks {error} (a decoder LM config)"
+        ) from None
+
+
+def load_target(spec: str, seed: int, argument: str = "target") -> torch.nn.Module:
+    """A Hugging Face causal LM from a preset name or a local checkpoint directory (fp32)."""
+    if checkpoint_config(spec, argument) is None:
+        return TargetConfig.from_name(spec).build(seed)
     import transformers
 
     try:
         model = transformers.AutoModelForCausalLM.from_pretrained(
-            path, dtype=torch.float32, local_files_only=True
+            spec, dtype=torch.float32, local_files_only=True
         )
     except (OSError, ValueError, KeyError) as error:
-        raise ConfigError(f"target: {path} could not be loaded as a causal LM ({error})") from error
+        raise ConfigError(
+            f"{argument}: {spec} could not be loaded as a causal LM ({error})"
+        ) from error
     return model.eval()
 
 
@@ -141,13 +172,8 @@ def _build_modules(config: ExportConfig) -> Modules:
         if config.draft_weights:
             load_draft_weights(drafter, config.draft_weights)
     elif config.draft == "model":
-        draft_lm = load_target(config.draft_model, config.seed + 1)
+        draft_lm = load_target(config.draft_model, config.seed + 1, "draft-model")
         drafter = ModelDrafter(draft_lm, model.config.vocab_size)
-    max_positions = getattr(model.config, "max_position_embeddings", None)
-    if max_positions is not None and config.max_len > max_positions:
-        raise ConfigError(
-            f"max_len: {config.max_len} exceeds the target's {max_positions} positions"
-        )
     return Modules(model.eval(), SpeculativeTarget(model).eval(), drafter and drafter.eval())
 
 
@@ -172,6 +198,19 @@ def validate(config: ExportConfig) -> None:
         raise ConfigError(
             f"max_len: {config.max_len} cannot hold a token and gamma + 1 = {config.gamma + 1} more"
         )
+    layers, kv_heads, head_dim, positions = target_geometry(config.target)
+    if config.max_len > positions:
+        raise ConfigError(f"max_len: {config.max_len} exceeds the target's {positions} positions")
+    cache_bytes = 2 * 4 * layers * config.batch * kv_heads * config.max_len * head_dim
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if cache_bytes > memory // 2:
+        raise ConfigError(
+            f"batch / max_len: the fp32 KV cache of batch {config.batch} x max_len "
+            f"{config.max_len} needs {cache_bytes / 2**30:.1f} GiB, more than half of this "
+            f"machine's {memory / 2**30:.0f} GiB"
+        )
+    if config.draft_model:
+        checkpoint_config(config.draft_model, "draft-model")
 
 
 def _output_dir(config: ExportConfig) -> pathlib.Path:

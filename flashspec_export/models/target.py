@@ -22,6 +22,15 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def check_architecture(model_type: str) -> None:
+    """Refuse a Hugging Face ``model_type`` the target step does not implement."""
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ConfigError(
+            f"target: unsupported architecture {model_type!r}; expected one of "
+            f"{', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+
+
 class TargetStep(nn.Module):
     """One forward of the target over ``tokens [N, T]`` with a static KV cache.
 
@@ -45,11 +54,7 @@ class TargetStep(nn.Module):
     def __init__(self, causal_lm: nn.Module):
         super().__init__()
         config = causal_lm.config
-        if config.model_type not in SUPPORTED_MODEL_TYPES:
-            raise ConfigError(
-                f"target: unsupported architecture {config.model_type!r}; expected one of "
-                f"{', '.join(SUPPORTED_MODEL_TYPES)}"
-            )
+        check_architecture(config.model_type)
         self.decoder = causal_lm.model
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads

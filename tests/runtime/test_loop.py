@@ -5,6 +5,8 @@ step (same seeds) with every drafter kind."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -223,6 +225,24 @@ def test_exported_speculation_does_not_change_the_text(exported, target_steps, p
         return generate(target, drafter, prompt, NEW_TOKENS, gamma, temps, seeds)
 
     _assert_speculation_invariant(draft, run)
+
+
+def test_exported_cache_of_exactly_the_needed_length_holds_ragged_finishes(
+    tmp_path, target_checkpoint
+):
+    """onnxruntime, cache = prompt + new tokens + γ: finished rows wrote γ + 1 slots past their
+    position (ScatterElements out of bounds); now they idle at position 0, and the tokens equal
+    the PyTorch modules'."""
+    from flashspec_export.export.pipeline import export
+
+    pytest.importorskip("onnxruntime")
+    prompt = torch.randint(0, 512, (BATCH, 4), generator=torch.Generator().manual_seed(1))
+    config = _config("model", target_checkpoint, tmp_path / "x")
+    export(dataclasses.replace(config, max_len=4 + NEW_TOKENS + GAMMA))
+    temps = torch.tensor([0.6, 1.0, 1.5])
+    got = generate(*sessions.from_export(tmp_path / "x"), prompt, NEW_TOKENS, GAMMA, temps, SEEDS)
+    want = generate(*sessions.reference_of(tmp_path / "x"), prompt, NEW_TOKENS, GAMMA, temps, SEEDS)
+    assert got.tokens == want.tokens and got.mean_emitted > 1.0
 
 
 def test_loop_refuses_a_prompt_the_cache_cannot_hold(exported, prompt):

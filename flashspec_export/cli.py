@@ -1,0 +1,33 @@
+"""The scripts' edge: one parser style (help shows every default) and checked integer types.
+
+Bad input exits with status 2 and one line naming the argument, what it got and what it
+expects — argparse's own errors for the flags, ``ConfigError`` for the rest.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The module docstring as written, and ``(default: ...)`` after every help text."""
+
+
+def parser(doc: str | None) -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(description=doc, formatter_class=HelpFormatter)
+
+
+def int_range(low: int, high: int | None = None):
+    """An argparse ``type``: an integer in [low, high] (no upper bound when high is None)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low or (high is not None and value > high):
+            bound = f">= {low}" if high is None else f"in {low}..{high}"
+            raise argparse.ArgumentTypeError(f"expected an integer {bound}, got {value}")
+        return value
+
+    return parse
