@@ -11,11 +11,14 @@ cache length; the engines go to ``<export>/engines/<graph>.engine``.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import logging
+import os
 import pathlib
-from dataclasses import dataclass
+import shutil
+import tempfile
 
 from flashspec_export.config import ConfigError
 from flashspec_export.engine import plugins
@@ -50,7 +53,7 @@ def profile(io: list[dict], max_tokens: int) -> dict[str, tuple[tuple[int, ...],
     return shapes
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class EngineReport:
     """What one engine build did."""
 
@@ -132,18 +135,23 @@ def build_engines(
     else:
         why = "as asked" if function_bodies else "no plugin library"
         logger.info("%s: %s, the flashspec function bodies are inlined", flavour, why)
-    out.mkdir(exist_ok=True)
+    # Engines are built in a staging directory beside engines/ and moved in once all are built:
+    # an interrupted build leaves the engines there as they were.
+    staging = pathlib.Path(tempfile.mkdtemp(prefix=".engines.partial-", dir=directory))
     reports = {}
-    for name in names:
-        entry = manifest["graphs"][name]
-        shapes = profile(entry["inputs"], manifest["config"]["max_len"])
-        engine = out / f"{name}.engine"
-        source = directory / entry["file"]
-        reports[name] = _build_one(trt, source, shapes, engine, library is not None)
-        logger.info(
-            "%s: %d layers, plugin layers %s",
-            name,
-            reports[name].layers,
-            list(reports[name].plugin_layers),
-        )
+    try:
+        for name in names:
+            entry = manifest["graphs"][name]
+            shapes = profile(entry["inputs"], manifest["config"]["max_len"])
+            source = directory / entry["file"]
+            engine = staging / f"{name}.engine"
+            report = _build_one(trt, source, shapes, engine, library is not None)
+            reports[name] = report
+            logger.info("%s: %d layers, plugins %s", name, report.layers, report.plugin_layers)
+        out.mkdir(exist_ok=True)
+        for name, report in reports.items():
+            os.replace(report.path, out / report.path.name)
+            reports[name] = dataclasses.replace(report, path=out / report.path.name)
+    finally:
+        shutil.rmtree(staging)
     return reports

@@ -328,6 +328,9 @@ def export(config: ExportConfig) -> dict:
     # Written whole or not at all: a staging directory beside ``out``, renamed into place.
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    staging.chmod(0o777 & ~umask)  # mkdtemp makes it private; the export is an ordinary directory
     try:
         graphs = {}
         for name, (module, args, dynamic, names) in tqdm(jobs.items(), desc="export", unit="graph"):

@@ -59,3 +59,29 @@ def test_an_export_killed_midway_leaves_the_previous_one_intact(tmp_path):
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     manifest.verify(out, manifest.read(out))
     assert manifest.read(out)["drafter"] == "ngram"
+
+
+def test_an_engine_build_killed_midway_leaves_the_engines_as_they_were(tmp_path):
+    pytest.importorskip("tensorrt_rtx", reason="needs TensorRT-RTX (pip install tensorrt-rtx)")
+    from flashspec_export.engine.build import build_engines
+
+    out = tmp_path / "x"
+    export(ExportConfig(draft="mtp", out=str(out), max_len=16))
+    build_engines(out, ["target_prefill"], function_bodies=True)
+    before = (out / "engines" / "target_prefill.engine").read_bytes()
+    process = subprocess.Popen(
+        [sys.executable, "scripts/build_engines.py", str(out), "--force", "--function-bodies"],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and process.poll() is None:
+        if list(out.glob(".engines.partial-*/*.engine")):  # one engine built, more to come
+            break
+        time.sleep(0.01)
+    assert process.poll() is None, "the build finished before it could be killed"
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert [p.name for p in (out / "engines").iterdir()] == ["target_prefill.engine"]
+    assert (out / "engines" / "target_prefill.engine").read_bytes() == before
