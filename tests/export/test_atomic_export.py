@@ -85,3 +85,19 @@ def test_an_engine_build_killed_midway_leaves_the_engines_as_they_were(tmp_path)
     process.wait()
     assert [p.name for p in (out / "engines").iterdir()] == ["target_prefill.engine"]
     assert (out / "engines" / "target_prefill.engine").read_bytes() == before
+
+
+def test_a_relative_checkpoint_path_is_recorded_absolute(tmp_path, monkeypatch):
+    """The manifest's target must work from any directory (generate --check rebuilds the
+    PyTorch modules from it)."""
+    from flashspec_export.config import TargetConfig
+    from flashspec_export.runtime import sessions
+
+    TargetConfig.from_name("tiny-llama").build(seed=0).save_pretrained(tmp_path / "ckpt")
+    monkeypatch.chdir(tmp_path)
+    export(ExportConfig(target="ckpt", draft="ngram", out="o", max_len=16))
+    recorded = manifest.read(tmp_path / "o")["config"]["target"]
+    assert recorded == str((tmp_path / "ckpt").resolve())
+    monkeypatch.chdir(ROOT)
+    target, _ = sessions.reference_of(tmp_path / "o")
+    assert target.max_len == 16
