@@ -19,7 +19,7 @@ import torch
 
 from flashspec_export import cli
 from flashspec_export.config import TARGET_PRESETS, TargetConfig
-from flashspec_export.export.pipeline import DRAFTERS, ExportConfig, build_modules
+from flashspec_export.models.build import DRAFTERS, ExportConfig, build_modules
 from flashspec_export.runtime import sessions
 from flashspec_export.runtime.invariance import compare_with_plain
 from flashspec_export.runtime.loop import generate

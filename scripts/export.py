@@ -10,7 +10,8 @@ import logging
 
 from flashspec_export import cli
 from flashspec_export.config import TARGET_PRESETS, ConfigError
-from flashspec_export.export.pipeline import DRAFTERS, ExportConfig, export
+from flashspec_export.export.pipeline import export
+from flashspec_export.models.build import DRAFTERS, ExportConfig
 
 
 def main() -> None:

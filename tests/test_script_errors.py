@@ -112,7 +112,8 @@ def test_export_refuses_a_cache_larger_than_the_machine_before_building_the_mode
 @pytest.fixture(scope="module")
 def ngram_export(tmp_path_factory):
     pytest.importorskip("onnxruntime")
-    from flashspec_export.export.pipeline import ExportConfig, export
+    from flashspec_export.export.pipeline import export
+    from flashspec_export.models.build import ExportConfig
 
     out = tmp_path_factory.mktemp("ngram-export")
     export(ExportConfig(draft="ngram", out=str(out), batch=2, max_len=32))

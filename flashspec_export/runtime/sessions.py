@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from flashspec_export.export import manifest as export_manifest
-from flashspec_export.export.pipeline import ExportConfig, Modules, build_modules
+from flashspec_export.models.build import ExportConfig, Modules, build_modules
 from flashspec_export.models.ngram import NgramDrafter
 from flashspec_export.runtime.drafting import GraphDrafter
 from flashspec_export.runtime.loop import Graph, Target

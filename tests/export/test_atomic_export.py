@@ -15,7 +15,8 @@ import pytest
 pytest.importorskip("onnxscript")
 
 from flashspec_export.export import manifest
-from flashspec_export.export.pipeline import ExportConfig, export
+from flashspec_export.export.pipeline import export
+from flashspec_export.models.build import ExportConfig
 
 ROOT = pathlib.Path(__file__).parents[2]
 

@@ -12,7 +12,8 @@ import pytest
 
 from flashspec_export.config import ConfigError
 from flashspec_export.engine import build, plugins
-from flashspec_export.export.pipeline import ExportConfig, export
+from flashspec_export.export.pipeline import export
+from flashspec_export.models.build import ExportConfig
 
 ROOT = pathlib.Path(__file__).parents[2]
 HOW = "cmake -S plugins -B plugins/build -DTENSORRT_INCLUDE_DIR=<TensorRT 10.16+>/include"

@@ -14,7 +14,8 @@ onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 
-from flashspec_export.export.pipeline import ExportConfig, export  # noqa: E402
+from flashspec_export.export.pipeline import export  # noqa: E402
+from flashspec_export.models.build import ExportConfig  # noqa: E402
 
 ROOT = pathlib.Path(__file__).parents[2]
 
@@ -142,7 +143,7 @@ def test_polygraphy_onnxrt_matches_pytorch(exported, tmp_path, graph):
     from polygraphy.comparator import RunResults
     from polygraphy.json import save_json
 
-    from flashspec_export.export.pipeline import build_modules
+    from flashspec_export.models.build import build_modules
 
     manifest = json.loads((exported / "manifest.json").read_text())
     modules = build_modules(ExportConfig(**manifest["config"]))

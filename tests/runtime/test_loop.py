@@ -13,7 +13,7 @@ import torch
 pytest.importorskip("transformers")
 
 from flashspec_export.config import TargetConfig
-from flashspec_export.export.pipeline import ExportConfig, build_modules
+from flashspec_export.models.build import ExportConfig, build_modules
 from flashspec_export.runtime import sessions
 from flashspec_export.runtime.invariance import compare_with_plain
 from flashspec_export.runtime.loop import generate

@@ -1,0 +1,196 @@
+"""The PyTorch modules of an export, from its config: the target (a preset or a Hugging Face
+checkpoint) and its drafter. The exporter traces them; the runtime runs them as the reference of
+an export (its manifest records the config).
+
+Everything a config can get wrong is checked by ``validate`` from the config files alone, before
+any weights are loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+from dataclasses import dataclass
+
+import torch
+
+from flashspec_export.config import TARGET_PRESETS, ConfigError, TargetConfig
+from flashspec_export.models.drafters import EagleDrafter, ModelDrafter
+from flashspec_export.models.mtp import MtpDrafter
+from flashspec_export.models.target import SpeculativeTarget, check_architecture
+
+DRAFTERS = ("mtp", "eagle", "model", "ngram")
+# (field, lowest, highest) of the sizes an export takes; gamma 0 is the non-speculative step.
+LIMITS = (
+    ("gamma", 0, 64),
+    ("batch", 1, 4096),
+    ("max_len", 2, 1 << 20),
+    ("seed", 0, 2**63 - 1),
+)
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    target: str = "tiny-llama"  # a preset name or a local checkpoint directory
+    draft: str = "mtp"
+    out: str = "out/tiny-llama-mtp"
+    gamma: int = 3
+    batch: int = 1
+    max_len: int = 256  # static KV-cache length
+    seed: int = 0
+    force: bool = False
+    draft_weights: str | None = None  # state dict of an mtp / eagle drafter
+    draft_model: str | None = None  # --draft model: a preset name or checkpoint directory
+
+
+def checkpoint_config(spec: str, argument: str = "target") -> dict | None:
+    """The ``config.json`` of a checkpoint directory (None for a preset), checked: a directory
+    with a JSON config that names its ``model_type``, and weights beside it."""
+    if spec in TARGET_PRESETS:
+        return None
+    path = pathlib.Path(spec)
+    if not path.is_dir():
+        raise ConfigError(
+            f"{argument}: {spec!r} is neither a preset ({', '.join(TARGET_PRESETS)}) nor a "
+            "directory"
+        )
+    if not (path / "config.json").is_file():
+        raise ConfigError(
+            f"{argument}: {path} has no config.json (expected a Hugging Face checkpoint)"
+        )
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ConfigError(f"{argument}: {path}/config.json is not valid JSON ({error})") from error
+    if not isinstance(config, dict) or "model_type" not in config:
+        raise ConfigError(f"{argument}: {path}/config.json has no model_type (not a HF config)")
+    if not [*path.glob("*.safetensors"), *path.glob("*.bin")]:
+        raise ConfigError(f"{argument}: {path} has no weights (*.safetensors or *.bin)")
+    return config
+
+
+def target_geometry(spec: str) -> tuple[int, int, int, int]:
+    """(layers, KV heads, head dim, max positions) of a preset or checkpoint, without weights."""
+    config = checkpoint_config(spec)
+    if config is None:
+        t = TargetConfig.from_name(spec)
+        return t.num_layers, t.num_kv_heads, t.head_dim, t.max_positions
+    check_architecture(config["model_type"])
+    try:
+        heads = config["num_attention_heads"]
+        head_dim = config.get("head_dim") or config["hidden_size"] // heads
+        kv_heads = config.get("num_key_value_heads") or heads
+        return config["num_hidden_layers"], kv_heads, head_dim, config["max_position_embeddings"]
+    except (KeyError, TypeError, ZeroDivisionError) as error:
+        raise ConfigError(
+            f"target: {spec}/config.json lacks {error} (a decoder LM config)"
+        ) from None
+
+
+def load_target(spec: str, seed: int, argument: str = "target") -> torch.nn.Module:
+    """A Hugging Face causal LM from a preset name or a local checkpoint directory (fp32)."""
+    if checkpoint_config(spec, argument) is None:
+        return TargetConfig.from_name(spec).build(seed)
+    import transformers
+
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            spec, dtype=torch.float32, local_files_only=True
+        )
+    except (OSError, ValueError, KeyError) as error:
+        raise ConfigError(
+            f"{argument}: {spec} could not be loaded as a causal LM ({error})"
+        ) from error
+    return model.eval()
+
+
+def load_draft_weights(drafter: torch.nn.Module, path: str) -> None:
+    """Load the drafter's own weights; shared target weights may be absent. Unknown names and
+    shapes that do not fit the target (hidden size, vocabulary) are refused by name."""
+    if not pathlib.Path(path).is_file():
+        raise ConfigError(f"draft-weights: {path} is not a file (expected a torch state dict)")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # torch raises many types for a file that is no state dict
+        raise ConfigError(f"draft-weights: {path} is not a torch state dict ({error})") from error
+    if not isinstance(state, dict) or not all(isinstance(t, torch.Tensor) for t in state.values()):
+        raise ConfigError(f"draft-weights: {path} holds no {{name: tensor}} state dict")
+    expected = drafter.state_dict()
+    unknown = sorted(set(state) - set(expected))
+    if unknown:
+        raise ConfigError(f"draft-weights: unknown tensors {unknown[:5]} for this drafter")
+    for name, tensor in state.items():
+        if tensor.shape != expected[name].shape:
+            raise ConfigError(
+                f"draft-weights: {name} has shape {tuple(tensor.shape)}, but the target needs "
+                f"{tuple(expected[name].shape)} (hidden size {drafter.eh_proj.out_features}, "
+                f"vocabulary {drafter.vocab_size}): the drafter does not match the target"
+            )
+    drafter.load_state_dict(state, strict=False)
+
+
+@dataclass
+class Modules:
+    """The PyTorch modules an export is made of (and the runtime's reference)."""
+
+    model: torch.nn.Module  # the Hugging Face causal LM
+    target: SpeculativeTarget
+    drafter: torch.nn.Module | None  # None for ngram
+
+
+def build_modules(config: ExportConfig) -> Modules:
+    """The target and drafter modules of ``config`` (presets: random weights from the seed)."""
+    validate(config)
+    return build_modules_unchecked(config)
+
+
+def build_modules_unchecked(config: ExportConfig) -> Modules:
+    """``build_modules`` for a config that ``validate`` already passed."""
+    model = load_target(config.target, config.seed)
+    drafter = None
+    if config.draft in ("mtp", "eagle"):
+        drafter_cls = MtpDrafter if config.draft == "mtp" else EagleDrafter
+        drafter = drafter_cls(model, seed=config.seed + 1)
+        if config.draft_weights:
+            load_draft_weights(drafter, config.draft_weights)
+    elif config.draft == "model":
+        draft_lm = load_target(config.draft_model, config.seed + 1, "draft-model")
+        drafter = ModelDrafter(draft_lm, model.config.vocab_size)
+    return Modules(model.eval(), SpeculativeTarget(model).eval(), drafter and drafter.eval())
+
+
+def validate(config: ExportConfig) -> None:
+    """Refuse a config that cannot be exported, before any model is loaded (ConfigError)."""
+    if config.draft not in DRAFTERS:
+        raise ConfigError(f"draft: unknown drafter {config.draft!r}; expected one of {DRAFTERS}")
+    if config.draft == "model" and not config.draft_model:
+        raise ConfigError("draft-model: --draft model needs --draft-model (a preset or directory)")
+    if config.draft_model and config.draft != "model":
+        raise ConfigError(f"draft-model: only --draft model takes it (got --draft {config.draft})")
+    if config.draft_weights and config.draft not in ("mtp", "eagle"):
+        raise ConfigError(
+            f"draft-weights: only --draft mtp or eagle takes them (got --draft {config.draft})"
+        )
+
+    for name, low, high in LIMITS:
+        value = getattr(config, name)
+        if not low <= value <= high:
+            raise ConfigError(f"{name}: expected {low} <= {name} <= {high}, got {value}")
+    if config.gamma + 2 > config.max_len:
+        raise ConfigError(
+            f"max_len: {config.max_len} cannot hold a token and gamma + 1 = {config.gamma + 1} more"
+        )
+    layers, kv_heads, head_dim, positions = target_geometry(config.target)
+    if config.max_len > positions:
+        raise ConfigError(f"max_len: {config.max_len} exceeds the target's {positions} positions")
+    cache_bytes = 2 * 4 * layers * config.batch * kv_heads * config.max_len * head_dim
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if cache_bytes > memory // 2:
+        raise ConfigError(
+            f"batch / max_len: the fp32 KV cache of batch {config.batch} x max_len "
+            f"{config.max_len} needs {cache_bytes / 2**30:.1f} GiB, more than half of this "
+            f"machine's {memory / 2**30:.0f} GiB"
+        )
+    if config.draft_model:
+        checkpoint_config(config.draft_model, "draft-model")
