@@ -3,6 +3,9 @@
 #include "../tiledArgmax/tiledArgmaxPlugin.h"
 #include "../verifyResample/verifyResamplePlugin.h"
 
+#include <cstdarg>
+#include <cstdio>
+#include <cstring>
 #include <mutex>
 
 namespace flashspec
@@ -37,13 +40,19 @@ void setLoggerFinder(nvinfer1::ILoggerFinder* finder) noexcept
     gLoggerFinder = finder;
 }
 
-void logError(std::string const& message) noexcept
+void logError(char const* format, ...) noexcept
 {
+    char message[512] = "flashspec: ";
+    size_t const prefix = std::strlen(message);
+    va_list args;
+    va_start(args, format);
+    std::vsnprintf(message + prefix, sizeof(message) - prefix, format, args);
+    va_end(args);
     std::lock_guard<std::mutex> lock(gLoggerMutex);
     nvinfer1::ILogger* logger = gLoggerFinder != nullptr ? gLoggerFinder->findLogger() : nullptr;
     if (logger != nullptr)
     {
-        logger->log(nvinfer1::ILogger::Severity::kERROR, ("flashspec: " + message).c_str());
+        logger->log(nvinfer1::ILogger::Severity::kERROR, message);
     }
 }
 
@@ -118,11 +127,14 @@ __attribute__((visibility("default"))) void setLoggerFinder(nvinfer1::ILoggerFin
 
 __attribute__((visibility("default"))) nvinfer1::IPluginCreatorInterface* const* getCreators(int32_t& nbCreators)
 {
-    static flashspec::plugin::FlashspecPluginCreator<flashspec::plugin::TiledArgmaxPlugin> tiledArgmax;
-    static flashspec::plugin::FlashspecPluginCreator<flashspec::plugin::VerifyResamplePlugin> verifyResample;
-    static nvinfer1::IPluginCreatorInterface* const creators[] = {&tiledArgmax, &verifyResample};
-    nbCreators = 2;
-    return creators;
+    nbCreators = 0;
+    return flashspec::plugin::guarded<nvinfer1::IPluginCreatorInterface* const*>("getCreators", nullptr, [&] {
+        static flashspec::plugin::FlashspecPluginCreator<flashspec::plugin::TiledArgmaxPlugin> tiledArgmax;
+        static flashspec::plugin::FlashspecPluginCreator<flashspec::plugin::VerifyResamplePlugin> verifyResample;
+        static nvinfer1::IPluginCreatorInterface* const creators[] = {&tiledArgmax, &verifyResample};
+        nbCreators = 2;
+        return creators;
+    });
 }
 
 } // extern "C"

@@ -11,7 +11,8 @@
 #include <NvInferRuntime.h>
 
 #include <cstdint>
-#include <string>
+#include <cstring>
+#include <exception>
 #include <vector>
 
 namespace flashspec
@@ -25,8 +26,29 @@ constexpr char const* kVersion = "1";
 //! The kernels' dtype code of a TensorRT type, or -1.
 int32_t kernelDtype(nvinfer1::DataType type) noexcept;
 bool isFloatType(nvinfer1::DataType type) noexcept;
-void logError(std::string const& message) noexcept;
+//! printf-style error to TensorRT's logger; formats into a fixed buffer, so it never allocates.
+void logError(char const* format, ...) noexcept __attribute__((format(printf, 1, 2)));
 void setLoggerFinder(nvinfer1::ILoggerFinder* finder) noexcept;
+
+//! The exception barrier of a noexcept entry point that may allocate: f()'s result, or
+//! `fallback` with the exception logged (nothing escapes into TensorRT).
+template <typename R, typename F>
+R guarded(char const* where, R fallback, F&& f) noexcept
+{
+    try
+    {
+        return f();
+    }
+    catch (std::exception const& e)
+    {
+        logError("%s: %s", where, e.what());
+    }
+    catch (...)
+    {
+        logError("%s: unknown exception", where);
+    }
+    return fallback;
+}
 
 class FlashspecPlugin : public nvinfer1::IPluginV3,
                         public nvinfer1::IPluginV3OneCore,
@@ -74,7 +96,7 @@ public:
 
     nvinfer1::IPluginV3* clone() noexcept override
     {
-        return new P(static_cast<P const&>(*this));
+        return guarded<nvinfer1::IPluginV3*>(P::kName, nullptr, [&] { return new P(static_cast<P const&>(*this)); });
     }
     char const* getPluginName() const noexcept override
     {
@@ -106,7 +128,7 @@ public:
         for (int32_t i = 0; fc != nullptr && i < fc->nbFields; ++i)
         {
             nvinfer1::PluginField const& field = fc->fields[i];
-            if (std::string(field.name) != "vocab_size" || field.length != 1)
+            if (field.name == nullptr || std::strcmp(field.name, "vocab_size") != 0 || field.length != 1)
             {
                 continue;
             }
@@ -121,13 +143,14 @@ public:
         }
         if (vocabSize <= 0 || vocabSize > INT32_MAX)
         {
-            logError(std::string(P::kName) + ": attribute vocab_size must be an integer in [1, 2^31), got "
-                + std::to_string(vocabSize));
+            logError("%s: attribute vocab_size must be an integer in [1, 2^31), got %lld", P::kName,
+                static_cast<long long>(vocabSize));
             return nullptr;
         }
         (void) name;
         (void) phase;
-        return new P(static_cast<int32_t>(vocabSize));
+        return guarded<nvinfer1::IPluginV3*>(
+            P::kName, nullptr, [&] { return new P(static_cast<int32_t>(vocabSize)); });
     }
 
     nvinfer1::PluginFieldCollection const* getFieldNames() noexcept override

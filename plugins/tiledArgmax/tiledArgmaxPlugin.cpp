@@ -98,7 +98,7 @@ int32_t TiledArgmaxPlugin::enqueue(PluginTensorDesc const* inputDesc, PluginTens
     cudaError_t const status = invokeTiledArgmax(params, stream);
     if (status != cudaSuccess)
     {
-        logError(std::string("TiledArgmax: ") + cudaGetErrorString(status));
+        logError("TiledArgmax: %s", cudaGetErrorString(status));
         return -1;
     }
     return 0;

@@ -123,7 +123,7 @@ int32_t VerifyResamplePlugin::enqueue(PluginTensorDesc const* inputDesc, PluginT
     cudaError_t const status = invokeVerifyResample(params, stream);
     if (status != cudaSuccess)
     {
-        logError(std::string("VerifyResample: ") + cudaGetErrorString(status));
+        logError("VerifyResample: %s", cudaGetErrorString(status));
         return -1;
     }
     return 0;
