@@ -4,6 +4,7 @@ body fails the build. Each build runs in its own process (the plugin registry is
 
 from __future__ import annotations
 
+import json
 import pathlib
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import pytest
 
 from flashspec_export.config import ConfigError
 from flashspec_export.engine import build, plugins
+from flashspec_export.export import manifest
 from flashspec_export.export.pipeline import export
 from flashspec_export.models.build import ExportConfig
 
@@ -58,6 +60,9 @@ def test_a_node_that_falls_back_to_its_body_fails_the_build(exported_mtp, tmp_pa
     node = next(n for n in model.graph.node if n.domain == plugins.PLUGIN_NAMESPACE)
     next(a for a in node.attribute if a.name == "plugin_version").s = b"2"
     onnx.save(model, str(path))
+    entries = json.loads((path.parent / "manifest.json").read_text())  # an export made so
+    entries["graphs"]["target_step"]["sha256"] = manifest.sha256(path)
+    (path.parent / "manifest.json").write_text(json.dumps(entries))
     result = _script(tmp_path / "export", "--graphs", "target_step")
     assert result.returncode != 0
     assert "1 flashspec node(s) but 0 plugin layer(s)" in result.stderr
