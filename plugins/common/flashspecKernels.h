@@ -50,6 +50,10 @@ struct VerifyResampleParams
     int32_t numSplits;           // 0 = chosen from the SM count
 };
 
+//! The most vocabulary splits resolveNumSplits chooses on any GPU (it grows with the SM count up
+//! to this bound): a workspace sized with it fits every device an engine may run on.
+int32_t maxNumSplits(int32_t vocabSize);
+
 //! The number of vocabulary splits a launch uses (requested > 0 is taken as is).
 int32_t resolveNumSplits(int32_t numRows, int32_t hiddenSize, int32_t vocabSize, int32_t dtype, int32_t requested);
 

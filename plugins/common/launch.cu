@@ -3,6 +3,11 @@
 namespace flashspec
 {
 
+int32_t maxNumSplits(int32_t vocabSize)
+{
+    return std::max(1, vocabSize / (kWarps * kUnroll * 4)); // no split narrower than one pass of all warps
+}
+
 int32_t resolveNumSplits(int32_t numRows, int32_t hiddenSize, int32_t vocabSize, int32_t dtype, int32_t requested)
 {
     if (requested > 0)
@@ -17,10 +22,9 @@ int32_t resolveNumSplits(int32_t numRows, int32_t hiddenSize, int32_t vocabSize,
     }
     int32_t const rows = blockRows(numRows, hiddenSize, dtype, mmaShape(hiddenSize, dtype));
     int32_t const rowBlocks = (numRows + rows - 1) / rows;
-    // Two CTAs per SM over all row blocks, but no split narrower than one pass of all warps.
+    // Two CTAs per SM over all row blocks, at most maxNumSplits.
     int32_t const bySm = std::max(1, (2 * smCount + rowBlocks - 1) / rowBlocks);
-    int32_t const byVocab = std::max(1, vocabSize / (kWarps * kUnroll * 4));
-    return std::min(bySm, byVocab);
+    return std::min(bySm, maxNumSplits(vocabSize));
 }
 
 } // namespace flashspec

@@ -69,11 +69,10 @@ bool TiledArgmaxPlugin::supportsFormatCombination(
 size_t TiledArgmaxPlugin::getWorkspaceSize(DynamicPluginTensorDesc const* inputs, int32_t /* nbInputs */,
     DynamicPluginTensorDesc const* /* outputs */, int32_t /* nbOutputs */) const noexcept
 {
-    // A bound over every N <= max N: the split count is largest for a single row block.
+    // A bound over every N <= max N and every GPU: enqueue resolves the split count on the GPU
+    // it runs on, which may have more SMs than the one that built the engine.
     int32_t const maxRows = static_cast<int32_t>(inputs[kHidden].max.d[0]);
-    int32_t const hiddenSize = static_cast<int32_t>(inputs[kHidden].max.d[1]);
-    int32_t const dtype = kernelDtype(inputs[kHidden].desc.type);
-    return getTiledArgmaxWorkspaceSize(maxRows, resolveNumSplits(1, hiddenSize, mVocabSize, dtype, 0));
+    return getTiledArgmaxWorkspaceSize(maxRows, maxNumSplits(mVocabSize));
 }
 
 int32_t TiledArgmaxPlugin::enqueue(PluginTensorDesc const* inputDesc, PluginTensorDesc const* /* outputDesc */,

@@ -86,12 +86,10 @@ bool VerifyResamplePlugin::supportsFormatCombination(
 size_t VerifyResamplePlugin::getWorkspaceSize(DynamicPluginTensorDesc const* inputs, int32_t /* nbInputs */,
     DynamicPluginTensorDesc const* /* outputs */, int32_t /* nbOutputs */) const noexcept
 {
-    // A bound over every shape <= max: the split count is largest for a single row block.
+    // A bound over every shape <= max and every GPU: enqueue resolves the split count on the GPU
+    // it runs on, which may have more SMs than the one that built the engine.
     int64_t const maxRows = inputs[kHidden].max.d[0] * inputs[kHidden].max.d[1];
-    int32_t const hiddenSize = static_cast<int32_t>(inputs[kHidden].max.d[2]);
-    int32_t const dtype = kernelDtype(inputs[kHidden].desc.type);
-    return getVerifyResampleWorkspaceSize(
-        static_cast<int32_t>(maxRows), resolveNumSplits(1, hiddenSize, mVocabSize, dtype, 0));
+    return getVerifyResampleWorkspaceSize(static_cast<int32_t>(maxRows), maxNumSplits(mVocabSize));
 }
 
 int32_t VerifyResamplePlugin::enqueue(PluginTensorDesc const* inputDesc, PluginTensorDesc const* /* outputDesc */,
