@@ -39,6 +39,8 @@ import torch
 
 from flashspec_export import ops
 from flashspec_export.config import HeadShape
+from flashspec_export.reference.sampled_verify import select_emitted
+from flashspec_export.reference.verify_resample import count_accepted
 
 PROVIDERS = (
     "verify_resample",
@@ -227,11 +229,8 @@ def _providers(shape: HeadShape, rows: int, config: BenchConfig, lm_head: torch.
 
 def _emit(accept: torch.Tensor, drafts: torch.Tensor, candidates: torch.Tensor):
     """Tokens and counts from ``accept [N, γ]`` and ``candidates [N, γ + 1]`` (baselines)."""
-    k = accept.long().cumprod(dim=1).sum(dim=1)  # [N]
-    col = torch.arange(candidates.shape[1], device=candidates.device)[None, :]
-    padded = torch.cat([drafts, candidates[:, -1:]], dim=1)
-    tokens = torch.where(col < k[:, None], padded, candidates)
-    return torch.where(col <= k[:, None], tokens, -1), k + 1
+    k = count_accepted(accept)  # [N]
+    return select_emitted(k, drafts, candidates, fill=-1), k + 1
 
 
 def run(config: BenchConfig, progress: Callable[[str], None] = lambda _: None) -> dict:
