@@ -22,22 +22,26 @@ from flashspec_export.kernels.tiled_argmax import tiled_argmax as triton_argmax
 from flashspec_export.kernels.verify_resample import verify_resample as triton_verify
 
 
-def candidates(rows: int, vocab: int, sms: int):
-    """Row block from the row count (and 64 / 128, GEMM-shaped, for 64 rows and more), three
-    tile widths, 4 or 8 warps, 3 or 4 pipeline stages, and splits for two waves or one tile
-    per program."""
+def candidates(
+    rows: int, vocab: int, sms: int, warps_options, block_n_options, stages_options, block_h
+):
+    """Row block from the row count (and 64 / 128, GEMM-shaped, for 64 rows and more) unless
+    given, three tile widths, the given warp counts and pipeline depths, and splits for two
+    waves or one tile per program. Tiles of more than 64 fp32 accumulators per thread are
+    skipped (they spill once the epilogue's temporaries are live)."""
     base = max(16, min(128, triton.next_power_of_2(rows)))
-    row_blocks_options = sorted({base, 64, 128}) if rows >= 64 else [base]
+    if not block_n_options:
+        block_n_options = sorted({base, 64, 128}) if rows >= 64 else [base]
     for block_n, block_v, warps, stages, waves in itertools.product(
-        row_blocks_options, (64, 128, 256), (4, 8), (3, 4), (2, 0)
+        block_n_options, (64, 128, 256), warps_options, stages_options, (2, 0)
     ):
-        if block_n * block_v > 32768 or (block_n * block_v > 8192 and warps == 4):
+        if block_n * block_v > 64 * 32 * warps or block_n > triton.next_power_of_2(rows):
             continue
         tiles = triton.cdiv(vocab, block_v)
         row_blocks = triton.cdiv(rows, block_n)
         splits = tiles if waves == 0 else min(tiles, triton.cdiv(waves * sms, row_blocks))
         splits = triton.cdiv(tiles, triton.cdiv(tiles, splits))
-        yield KernelConfig(block_n, block_v, 64, splits, warps, stages)
+        yield KernelConfig(block_n, block_v, block_h, splits, warps, stages)
 
 
 def main() -> None:
@@ -52,6 +56,10 @@ def main() -> None:
         default=["verify_resample", "tiled_argmax"],
         choices=["verify_resample", "tiled_argmax"],
     )
+    add("--warps", nargs="+", type=int, default=[4, 8], choices=[4, 8, 16], help="num_warps")
+    add("--block-n", nargs="+", type=int, default=[], help="row blocks (default: from R)")
+    add("--stages", nargs="+", type=int, default=[3, 4], help="num_stages")
+    add("--block-h", type=int, default=64, choices=[32, 64, 128], help="hidden chunk per dot")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         parser.exit(2, "error: needs a CUDA GPU (torch.cuda.is_available() is False)\n")
@@ -74,7 +82,9 @@ def main() -> None:
         pos = torch.zeros(n, dtype=torch.int64, device="cuda")
         matmul = functools.partial(torch.matmul, flat, lm_head.T)
         matmul_us[rows] = statistics.median(time_graph(matmul, 30, 3))
-        for config in candidates(rows, shape.vocab_size, sms):
+        for config in candidates(
+            rows, shape.vocab_size, sms, args.warps, args.block_n, args.stages, args.block_h
+        ):
             for op in args.ops:
                 if op == "verify_resample":
                     fn = functools.partial(
