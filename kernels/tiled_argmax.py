@@ -60,20 +60,22 @@ def _sm_count(device_index: int) -> int:
 # Tuned on an H100 (Llama-3-8B head, bf16; scripts/tune_kernels.py, docs/BENCHMARKS.md): per op,
 # rows up to the key -> (BLOCK_N, BLOCK_V, num_warps, waves, num_stages), waves = programs per SM
 # along the vocabulary (0: one tile per program). VerifyResample carries the Gumbel hash per
-# logit, so it wants fewer logits per thread than the plain argmax; from 64 rows it wants a
-# deeper pipeline (docs/bench/tune_verify_large_h100.log: -12% at 128 rows, -13% at 512).
+# logit, so it wants fewer logits per thread than the plain argmax. From 64 rows both want
+# GEMM-shaped 128-row blocks, 4 stages and, for the wide tiles, 16 warps (32 accumulators per
+# thread leave registers for the hash): docs/bench/tune_large_h100.log, verify -9% at 128 rows
+# and -20% at 512 against the 8-warp 128 x 64 tile; argmax -16% at 512.
 TUNED = {
     "verify_resample": (
         (16, (16, 128, 8, 2, 3)),
         (32, (32, 128, 8, 0, 3)),
-        (128, (64, 64, 4, 2, 4)),
-        (None, (128, 64, 8, 2, 4)),
+        (64, (64, 64, 4, 2, 4)),
+        (None, (128, 128, 16, 0, 4)),
     ),
     "tiled_argmax": (
         (16, (16, 128, 8, 2, 3)),
         (32, (32, 128, 8, 2, 3)),
-        (128, (128, 128, 8, 0, 3)),
-        (None, (64, 256, 8, 0, 3)),
+        (128, (128, 128, 8, 2, 4)),
+        (None, (128, 256, 16, 2, 4)),
     ),
 }
 

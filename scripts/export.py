@@ -54,13 +54,11 @@ def main() -> None:
         manifest = export(config)
     except (ConfigError, FileExistsError) as error:
         parser.exit(2, f"error: {error}\n")
-    for graph in manifest["graphs"].values():
-        print(
-            f"{out}/{graph['file']}: {len(graph['inputs'])} inputs, {len(graph['outputs'])} outputs"
-        )
+    for graph in manifest.graphs.values():
+        print(f"{out}/{graph.file}: {len(graph.inputs)} inputs, {len(graph.outputs)} outputs")
     print(
-        f"{out}/manifest.json: {manifest['architecture']}, vocab {manifest['vocab_size']}, "
-        f"gamma {manifest['gamma']}, drafter {manifest['drafter']}"
+        f"{out}/manifest.json: {manifest.architecture}, vocab {manifest.vocab_size}, "
+        f"gamma {manifest.gamma}, drafter {manifest.drafter}"
     )
 
 

@@ -189,7 +189,14 @@ DAMAGE = {
     ),
     "manifest without graphs": (
         lambda d: (d / "manifest.json").write_text('{"format": 1, "config": {}}'),
-        "manifest.json lacks vocab_size, gamma, drafter, graphs",
+        "manifest.json lacks source, architecture, vocab_size, padded_vocab, hidden_size, gamma, "
+        "drafter, opset, ops, graphs",
+    ),
+    "manifest with a mistyped field": (
+        lambda d: (d / "manifest.json").write_text(
+            (d / "manifest.json").read_text().replace('"gamma": 3', '"gamma": "3"')
+        ),
+        "manifest.json: gamma: expected int, got str",
     ),
     "missing manifest": (
         lambda d: (d / "manifest.json").unlink(),

@@ -19,6 +19,7 @@ import os
 import pathlib
 import shutil
 import tempfile
+from collections.abc import Sequence
 
 from flashspec_export.config import ConfigError
 from flashspec_export.engine import plugins
@@ -40,16 +41,18 @@ def tensorrt_flavour() -> str:
     )
 
 
-def profile(io: list[dict], max_tokens: int) -> dict[str, tuple[tuple[int, ...], ...]]:
-    """(min, opt, max) shapes of a graph's inputs from the manifest's ``inputs`` list; named
+def profile(
+    io: Sequence[export_manifest.TensorSpec], max_tokens: int
+) -> dict[str, tuple[tuple[int, ...], ...]]:
+    """(min, opt, max) shapes of a graph's inputs (the manifest's ``Graph.inputs``); named
     (dynamic) axes range over 1 .. ``max_tokens`` with opt = min(16, max_tokens)."""
     shapes = {}
     for value in io:
-        dims = value["shape"]
+        dims = value.shape
         low = tuple(d if isinstance(d, int) else 1 for d in dims)
         opt = tuple(d if isinstance(d, int) else min(DYNAMIC_OPT, max_tokens) for d in dims)
         high = tuple(d if isinstance(d, int) else max_tokens for d in dims)
-        shapes[value["name"]] = (low, opt, high)
+        shapes[value.name] = (low, opt, high)
     return shapes
 
 
@@ -109,10 +112,10 @@ def build_engines(
     """
     directory = pathlib.Path(directory)
     manifest = export_manifest.read(directory)
-    names = graphs or list(manifest["graphs"])
-    unknown = [n for n in names if n not in manifest["graphs"]]
+    names = graphs or list(manifest.graphs)
+    unknown = [n for n in names if n not in manifest.graphs]
     if unknown:
-        known = ", ".join(manifest["graphs"])
+        known = ", ".join(manifest.graphs)
         raise ConfigError(f"graphs: {', '.join(unknown)} not in this export (it has {known})")
     export_manifest.verify(directory, manifest, names)
     out = directory / "engines"
@@ -141,9 +144,9 @@ def build_engines(
     reports = {}
     try:
         for name in names:
-            entry = manifest["graphs"][name]
-            shapes = profile(entry["inputs"], manifest["config"]["max_len"])
-            source = directory / entry["file"]
+            entry = manifest.graphs[name]
+            shapes = profile(entry.inputs, manifest.max_len)
+            source = directory / entry.file
             engine = staging / f"{name}.engine"
             report = _build_one(trt, source, shapes, engine, library is not None)
             reports[name] = report

@@ -1,4 +1,8 @@
-"""``manifest.json``: what an export holds — the contract between export, engine and runtime.
+"""``manifest.json``: what an export holds — the one contract between export, engine and runtime.
+
+``Manifest`` is typed and versioned: the exporter builds one and ``write``s it; the engine layer
+and the runtime ``read`` it (which validates every field's type) and ``verify`` the files it
+names. Nothing else reads ``manifest.json``.
 
 An export directory is written whole or not at all (``pipeline.export`` writes into a temporary
 directory beside it and renames it into place), and the manifest records the SHA-256 of every
@@ -7,15 +11,17 @@ graph file, so a reader can tell a damaged or mixed export from a good one (``ve
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import pathlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from flashspec_export.config import ConfigError
 
 FILE_NAME = "manifest.json"
 FORMAT = 1  # bump when the layout changes; readers refuse other formats
-REQUIRED = ("format", "config", "vocab_size", "gamma", "drafter", "graphs")
 
 
 def sha256(path: pathlib.Path) -> str:
@@ -26,50 +32,206 @@ def sha256(path: pathlib.Path) -> str:
     return digest.hexdigest()
 
 
-def write(directory: pathlib.Path, manifest: dict) -> dict:
-    """Write ``manifest`` (its graphs' files already in ``directory``), adding the format and
-    the files' hashes; returns what was written."""
-    for graph in manifest["graphs"].values():
-        graph["sha256"] = sha256(directory / graph["file"])
-        if graph["external_data"]:
-            graph["data_sha256"] = sha256(directory / (graph["file"] + ".data"))
-    manifest = {"format": FORMAT, **manifest}
-    (directory / FILE_NAME).write_text(json.dumps(manifest, indent=1))
-    return manifest
+@dataclass(frozen=True)
+class TensorSpec:
+    """A graph input or output: ONNX dtype name ("INT64", "FLOAT", ...) and shape, whose dims are
+    ints or symbolic names (dynamic axes)."""
+
+    name: str
+    dtype: str
+    shape: tuple[int | str, ...]
 
 
-def read(directory: str | pathlib.Path) -> dict:
+@dataclass(frozen=True)
+class Graph:
+    """One ONNX graph of the export and the hashes of its files (``FILE.data``: weights stored
+    beside the graph when the model is over protobuf's 2 GB)."""
+
+    file: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    sha256: str
+    external_data: bool = False
+    data_sha256: str | None = None
+
+    def files(self) -> list[tuple[str, str | None]]:
+        """(file name, expected SHA-256) of every file of the graph."""
+        extra = [(self.file + ".data", self.data_sha256)] if self.external_data else []
+        return [(self.file, self.sha256), *extra]
+
+    def input(self, name: str) -> TensorSpec:
+        return next(i for i in self.inputs if i.name == name)
+
+
+@dataclass(frozen=True)
+class OpVersion:
+    """How a ``flashspec`` node is named in the graphs (ONNX domain) and resolved by TensorRT
+    (plugin creator)."""
+
+    domain: str
+    version: int
+    plugin_namespace: str
+    plugin_version: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """An export: the configuration it was made from (``ExportConfig`` fields), the model's
+    geometry, the drafter and γ, the custom ops, and the graphs by name (``target_prefill``,
+    ``target_step``, ``drafter_<draft>``)."""
+
+    config: Mapping[str, object]
+    source: str
+    architecture: str
+    vocab_size: int
+    padded_vocab: int
+    hidden_size: int
+    gamma: int
+    drafter: str
+    opset: int
+    ops: Mapping[str, OpVersion]
+    graphs: Mapping[str, Graph]
+    format: int = field(default=FORMAT)
+
+    @property
+    def batch(self) -> int:
+        return int(self.config["batch"])
+
+    @property
+    def max_len(self) -> int:
+        return int(self.config["max_len"])
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=1)
+
+
+def hashed_graph(directory: pathlib.Path, file: str, inputs, outputs, external_data: bool) -> Graph:
+    """The ``Graph`` entry of ``directory / file`` (already written), with its hashes."""
+    data = sha256(directory / (file + ".data")) if external_data else None
+    return Graph(
+        file=file,
+        inputs=tuple(inputs),
+        outputs=tuple(outputs),
+        sha256=sha256(directory / file),
+        external_data=external_data,
+        data_sha256=data,
+    )
+
+
+def write(directory: pathlib.Path, manifest: Manifest) -> None:
+    """Write ``manifest`` into ``directory`` (its graphs' files already there)."""
+    (pathlib.Path(directory) / FILE_NAME).write_text(manifest.to_json())
+
+
+# ---- reading: every field's type is checked, so a damaged manifest fails here, by name
+
+
+def _expect(value, kind, where: str):
+    ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+    if not ok:
+        names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+        raise ConfigError(f"{where}: expected {names}, got {type(value).__name__}; re-export")
+    return value
+
+
+def _fields(cls, data, where: str) -> dict:
+    """The fields of dataclass ``cls`` from the JSON object ``data`` (missing ones named)."""
+    _expect(data, dict, where)
+    required = [
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
+    missing = [name for name in required if name not in data]
+    if missing:
+        raise ConfigError(f"{where} lacks {', '.join(missing)}; re-export")
+    known = {f.name for f in dataclasses.fields(cls)}
+    return {key: value for key, value in data.items() if key in known}
+
+
+def _tensor(data, where: str) -> TensorSpec:
+    d = _fields(TensorSpec, data, where)
+    shape = tuple(
+        _expect(dim, (int, str), f"{where}.shape") for dim in _expect(d["shape"], list, where)
+    )
+    return TensorSpec(_expect(d["name"], str, where), _expect(d["dtype"], str, where), shape)
+
+
+def _graph(data, where: str) -> Graph:
+    d = _fields(Graph, data, where)
+    tensors = {
+        side: tuple(
+            _tensor(t, f"{where}.{side}[{i}]")
+            for i, t in enumerate(_expect(d[side], list, f"{where}.{side}"))
+        )
+        for side in ("inputs", "outputs")
+    }
+    external = _expect(d.get("external_data", False), bool, f"{where}.external_data")
+    return Graph(
+        file=_expect(d["file"], str, f"{where}.file"),
+        sha256=_expect(d["sha256"], str, f"{where}.sha256"),
+        external_data=external,
+        data_sha256=_expect(d.get("data_sha256"), (str, type(None)), f"{where}.data_sha256"),
+        **tensors,
+    )
+
+
+def _op(data, where: str) -> OpVersion:
+    d = _fields(OpVersion, data, where)
+    return OpVersion(
+        _expect(d["domain"], str, f"{where}.domain"),
+        _expect(d["version"], int, f"{where}.version"),
+        _expect(d["plugin_namespace"], str, f"{where}.plugin_namespace"),
+        _expect(d["plugin_version"], str, f"{where}.plugin_version"),
+    )
+
+
+def from_json(data, where: str = FILE_NAME) -> Manifest:
+    """A ``Manifest`` from parsed JSON; ``ConfigError`` naming the first bad field."""
+    _expect(data, dict, where)
+    if "format" in data and data["format"] != FORMAT:
+        raise ConfigError(
+            f"{where} has format {data['format']}, this version reads {FORMAT}; re-export"
+        )
+    d = _fields(Manifest, {"format": FORMAT, **data}, where)
+    ints = ("vocab_size", "padded_vocab", "hidden_size", "gamma", "opset")
+    strings = ("source", "architecture", "drafter")
+    values = {key: _expect(d[key], int, f"{where}: {key}") for key in ints}
+    values |= {key: _expect(d[key], str, f"{where}: {key}") for key in strings}
+    config = _expect(d["config"], dict, f"{where}: config")
+    for key in ("batch", "max_len"):
+        _expect(config.get(key), int, f"{where}: config.{key}")
+    ops = {
+        name: _op(entry, f"{where}: ops.{name}")
+        for name, entry in _expect(d["ops"], dict, f"{where}: ops").items()
+    }
+    graphs = {
+        name: _graph(entry, f"{where}: graphs.{name}")
+        for name, entry in _expect(d["graphs"], dict, f"{where}: graphs").items()
+    }
+    return Manifest(config=config, ops=ops, graphs=graphs, **values)
+
+
+def read(directory: str | pathlib.Path) -> Manifest:
     """The manifest of an export directory; a clear error when it is missing or damaged."""
     path = pathlib.Path(directory) / FILE_NAME
     if not path.is_file():
         raise FileNotFoundError(f"export: {path} not found (run scripts/export.py first)")
     try:
-        manifest = json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ConfigError(f"export: {path} is not valid JSON ({error}); re-export") from error
-    if not isinstance(manifest, dict):
+    if not isinstance(data, dict):
         raise ConfigError(f"export: {path} holds no manifest object; re-export")
-    missing = [key for key in REQUIRED if key not in manifest]
-    if missing:
-        raise ConfigError(f"export: {path} lacks {', '.join(missing)}; re-export")
-    if manifest["format"] != FORMAT:
-        raise ConfigError(
-            f"export: {path} has format {manifest['format']}, this version reads {FORMAT}; "
-            "re-export"
-        )
-    return manifest
+    return from_json(data, f"export: {path}")
 
 
-def verify(directory: str | pathlib.Path, manifest: dict, graphs=None) -> None:
+def verify(directory: str | pathlib.Path, manifest: Manifest, graphs=None) -> None:
     """Refuse an export whose graph files (``graphs``: names, default all) are missing or do not
     match the hashes in its manifest, naming the file."""
     directory = pathlib.Path(directory)
-    for name in graphs or manifest["graphs"]:
-        entry = manifest["graphs"][name]
-        files = [(entry["file"], entry.get("sha256"))]
-        if entry.get("external_data"):
-            files.append((entry["file"] + ".data", entry.get("data_sha256")))
-        for file, expected in files:
+    for name in graphs or manifest.graphs:
+        for file, expected in manifest.graphs[name].files():
             path = directory / file
             if not path.is_file():
                 raise ConfigError(f"export: {path} is missing (the manifest lists it); re-export")

@@ -65,38 +65,32 @@ def _resolved(spec: str) -> str:
     return spec if spec in TARGET_PRESETS else str(pathlib.Path(spec).resolve())
 
 
-def _io(values) -> list[dict]:
+def _io(values) -> list[manifest.TensorSpec]:
     def dims(v):
-        return [
+        return tuple(
             d.dim_value if d.HasField("dim_value") else d.dim_param
             for d in v.type.tensor_type.shape.dim
-        ]
+        )
 
     return [
-        {
-            "name": v.name,
-            "dtype": onnx.TensorProto.DataType.Name(v.type.tensor_type.elem_type),
-            "shape": dims(v),
-        }
+        manifest.TensorSpec(
+            v.name, onnx.TensorProto.DataType.Name(v.type.tensor_type.elem_type), dims(v)
+        )
         for v in values
     ]
 
 
-def _save(model: onnx.ModelProto, path: pathlib.Path) -> dict:
+def _save(model: onnx.ModelProto, path: pathlib.Path) -> manifest.Graph:
     onnx.checker.check_model(model, full_check=True)
     large = model.ByteSize() > EXTERNAL_DATA_BYTES
     onnx.save_model(
         model, path, save_as_external_data=large, location=path.name + ".data" if large else None
     )
-    return {
-        "file": path.name,
-        "external_data": large,
-        "inputs": _io(model.graph.input),
-        "outputs": _io(model.graph.output),
-    }
+    inputs, outputs = _io(model.graph.input), _io(model.graph.output)
+    return manifest.hashed_graph(path.parent, path.name, inputs, outputs, large)
 
 
-def export(config: ExportConfig) -> dict:
+def export(config: ExportConfig) -> manifest.Manifest:
     """Export the graphs of ``config`` into ``config.out``; returns the manifest."""
     validate(config)
     out = _output_dir(config)
@@ -161,28 +155,28 @@ def export(config: ExportConfig) -> dict:
             logger.info("exporting %s", name)
             proto = translation.export(module, args, dynamic_shapes=dynamic, output_names=names)
             graphs[name] = _save(proto, staging / f"{name}.onnx")
-        entries = {
-            "config": asdict(config),
-            "source": config.target,
-            "architecture": model.config.model_type,
-            "vocab_size": model.config.vocab_size,
-            "padded_vocab": int(model.lm_head.weight.shape[0]),
-            "hidden_size": model.config.hidden_size,
-            "gamma": config.gamma,
-            "drafter": config.draft,
-            "opset": functions.OPSET,
-            "ops": {
-                op: {
-                    "domain": functions.DOMAIN,
-                    "version": functions.DOMAIN_VERSION,
-                    "plugin_namespace": functions.DOMAIN,
-                    "plugin_version": functions.PLUGIN_VERSION,
-                }
+        written = manifest.Manifest(
+            config=asdict(config),
+            source=config.target,
+            architecture=model.config.model_type,
+            vocab_size=model.config.vocab_size,
+            padded_vocab=int(model.lm_head.weight.shape[0]),
+            hidden_size=model.config.hidden_size,
+            gamma=config.gamma,
+            drafter=config.draft,
+            opset=functions.OPSET,
+            ops={
+                op: manifest.OpVersion(
+                    functions.DOMAIN,
+                    functions.DOMAIN_VERSION,
+                    functions.DOMAIN,
+                    functions.PLUGIN_VERSION,
+                )
                 for op in functions.FUNCTIONS
             },
-            "graphs": graphs,
-        }
-        written = manifest.write(staging, entries)
+            graphs=graphs,
+        )
+        manifest.write(staging, written)
         _replace(out, staging)
     finally:
         if staging.exists():

@@ -54,12 +54,12 @@ def run(config: RunConfig) -> RunReport:
     target, drafter = sessions.from_export(config.export_dir)
     g = torch.Generator().manual_seed(config.seed)
     shape = (target.batch, config.prompt_len)
-    prompt = torch.randint(0, manifest["vocab_size"], shape, generator=g)
+    prompt = torch.randint(0, manifest.vocab_size, shape, generator=g)
     temperature = torch.full((target.batch,), config.temperature)
     if config.seed + target.batch - 1 > MAX_SEED:  # sequence i uses seed + i
         raise ConfigError(f"seed: {config.seed} + batch {target.batch} - 1 exceeds {MAX_SEED}")
     seeds = torch.arange(target.batch, dtype=torch.int64) + config.seed
-    args = (prompt, config.new_tokens, manifest["gamma"], temperature, seeds)
+    args = (prompt, config.new_tokens, manifest.gamma, temperature, seeds)
     start = time.perf_counter()
     result = generate(target, drafter, *args)
     seconds = time.perf_counter() - start

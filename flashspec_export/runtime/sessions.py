@@ -86,7 +86,7 @@ def from_modules(
 def reference_of(directory: str | pathlib.Path):
     """The PyTorch (Target, drafter) an export was made from (its manifest's config)."""
     manifest = export_manifest.read(directory)
-    config = ExportConfig(**manifest["config"])
+    config = ExportConfig(**manifest.config)
     return from_modules(build_modules(config), config.draft, config.batch, config.max_len)
 
 
@@ -97,17 +97,16 @@ def from_export(directory: str | pathlib.Path, providers=("CPUExecutionProvider"
     directory = pathlib.Path(directory)
     manifest = export_manifest.read(directory)
     export_manifest.verify(directory, manifest)
-    graphs = manifest["graphs"]
+    graphs = manifest.graphs
 
     def load(name):
-        session = ort.InferenceSession(str(directory / graphs[name]["file"]), providers=providers)
-        cache = next(i for i in graphs[name]["inputs"] if i["name"] == "k_cache")
-        return onnx_graph(session), tuple(cache["shape"])
+        session = ort.InferenceSession(str(directory / graphs[name].file), providers=providers)
+        return onnx_graph(session), graphs[name].input("k_cache").shape
 
     prefill, cache_shape = load("target_prefill")
     step, _ = load("target_step")
     target = Target(prefill, step, cache_shape)
-    draft = manifest["drafter"]
+    draft = manifest.drafter
     if draft == "ngram":
         return target, NgramDrafter()
     graph, draft_cache = load(f"drafter_{draft}")

@@ -59,7 +59,7 @@ def test_an_export_killed_midway_leaves_the_previous_one_intact(tmp_path):
     process.wait()
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     manifest.verify(out, manifest.read(out))
-    assert manifest.read(out)["drafter"] == "ngram"
+    assert manifest.read(out).drafter == "ngram"
 
 
 def test_an_engine_build_killed_midway_leaves_the_engines_as_they_were(tmp_path):
@@ -97,7 +97,7 @@ def test_a_relative_checkpoint_path_is_recorded_absolute(tmp_path, monkeypatch):
     TargetConfig.from_name("tiny-llama").build(seed=0).save_pretrained(tmp_path / "ckpt")
     monkeypatch.chdir(tmp_path)
     export(ExportConfig(target="ckpt", draft="ngram", out="o", max_len=16))
-    recorded = manifest.read(tmp_path / "o")["config"]["target"]
+    recorded = manifest.read(tmp_path / "o").config["target"]
     assert recorded == str((tmp_path / "ckpt").resolve())
     monkeypatch.chdir(ROOT)
     target, _ = sessions.reference_of(tmp_path / "o")

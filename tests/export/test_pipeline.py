@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import pathlib
 import subprocess
 import sys
@@ -14,6 +13,7 @@ onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 
+from flashspec_export.export import manifest as export_manifest  # noqa: E402
 from flashspec_export.export.pipeline import export  # noqa: E402
 from flashspec_export.models.build import ExportConfig  # noqa: E402
 
@@ -44,15 +44,15 @@ def exported(tmp_path_factory):
 
 
 def test_main_command_writes_checked_graphs_and_a_manifest(exported):
-    manifest = json.loads((exported / "manifest.json").read_text())
-    assert set(manifest["graphs"]) == {"target_prefill", "target_step", "drafter_mtp"}
-    assert manifest["vocab_size"] == 512 and manifest["gamma"] == 3 and manifest["drafter"] == "mtp"
-    assert manifest["ops"]["VerifyResample"]["plugin_version"] == "1"
-    step_io = manifest["graphs"]["target_step"]
-    assert [i["name"] for i in step_io["inputs"]][:2] == ["tokens", "positions"]
-    assert step_io["outputs"][0]["shape"] == [1, 4] and step_io["outputs"][0]["dtype"] == "INT64"
-    for name, graph in manifest["graphs"].items():
-        model = onnx.load(exported / graph["file"])
+    manifest = export_manifest.read(exported)
+    assert set(manifest.graphs) == {"target_prefill", "target_step", "drafter_mtp"}
+    assert manifest.vocab_size == 512 and manifest.gamma == 3 and manifest.drafter == "mtp"
+    assert manifest.ops["VerifyResample"].plugin_version == "1"
+    step_io = manifest.graphs["target_step"]
+    assert [i.name for i in step_io.inputs][:2] == ["tokens", "positions"]
+    assert step_io.outputs[0].shape == (1, 4) and step_io.outputs[0].dtype == "INT64"
+    for name, graph in manifest.graphs.items():
+        model = onnx.load(exported / graph.file)
         onnx.checker.check_model(model, full_check=True)
         onnx.shape_inference.infer_shapes(model, check_type=True)
         custom = {n.op_type for n in model.graph.node if n.domain == "flashspec"}
@@ -65,7 +65,7 @@ def test_main_command_writes_checked_graphs_and_a_manifest(exported):
         )
         used = {name for node in model.graph.node for name in node.input}
         assert [i.name for i in model.graph.input if i.name not in used] == [], name
-        ort.InferenceSession(str(exported / graph["file"]), providers=["CPUExecutionProvider"])
+        ort.InferenceSession(str(exported / graph.file), providers=["CPUExecutionProvider"])
 
 
 def test_existing_output_is_never_overwritten_silently(exported):
@@ -94,8 +94,8 @@ def test_checkpoint_directory_and_ngram(tmp_path):
             target=str(checkpoint), draft="ngram", out=str(tmp_path / "o"), gamma=2, max_len=64
         )
     )
-    assert set(manifest["graphs"]) == {"target_prefill", "target_step"}
-    assert manifest["architecture"] == "qwen3" and manifest["source"] == str(checkpoint)
+    assert set(manifest.graphs) == {"target_prefill", "target_step"}
+    assert manifest.architecture == "qwen3" and manifest.source == str(checkpoint)
 
 
 def test_unsupported_architecture_is_refused(tmp_path):
@@ -109,15 +109,17 @@ def test_unsupported_architecture_is_refused(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
-def _random_inputs(graph: dict, vocab_size: int, new_tokens: int, seed: int) -> dict:
+def _random_inputs(
+    graph: export_manifest.Graph, vocab_size: int, new_tokens: int, seed: int
+) -> dict:
     """Inputs for an exported graph from its manifest entry (dynamic axes = ``new_tokens``)."""
     import torch
 
     g = torch.Generator().manual_seed(seed)
     values = {}
-    for value in graph["inputs"]:
-        shape = [d if isinstance(d, int) else new_tokens for d in value["shape"]]
-        name = value["name"]
+    for value in graph.inputs:
+        shape = [d if isinstance(d, int) else new_tokens for d in value.shape]
+        name = value.name
         if name == "tokens":
             values[name] = torch.randint(0, vocab_size, shape, generator=g)
         elif name == "positions":
@@ -145,23 +147,23 @@ def test_polygraphy_onnxrt_matches_pytorch(exported, tmp_path, graph):
 
     from flashspec_export.models.build import build_modules
 
-    manifest = json.loads((exported / "manifest.json").read_text())
-    modules = build_modules(ExportConfig(**manifest["config"]))
+    manifest = export_manifest.read(exported)
+    modules = build_modules(ExportConfig(**manifest.config))
     module = {
         "target_prefill": modules.target.step,
         "target_step": modules.target,
         "drafter_mtp": modules.drafter,
     }[graph]
-    entry = manifest["graphs"][graph]
-    args = _random_inputs(entry, manifest["vocab_size"], new_tokens=5, seed=5)
+    entry = manifest.graphs[graph]
+    args = _random_inputs(entry, manifest.vocab_size, new_tokens=5, seed=5)
     with torch.no_grad():
         outputs = module(*args.values())
-    names = [o["name"] for o in entry["outputs"]]
+    names = [o.name for o in entry.outputs]
     save_json([{k: v.numpy() for k, v in args.items()}], tmp_path / "inputs.json")
     reference = RunResults()
     reference.add([dict(zip(names, (o.numpy() for o in outputs), strict=True))], "pytorch")
     reference.save(str(tmp_path / "pytorch.json"))
-    command = ["polygraphy", "run", str(exported / entry["file"]), "--onnxrt"]
+    command = ["polygraphy", "run", str(exported / entry.file), "--onnxrt"]
     command += ["--load-inputs", str(tmp_path / "inputs.json")]
     command += [
         "--load-outputs",
@@ -182,18 +184,18 @@ def test_tensorrt_rtx_parses_every_graph_and_builds_engines(exported):
     an engine of each; a second run refuses to overwrite them."""
     trt = pytest.importorskip("tensorrt_rtx", reason="needs TensorRT-RTX")
     pytest.importorskip("polygraphy")
-    manifest = json.loads((exported / "manifest.json").read_text())
+    manifest = export_manifest.read(exported)
     logger = trt.Logger(trt.Logger.ERROR)
-    for graph in manifest["graphs"].values():
+    for graph in manifest.graphs.values():
         network = trt.Builder(logger).create_network(0)
         parser = trt.OnnxParser(network, logger)
-        assert parser.parse_from_file(str(exported / graph["file"])), [
+        assert parser.parse_from_file(str(exported / graph.file)), [
             str(parser.get_error(i)) for i in range(parser.num_errors)
         ]
         assert network.num_layers > 10
     result = _script_at("build_engines.py", str(exported))
     assert result.returncode == 0, result.stderr[-3000:]
-    for name in manifest["graphs"]:
+    for name in manifest.graphs:
         assert (exported / "engines" / f"{name}.engine").stat().st_size > 0
     again = _script_at("build_engines.py", str(exported), "--graphs", "target_step")
     assert again.returncode == 2 and "pass --force to rebuild" in again.stderr
@@ -229,7 +231,7 @@ def test_draft_weights_must_match_the_target(tmp_path):
     weights = {k: v for k, v in own.state_dict().items() if k.startswith(("eh_proj", "layers"))}
     torch.save(weights, tmp_path / "own.pt")
     manifest = export(ExportConfig(out=str(tmp_path / "b"), draft_weights=str(tmp_path / "own.pt")))
-    assert "drafter_mtp" in manifest["graphs"]
+    assert "drafter_mtp" in manifest.graphs
 
 
 @pytest.mark.parametrize(
@@ -242,9 +244,9 @@ def test_draft_weights_must_match_the_target(tmp_path):
 def test_eagle_and_model_drafters_export(tmp_path, draft, extra, graph):
     result = _script("--target", "tiny-llama", "--draft", draft, *extra, "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr
-    manifest = json.loads((tmp_path / "manifest.json").read_text())
-    assert set(manifest["graphs"]) == {"target_prefill", "target_step", graph}
-    model = onnx.load(tmp_path / manifest["graphs"][graph]["file"])
+    manifest = export_manifest.read(tmp_path)
+    assert set(manifest.graphs) == {"target_prefill", "target_step", graph}
+    model = onnx.load(tmp_path / manifest.graphs[graph].file)
     onnx.checker.check_model(model, full_check=True)
     assert {n.op_type for n in model.graph.node if n.domain == "flashspec"} == {"TiledArgmax"}
 
@@ -261,8 +263,8 @@ def test_large_graphs_go_to_external_data(tmp_path, monkeypatch):
 
     monkeypatch.setattr(pipeline, "EXTERNAL_DATA_BYTES", 100_000)
     manifest = export(ExportConfig(draft="ngram", out=str(tmp_path), max_len=64))
-    step = manifest["graphs"]["target_step"]
-    assert step["external_data"] and (tmp_path / "target_step.onnx.data").is_file()
+    step = manifest.graphs["target_step"]
+    assert step.external_data and (tmp_path / "target_step.onnx.data").is_file()
     data_bytes = (tmp_path / "target_step.onnx.data").stat().st_size
     assert data_bytes > (tmp_path / "target_step.onnx").stat().st_size  # the weights moved out
     onnx.checker.check_model(str(tmp_path / "target_step.onnx"), full_check=True)
