@@ -47,13 +47,14 @@ from flashspec_export.kernels.noise import (
     token_bits,
     use_libdevice,
 )
-from flashspec_export.kernels.tiled_argmax import (
+from flashspec_export.kernels.tiles import (
     KernelConfig,
     cached_workspace,
     check_device,
     choose_config,
     dot_options,
     dot_tile,
+    fold_best,
 )
 from flashspec_export.reference.verify_resample import VerifyResult
 
@@ -67,7 +68,7 @@ F_MAX: tl.constexpr = tl.constexpr(_MAX)
 F_SUM_EXP: tl.constexpr = tl.constexpr(_SUM_EXP)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_rows", "gamma", "num_splits", "tiles_per_split"])
 def _verify_tiles_kernel(
     hidden_ptr,  # [N, γ + 1, H]
     lm_head_ptr,  # [V, H]
@@ -80,15 +81,13 @@ def _verify_tiles_kernel(
     gamma,
     vocab_size,
     num_splits,
+    tiles_per_split,
     stride_hn,
     stride_hi,
     stride_hh,
     stride_vv,
     stride_vh,
-    # Loop bounds are compile-time constants: H is fixed per model, and the Triton 3.6
-    # interpreter cannot take a runtime loop bound under NumPy >= 2.4 (triton-lang/triton#9171).
-    HIDDEN_SIZE: tl.constexpr,
-    TILES_PER_SPLIT: tl.constexpr,
+    HIDDEN_SIZE: tl.constexpr,  # fixed per model: the dot's loop bound
     DOT_PRECISION: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
     LIBDEVICE: tl.constexpr,
@@ -121,8 +120,8 @@ def _verify_tiles_kernel(
 
     # A fixed trip count: the last split may run past the vocabulary; its tiles are fully
     # masked, load nothing, and change no running value.
-    for j in range(0, TILES_PER_SPLIT):
-        tile = pid_s * TILES_PER_SPLIT + j
+    for j in range(0, tiles_per_split):
+        tile = pid_s * tiles_per_split + j
         tile_valid = tile * BLOCK_V < vocab_size
         cols, col_ok, acc = dot_tile(
             hidden_ptr,
@@ -148,13 +147,9 @@ def _verify_tiles_kernel(
         # Gumbel-max sample: 7 32-bit multiply-mods and 2 logs per element, in registers.
         g = gumbel_from_bits(token_bits(key_a[:, None], key_b[:, None], cols[None, :]), LIBDEVICE)
         score = tl.where(greedy[:, None], logits, logits + g)
-        tile_best, tile_arg = tl.max(
-            score, 1, return_indices=True, return_indices_tie_break_left=True
+        best_score, best_index, take, tile_arg = fold_best(
+            best_score, best_index, score, tile, tile_valid, BLOCK_V
         )
-        # Strict '>' keeps the earlier (lower-index) tile on ties; best_index < 0 seeds the run.
-        take = (tile_best > best_score) | ((best_index < 0) & tile_valid)
-        best_score = tl.where(take, tile_best, best_score)
-        best_index = tl.where(take, tile * BLOCK_V + tile_arg, best_index)
         if RETURN_LOGPROBS:
             tile_logit = tl.sum(
                 tl.where(tl.arange(0, BLOCK_V)[None, :] == tile_arg[:, None], logits, 0.0), 1
@@ -177,7 +172,7 @@ def _verify_tiles_kernel(
         tl.store(ws_float_ptr + F_SUM_EXP * plane + ws_off, s, mask=row_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_rows", "gamma", "num_splits"])
 def _verify_finalize_kernel(
     ws_float_ptr,  # [4, R, S] float32
     ws_index_ptr,  # [R, S] int32
@@ -313,7 +308,7 @@ def verify_resample(
         torch.empty((n, width), dtype=torch.float32, device=device) if return_logprobs else None
     )
 
-    tiles = triton.cdiv(vocab_size, config.block_v)
+    tiles_per_split = triton.cdiv(triton.cdiv(vocab_size, config.block_v), splits)
     _verify_tiles_kernel[(triton.cdiv(rows, config.block_n), splits)](
         hidden,
         lm_head,
@@ -326,10 +321,10 @@ def verify_resample(
         gamma,
         vocab_size,
         splits,
+        tiles_per_split,
         *hidden.stride(),
         *lm_head.stride(),
         HIDDEN_SIZE=hidden_size,
-        TILES_PER_SPLIT=triton.cdiv(tiles, splits),
         **dot_options(hidden),
         LIBDEVICE=libdevice,
         RETURN_LOGPROBS=return_logprobs,

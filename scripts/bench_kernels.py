@@ -7,9 +7,9 @@ python scripts/bench_kernels.py --heads llama3-8b --rows 1 8 64 --providers veri
 from __future__ import annotations
 
 import torch
+from kernel_bench import PROVIDERS, BenchConfig, markdown, run, write_report
 
 from flashspec_export import cli
-from flashspec_export.benchmark import PROVIDERS, BenchConfig, markdown, run, write_report
 from flashspec_export.config import HEAD_SHAPES
 
 
@@ -24,7 +24,7 @@ def main() -> None:
         "--dtype", default=defaults.dtype, choices=["bfloat16", "float16", "float32"]
     )
     parser.add_argument(
-        "--repeats", type=cli.int_range(1), default=defaults.repeats, help="timed graph replays"
+        "--rep-ms", type=cli.int_range(1), default=defaults.rep_ms, help="GPU ms per timed replay"
     )
     parser.add_argument("--out", default="bench_kernels.json", help="JSON report path")
     parser.add_argument("--plot", default=None, help="PNG plot path")
@@ -36,7 +36,7 @@ def main() -> None:
         rows=tuple(args.rows),
         providers=tuple(args.providers),
         dtype=args.dtype,
-        repeats=args.repeats,
+        rep_ms=args.rep_ms,
     )
     report = run(config, progress=lambda line: print(line, flush=True))
     write_report(report, args.out, args.plot)

@@ -1,6 +1,6 @@
 """Time the CUDA kernels (``plugins/``) over vocabulary split counts on one LM head, for the
 library in ``$FLASHSPEC_KERNELS_LIB`` (run once per build variant). Timing as in
-``flashspec_export.benchmark``; prints one line per (op, rows, splits) and writes JSON.
+``scripts/kernel_bench.py``; prints one line per (op, rows, splits) and writes JSON.
 
     FLASHSPEC_KERNELS_LIB=plugins/build/libflashspec_kernels.so \\
         python scripts/tune_cuda.py --head llama3-8b --rows 1 16 64 256 --out tune_cuda.json
@@ -13,9 +13,9 @@ import json
 import statistics
 
 import torch
+from kernel_bench import time_graph
 
 from flashspec_export import cli
-from flashspec_export.benchmark import time_graph
 from flashspec_export.config import HEAD_SHAPES, HeadShape
 from flashspec_export.ops import cuda
 
@@ -51,7 +51,7 @@ def main() -> None:
                 ),
             }
             for op, fn in ops.items():
-                median = statistics.median(time_graph(fn, 30, 3))
+                median = statistics.median(time_graph(fn, 50))
                 results.append({"op": op, "rows": rows, "splits": splits, "median_us": median})
                 print(f"{cuda.library_path().name} {op} R={rows} splits={splits}: {median:.0f} us")
     with open(args.out, "w") as f:

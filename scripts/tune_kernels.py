@@ -1,5 +1,5 @@
 """Sweep launch configurations of the Triton kernels on one LM head and print the best per row
-count (the table ``choose_config`` encodes). Timing as in ``flashspec_export.benchmark``.
+count (the table ``choose_config`` encodes). Timing as in ``scripts/kernel_bench.py``.
 
     python scripts/tune_kernels.py --head llama3-8b --rows 4 32 128 512 --out tune.json
 """
@@ -13,12 +13,12 @@ import statistics
 
 import torch
 import triton
+from kernel_bench import time_graph
 
 from flashspec_export import cli
-from flashspec_export.benchmark import time_graph
 from flashspec_export.config import HEAD_SHAPES, HeadShape
-from flashspec_export.kernels.tiled_argmax import KernelConfig
 from flashspec_export.kernels.tiled_argmax import tiled_argmax as triton_argmax
+from flashspec_export.kernels.tiles import KernelConfig
 from flashspec_export.kernels.verify_resample import verify_resample as triton_verify
 
 
@@ -81,7 +81,7 @@ def main() -> None:
         seeds = torch.arange(n, device="cuda")
         pos = torch.zeros(n, dtype=torch.int64, device="cuda")
         matmul = functools.partial(torch.matmul, flat, lm_head.T)
-        matmul_us[rows] = statistics.median(time_graph(matmul, 30, 3))
+        matmul_us[rows] = statistics.median(time_graph(matmul, 50))
         for config in candidates(
             rows, shape.vocab_size, sms, args.warps, args.block_n, args.stages, args.block_h
         ):
@@ -103,7 +103,7 @@ def main() -> None:
                         triton_argmax, flat, lm_head, shape.vocab_size, config=config
                     )
                 try:
-                    us = statistics.median(time_graph(fn, 20, 3))
+                    us = statistics.median(time_graph(fn, 50))
                 except Exception as e:  # a config the compiler rejects (e.g. out of shared memory)
                     print(f"R={rows} {op} {config}: failed {type(e).__name__}: {e}"[:200])
                     continue

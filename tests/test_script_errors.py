@@ -18,16 +18,18 @@ SCRIPTS = pathlib.Path(__file__).parents[1] / "scripts"
 
 
 def run_script(name: str, *args: str, capsys) -> tuple[int, str]:
-    """Run ``scripts/<name>`` with ``args``; returns (exit status, stderr)."""
-    argv = sys.argv
+    """Run ``scripts/<name>`` with ``args`` as ``python scripts/<name>`` would (its directory
+    first on ``sys.path``); returns (exit status, stderr)."""
+    argv, path = sys.argv, sys.path[:]
     sys.argv = [name, *args]
+    sys.path.insert(0, str(SCRIPTS))
     try:
         runpy.run_path(str(SCRIPTS / name), run_name="__main__")
         code = 0
     except SystemExit as exit_:
         code = exit_.code if isinstance(exit_.code, int) else 1
     finally:
-        sys.argv = argv
+        sys.argv, sys.path[:] = argv, path
     return code, capsys.readouterr().err
 
 
@@ -140,7 +142,7 @@ def test_generate_refuses(case, ngram_export, capsys):
 
 SIZE_CASES = {
     "bench rows 0": ("bench_kernels.py", ["--rows", "0"], "--rows: expected an integer >= 1"),
-    "bench repeats x": ("bench_kernels.py", ["--repeats", "x"], "expected an integer, got 'x'"),
+    "bench rep-ms x": ("bench_kernels.py", ["--rep-ms", "x"], "expected an integer, got 'x'"),
     "tune rows -4": ("tune_kernels.py", ["--rows", "-4"], "--rows: expected an integer >= 1"),
     "tune_cuda gamma 99": ("tune_cuda.py", ["--gamma", "99"], "an integer in 0..64, got 99"),
     "invariance gamma 0": ("check_invariance.py", ["--gammas", "0"], "in 1..64, got 0"),

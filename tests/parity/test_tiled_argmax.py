@@ -72,7 +72,8 @@ def test_triton_small_tiles_empty_split_and_strided_inputs():
     """BLOCK_V = 64 over 1000 ids with 5 splits of 4 tiles: the last split lies past the
     vocabulary. 40 rows span three 16-row blocks; hidden and lm_head are strided views."""
     pytest.importorskip("triton")
-    from flashspec_export.kernels.tiled_argmax import KernelConfig, tiled_argmax
+    from flashspec_export.kernels.tiled_argmax import tiled_argmax
+    from flashspec_export.kernels.tiles import KernelConfig
 
     hidden, lm_head = _case(40, 40, 1024, torch.float32, seed=9)
     wide_hidden = torch.zeros(40, 64, device=DEVICE)

@@ -147,7 +147,7 @@ def test_triton_small_tiles_empty_split_and_strided_inputs(triton_verify):
     """BLOCK_V = 64 over 1000 ids is 16 tiles; 5 splits of 4 tiles leave the last split past the
     vocabulary (it must not contribute). 5 · 5 = 25 rows span two 16-row blocks; H = 40 leaves
     a tail of the 16-wide hidden chunk. hidden and lm_head are strided views."""
-    from flashspec_export.kernels.tiled_argmax import KernelConfig
+    from flashspec_export.kernels.tiles import KernelConfig
 
     hidden, lm_head, drafts, temps, seeds, positions, vocab = _case(
         5, 4, 40, 1000, 1024, torch.float32, seed=21
@@ -168,7 +168,7 @@ def test_triton_small_tiles_empty_split_and_strided_inputs(triton_verify):
 def test_triton_preallocated_workspace_is_reused(triton_verify):
     """A caller-owned workspace gives the same result on every call (nothing leaks between
     calls through it); a workspace of the wrong shape is refused with a clear message."""
-    from flashspec_export.kernels.tiled_argmax import KernelConfig
+    from flashspec_export.kernels.tiles import KernelConfig
 
     case = _case(3, 2, 40, 111, 128, torch.float16, seed=31)
     config = KernelConfig(block_n=16, block_v=64, block_h=32, num_splits=2)
