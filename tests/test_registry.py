@@ -39,6 +39,7 @@ def test_unknown_op_is_named():
 def test_every_op_has_an_onnx_face(op):
     pytest.importorskip("onnx")
     from flashspec_export.onnx import functions
+    from flashspec_export.ops.specs import SPECS
 
-    op_type = functions.OP_TYPES[op]
+    op_type = SPECS[op].op_type
     assert functions.FUNCTIONS[op_type]().name == op_type

@@ -15,13 +15,14 @@ from onnx import TensorProto, helper
 
 from flashspec_export.onnx import noise, schemas  # schemas register on import
 from flashspec_export.onnx.builder import Body
+from flashspec_export.ops import specs
 from flashspec_export.reference import noise as spec
 
 DOMAIN = schemas.DOMAIN
 DOMAIN_VERSION = schemas.DOMAIN_VERSION
 OPSET = 18
 IR_VERSION = 10
-PLUGIN_VERSION = "1"
+PLUGIN_VERSION = specs.PLUGIN_VERSION
 I64, F32 = np.int64, np.float32
 _BIG = 2**31 - 1  # "to the end" for Slice (TensorRT wants int32-range bounds)
 OPSET_IMPORTS = [helper.make_opsetid("", OPSET), helper.make_opsetid(DOMAIN, DOMAIN_VERSION)]
@@ -152,12 +153,10 @@ def plugin_node(op_type: str, inputs, outputs, vocab_size: int, name: str | None
     )
 
 
-FUNCTIONS = {"TiledArgmax": tiled_argmax_function, "VerifyResample": verify_resample_function}
-# registry op name -> ONNX op_type (= TensorRT plugin name)
-OP_TYPES = {"tiled_argmax": "TiledArgmax", "verify_resample": "VerifyResample"}
+# ONNX op_type (= TensorRT plugin name) -> builder of its function body, from the op specs
+FUNCTIONS = {spec.op_type: globals()[spec.onnx_body] for spec in specs.SPECS.values()}
 
-
-_ELEMENT_TYPES = {"tensor(int64)": TensorProto.INT64, "tensor(float)": TensorProto.FLOAT}
+_ELEMENT_TYPES = {"int64": TensorProto.INT64, "float32": TensorProto.FLOAT}
 
 
 def single_op_model(op_type: str, float_type: int, vocab_size: int) -> onnx.ModelProto:
@@ -165,17 +164,18 @@ def single_op_model(op_type: str, float_type: int, vocab_size: int) -> onnx.Mode
 
     float_type : ``TensorProto.FLOAT`` / ``FLOAT16`` / ``BFLOAT16`` for hidden and lm_head
     """
-    inputs, outputs = schemas.IO[op_type]
+    spec = specs.BY_OP_TYPE[op_type]
 
-    def value(name, type_str, shape, _doc):
-        element = float_type if type_str == "T" else _ELEMENT_TYPES[type_str]
-        return helper.make_tensor_value_info(name, element, shape)
+    def value(arg: specs.TensorArg):
+        element = float_type if arg.dtype == "T" else _ELEMENT_TYPES[arg.dtype]
+        return helper.make_tensor_value_info(arg.name, element, list(arg.shape))
 
+    names = [a.name for a in spec.inputs], [a.name for a in spec.outputs]
     graph = helper.make_graph(
-        [plugin_node(op_type, [i[0] for i in inputs], [o[0] for o in outputs], vocab_size)],
+        [plugin_node(op_type, *names, vocab_size)],
         f"flashspec_{op_type}",
-        [value(*i) for i in inputs],
-        [value(*o) for o in outputs],
+        [value(a) for a in spec.inputs],
+        [value(a) for a in spec.outputs],
     )
     model = helper.make_model(
         graph,

@@ -1,4 +1,5 @@
-"""ONNX op schemas of the ``flashspec`` domain (version 1), registered on import.
+"""ONNX op schemas of the ``flashspec`` domain (version 1), derived from the op specs
+(``ops/specs.py``) and registered on import.
 
 The schemas document the nodes' inputs, outputs and attributes for ``onnx.checker`` and let the
 torch exporter emit the custom nodes; the computation is the model-local function body.
@@ -9,61 +10,50 @@ from __future__ import annotations
 import onnx
 from onnx.defs import OpSchema
 
-DOMAIN = "flashspec"
+from flashspec_export.ops import specs
+
+DOMAIN = specs.DOMAIN
 DOMAIN_VERSION = 1
 FLOATS = ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"]
-
-# op_type -> (inputs, outputs) as (name, type string or "T", symbolic shape, doc)
-IO = {
-    "TiledArgmax": (
-        [("hidden", "T", ["N", "H"], ""), ("lm_head", "T", ["V", "H"], "")],
-        [
-            ("token", "tensor(int64)", ["N"], "argmax, lowest index on ties"),
-            ("max_logit", "tensor(float)", ["N"], ""),
-        ],
-    ),
-    "VerifyResample": (
-        [
-            ("hidden", "T", ["N", "R", "H"], "R = gamma + 1"),
-            ("lm_head", "T", ["V", "H"], ""),
-            ("draft_tokens", "tensor(int64)", ["N", "G"], "G = gamma"),
-            ("temperature", "tensor(float)", ["N"], "0 = greedy"),
-            ("seed", "tensor(int64)", ["N"], ""),
-            ("positions", "tensor(int64)", ["N"], "absolute position of row 0"),
-        ],
-        [
-            ("tokens", "tensor(int64)", ["N", "R"], "emitted tokens, then -1"),
-            ("num_emitted", "tensor(int64)", ["N"], "in 1..gamma + 1"),
-            ("logprobs", "tensor(float)", ["N", "R"], "0 past num_emitted"),
-        ],
-    ),
-}
+_TYPES = {"T": "T", "int64": "tensor(int64)", "float32": "tensor(float)"}
 
 
-def _schema(op_type: str) -> OpSchema:
-    inputs, outputs = IO[op_type]
-    param = OpSchema.FormalParameter
+def type_string(arg: specs.TensorArg) -> str:
+    """The ONNX type string of an op argument ("T" for the float type of hidden / lm_head)."""
+    return _TYPES[arg.dtype]
+
+
+INT = OpSchema.AttrType.INT
+
+
+def _schema(spec: specs.OpSpec) -> OpSchema:
+    def params(args):
+        return [
+            OpSchema.FormalParameter(a.name, type_string(a), f"[{', '.join(a.shape)}] {a.doc}")
+            for a in args
+        ]
+
     return OpSchema(
-        op_type,
+        spec.op_type,
         DOMAIN,
         DOMAIN_VERSION,
-        f"FlashSpec {op_type} (docs/DESIGN.md); TensorRT resolves it to the plugin of that name.",
-        inputs=[param(name, type_str, f"{shape} {doc}") for name, type_str, shape, doc in inputs],
-        outputs=[param(name, type_str, f"{shape} {doc}") for name, type_str, shape, doc in outputs],
+        f"FlashSpec {spec.op_type}: {spec.doc}; TensorRT resolves it to the plugin of that name.",
+        inputs=params(spec.inputs),
+        outputs=params(spec.outputs),
         type_constraints=[("T", FLOATS, "hidden and LM-head dtype")],
         attributes=[
-            OpSchema.Attribute("vocab_size", OpSchema.AttrType.INT, "logical vocabulary"),
-            OpSchema.Attribute("plugin_namespace", OpSchema.AttrType.STRING, "flashspec"),
-            OpSchema.Attribute("plugin_version", OpSchema.AttrType.STRING, "1"),
+            *(OpSchema.Attribute(a, INT, doc) for a, doc in spec.attributes.items()),
+            OpSchema.Attribute("plugin_namespace", OpSchema.AttrType.STRING, DOMAIN),
+            OpSchema.Attribute("plugin_version", OpSchema.AttrType.STRING, specs.PLUGIN_VERSION),
         ],
     )
 
 
 def register() -> None:
-    """Register the schemas once per process."""
-    for op_type in IO:
-        if not onnx.defs.has(op_type, DOMAIN):
-            onnx.defs.register_schema(_schema(op_type))
+    """Register the schemas of every op spec once per process."""
+    for spec in specs.SPECS.values():
+        if not onnx.defs.has(spec.op_type, DOMAIN):
+            onnx.defs.register_schema(_schema(spec))
 
 
 register()

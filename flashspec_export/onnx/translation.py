@@ -7,40 +7,48 @@ TensorRT-RTX run it and TensorRT with the plugins resolves the nodes.
 
 from __future__ import annotations
 
+import inspect
+
 import onnx
 import torch
 from onnxscript import values
 
 from flashspec_export.onnx import functions, schemas
-from flashspec_export.ops import torch_ops  # noqa: F401  (registers torch.ops.flashspec)
+from flashspec_export.ops import (
+    specs,
+    torch_ops,  # noqa: F401  (registers torch.ops.flashspec)
+)
 
 _FLASHSPEC = values.Opset(schemas.DOMAIN, schemas.DOMAIN_VERSION)
 _PLUGIN = {"plugin_namespace": functions.DOMAIN, "plugin_version": functions.PLUGIN_VERSION}
 
 
-def _verify_resample(hidden, lm_head, draft_tokens, temperature, seed, positions, vocab_size: int):
-    op = values.Op(_FLASHSPEC, "VerifyResample")
-    return op(
-        hidden,
-        lm_head,
-        draft_tokens,
-        temperature,
-        seed,
-        positions,
-        vocab_size=vocab_size,
-        _outputs=3,
-        **_PLUGIN,
+def translation(spec: specs.OpSpec):
+    """The onnxscript translation of ``torch.ops.flashspec.<spec.name>``: one ``flashspec`` node
+    with the op's attributes and the plugin's namespace and version. Its signature names the
+    spec's inputs and int attributes (the exporter binds arguments by that signature)."""
+    op = values.Op(_FLASHSPEC, spec.op_type)
+
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    signature = inspect.Signature(
+        [inspect.Parameter(a.name, kind) for a in spec.inputs]
+        + [inspect.Parameter(a, kind, annotation=int) for a in spec.attributes]
     )
 
+    def translate(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs).arguments
+        inputs = [bound[a.name] for a in spec.inputs]
+        attributes = {a: bound[a] for a in spec.attributes}
+        return op(*inputs, **attributes, _outputs=len(spec.outputs), **_PLUGIN)
 
-def _tiled_argmax(hidden, lm_head, vocab_size: int):
-    op = values.Op(_FLASHSPEC, "TiledArgmax")
-    return op(hidden, lm_head, vocab_size=vocab_size, _outputs=2, **_PLUGIN)
+    translate.__signature__ = signature
+    translate.__name__ = f"_{spec.name}"
+    return translate
 
 
 TRANSLATIONS = {
-    torch.ops.flashspec.verify_resample.default: _verify_resample,
-    torch.ops.flashspec.tiled_argmax.default: _tiled_argmax,
+    getattr(torch.ops.flashspec, spec.name).default: translation(spec)
+    for spec in specs.SPECS.values()
 }
 
 

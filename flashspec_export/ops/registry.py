@@ -1,4 +1,4 @@
-"""One registry: op -> backend -> implementation.
+"""One registry: op -> backend -> implementation, derived from the op specs (``ops/specs.py``).
 
 Implementations are named by import path and loaded on first use, so a backend whose toolkit is
 missing (Triton, CUDA) costs nothing until it is asked for.
@@ -9,23 +9,10 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 
-OPS = ("verify_resample", "tiled_argmax")
+from flashspec_export.ops.specs import SPECS
 
-# The faces every op has today; later backends add rows here.
-IMPLEMENTATIONS: dict[str, dict[str, str]] = {
-    "verify_resample": {
-        "reference": "flashspec_export.reference.verify_resample:verify_resample",
-        "standard": "flashspec_export.ops.standard:verify_resample",
-        "triton": "flashspec_export.kernels.verify_resample:verify_resample",
-        "cuda": "flashspec_export.ops.cuda:verify_resample",
-    },
-    "tiled_argmax": {
-        "reference": "flashspec_export.reference.tiled_argmax:tiled_argmax",
-        "standard": "flashspec_export.ops.standard:tiled_argmax",
-        "triton": "flashspec_export.kernels.tiled_argmax:tiled_argmax",
-        "cuda": "flashspec_export.ops.cuda:tiled_argmax",
-    },
-}
+OPS = tuple(SPECS)
+IMPLEMENTATIONS: dict[str, dict[str, str]] = {name: dict(s.backends) for name, s in SPECS.items()}
 
 
 def backends(op: str) -> tuple[str, ...]:

@@ -1,69 +1,55 @@
-"""The FlashSpec ops as ``torch.library`` custom ops, so models that call them trace, compile and
-export (``torch.onnx.export`` turns them into ``flashspec`` nodes, see ``onnx/translation.py``).
+"""The FlashSpec ops as ``torch.library`` custom ops, defined from their specs (``ops/specs.py``),
+so models that call them trace, compile and export (``torch.onnx.export`` turns them into
+``flashspec`` nodes, see ``onnx/translation.py``).
 
-``torch.ops.flashspec.verify_resample`` and ``torch.ops.flashspec.tiled_argmax`` take canonical
-tensors (as the backends do) and run the Triton kernels on CUDA, the reference elsewhere.
+``torch.ops.flashspec.<name>`` takes canonical tensors (as the backends do) and runs the Triton
+kernels on CUDA, the reference elsewhere; ``verify_resample`` always returns log-probabilities.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 
 import torch
 
 from flashspec_export.ops import registry
+from flashspec_export.ops.specs import SPECS, OpSpec, output_shapes
+
+_DTYPES = {"int64": torch.int64, "float32": torch.float32}
 
 
 def _backend(t: torch.Tensor) -> str:
     return "triton" if t.is_cuda and importlib.util.find_spec("triton") else "reference"
 
 
-@torch.library.custom_op("flashspec::verify_resample", mutates_args=())
-def verify_resample(
-    hidden: torch.Tensor,
-    lm_head: torch.Tensor,
-    draft_tokens: torch.Tensor,
-    temperature: torch.Tensor,
-    seed: torch.Tensor,
-    positions: torch.Tensor,
-    vocab_size: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """VerifyResample: (tokens [N, γ+1] int64, num_emitted [N] int64, logprobs [N, γ+1] f32)."""
-    result = registry.resolve("verify_resample", _backend(hidden))(
-        hidden,
-        lm_head,
-        draft_tokens,
-        temperature,
-        seed,
-        positions,
-        vocab_size,
-        return_logprobs=True,
-    )
+def schema(spec: OpSpec) -> str:
+    """The torch schema of ``spec``: its tensors, then its int attributes."""
+    args = [f"Tensor {a.name}" for a in spec.inputs] + [f"int {a}" for a in spec.attributes]
+    return f"({', '.join(args)}) -> ({', '.join('Tensor' for _ in spec.outputs)})"
+
+
+def _run(spec: OpSpec, *args):
+    tensors = args[: len(spec.inputs)]
+    result = registry.resolve(spec.name, _backend(tensors[0]))(*args, **spec.torch_kwargs)
     return tuple(result)
 
 
-@verify_resample.register_fake
-def _(hidden, lm_head, draft_tokens, temperature, seed, positions, vocab_size):
-    n, rows, _ = hidden.shape
-    return (
-        hidden.new_empty((n, rows), dtype=torch.int64),
-        hidden.new_empty((n,), dtype=torch.int64),
-        hidden.new_empty((n, rows), dtype=torch.float32),
+def _fake(spec: OpSpec, *args):
+    tensors = args[: len(spec.inputs)]
+    shapes = output_shapes(spec, tensors)
+    return tuple(
+        tensors[0].new_empty(shape, dtype=_DTYPES[out.dtype])
+        for shape, out in zip(shapes, spec.outputs, strict=True)
     )
 
 
-@torch.library.custom_op("flashspec::tiled_argmax", mutates_args=())
-def tiled_argmax(
-    hidden: torch.Tensor, lm_head: torch.Tensor, vocab_size: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """TiledArgmax: (token [N] int64, max_logit [N] float32)."""
-    token, max_logit = registry.resolve("tiled_argmax", _backend(hidden))(
-        hidden, lm_head, vocab_size
-    )
-    return token, max_logit
+def _define(spec: OpSpec) -> None:
+    qualname = f"flashspec::{spec.name}"
+    torch.library.define(qualname, schema(spec))
+    torch.library.impl(qualname, "default")(functools.partial(_run, spec))
+    torch.library.register_fake(qualname)(functools.partial(_fake, spec))
 
 
-@tiled_argmax.register_fake
-def _(hidden, lm_head, vocab_size):
-    n = hidden.shape[0]
-    return hidden.new_empty((n,), dtype=torch.int64), hidden.new_empty((n,), dtype=torch.float32)
+for _spec in SPECS.values():
+    _define(_spec)
