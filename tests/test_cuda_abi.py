@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 
 import pytest
+import torch
 
 from flashspec_export.ops import cuda
 
@@ -18,7 +19,8 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.mark.parametrize(
-    ("op", "structure"), [(0, cuda._TiledArgmaxParams), (1, cuda._VerifyResampleParams)]
+    ("op", "structure"),
+    [(0, cuda._TiledArgmaxParams), (1, cuda._VerifyResampleParams), (2, cuda._NoiseParams)],
 )
 def test_params_layout_matches_the_library(op, structure):
     offsets = (ctypes.c_size_t * 32)()
@@ -36,3 +38,17 @@ def test_abi_version_and_workspace_sizes():
     assert lib.flashspecVerifyResampleWorkspaceSize(20, 7) == 20 * 7 * 20  # 4 floats + 1 int
     assert lib.flashspecParamsLayout(5, (ctypes.c_size_t * 32)(), 32) == -1
     assert lib.flashspecErrorString(1) == b"invalid argument"
+
+
+def test_one_dtype_enum_and_abi_version():
+    """The codes and the version come from plugins/common/flashspecAbi.h, the one definition
+    (parsed here), through the library; the Python mirror states the version it was written for."""
+    import re
+
+    header = (cuda.DEFAULT_LIBRARY.parents[1] / "common" / "flashspecAbi.h").read_text()
+    version = int(re.search(r"#define FLASHSPEC_ABI_VERSION (\d+)", header).group(1))
+    codes = {m[0]: int(m[1]) for m in re.findall(r"FLASHSPEC_(\w+) = (\d+)", header)}
+    assert version == cuda.ABI_VERSION == cuda.library().flashspecAbiVersion()
+    names = {"FLOAT32": torch.float32, "FLOAT16": torch.float16, "BFLOAT16": torch.bfloat16}
+    assert {names[k]: v for k, v in codes.items()} == cuda.dtype_codes()
+    assert cuda.library().flashspecDtypeCode(b"int8") == -1

@@ -17,10 +17,11 @@ import torch
 
 from flashspec_export.reference.verify_resample import VerifyResult
 
-ABI_VERSION = 1
+# The ABI this mirror of the params structs is written for (FLASHSPEC_ABI_VERSION in
+# plugins/common/flashspecAbi.h, checked when the library loads; the dtype codes are read from it).
+ABI_VERSION = 2
 LIBRARY_ENV = "FLASHSPEC_KERNELS_LIB"
 DEFAULT_LIBRARY = pathlib.Path(__file__).parents[2] / "plugins/build/libflashspec_kernels.so"
-_DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
 
 class _TiledArgmaxParams(ctypes.Structure):  # flashspec::TiledArgmaxParams
@@ -59,6 +60,19 @@ class _VerifyResampleParams(ctypes.Structure):  # flashspec::VerifyResampleParam
     ]
 
 
+class _NoiseParams(ctypes.Structure):  # flashspec::NoiseParams
+    _fields_ = [
+        ("seed", ctypes.c_void_p),
+        ("position", ctypes.c_void_p),
+        ("token", ctypes.c_void_p),
+        ("bits", ctypes.c_void_p),
+        ("uniform", ctypes.c_void_p),
+        ("gumbel", ctypes.c_void_p),
+        ("count", ctypes.c_int32),
+        ("stream", ctypes.c_int32),
+    ]
+
+
 def library_path() -> pathlib.Path:
     return pathlib.Path(os.environ.get(LIBRARY_ENV, DEFAULT_LIBRARY))
 
@@ -77,8 +91,19 @@ def library() -> ctypes.CDLL:
     for name in ("flashspecTiledArgmaxWorkspaceSize", "flashspecVerifyResampleWorkspaceSize"):
         getattr(lib, name).restype = ctypes.c_size_t
     if lib.flashspecAbiVersion() != ABI_VERSION:
-        raise RuntimeError(f"cuda backend: {path} has ABI {lib.flashspecAbiVersion()}, need 1")
+        raise RuntimeError(
+            f"cuda backend: {path} has ABI {lib.flashspecAbiVersion()}, this package needs "
+            f"{ABI_VERSION}: rebuild it (cmake --build plugins/build -j)"
+        )
     return lib
+
+
+@functools.cache
+def dtype_codes() -> dict[torch.dtype, int]:
+    """torch dtype -> the library's FlashspecDtype code (plugins/common/flashspecAbi.h)."""
+    lib = library()
+    names = {torch.float32: b"float32", torch.float16: b"float16", torch.bfloat16: b"bfloat16"}
+    return {dtype: lib.flashspecDtypeCode(name) for dtype, name in names.items()}
 
 
 def available() -> bool:
@@ -109,7 +134,7 @@ def tiled_argmax(hidden: torch.Tensor, lm_head: torch.Tensor, vocab_size: int, *
     stream = _device_and_stream(hidden)
     hidden, lm_head = hidden.contiguous(), lm_head.contiguous()
     n, hidden_size = hidden.shape
-    dtype = _DTYPES[hidden.dtype]
+    dtype = dtype_codes()[hidden.dtype]
     lib = library()
     with torch.cuda.device(hidden.device):
         splits = lib.flashspecResolveNumSplits(n, hidden_size, vocab_size, dtype, num_splits)
@@ -152,7 +177,7 @@ def verify_resample(
     hidden, lm_head = hidden.contiguous(), lm_head.contiguous()
     n, width, hidden_size = hidden.shape
     rows = n * width
-    dtype = _DTYPES[hidden.dtype]
+    dtype = dtype_codes()[hidden.dtype]
     device = hidden.device
     lib = library()
     with torch.cuda.device(device):
@@ -189,3 +214,28 @@ def verify_resample(
             "verify_resample",
         )
     return VerifyResult(tokens, num_emitted, logprobs)
+
+
+def evaluate_noise(seed: torch.Tensor, position: torch.Tensor, token: torch.Tensor, stream: int):
+    """The CUDA kernels' noise (``flashspecNoise.cuh``) of int64 triples, all [M] on one CUDA
+    device: ``bits`` [M] int64, ``uniform`` and ``gumbel`` [M] float32, as
+    ``reference.noise.bits`` / ``uniform_from_bits`` / ``gumbel_from_bits``."""
+    cuda_stream = _device_and_stream(seed)
+    seed, position, token = (t.to(torch.int64).contiguous() for t in (seed, position, token))
+    bits = torch.empty_like(seed)
+    uniform = torch.empty(seed.shape, dtype=torch.float32, device=seed.device)
+    gumbel = torch.empty_like(uniform)
+    params = _NoiseParams(
+        seed.data_ptr(),
+        position.data_ptr(),
+        token.data_ptr(),
+        bits.data_ptr(),
+        uniform.data_ptr(),
+        gumbel.data_ptr(),
+        seed.numel(),
+        stream,
+    )
+    with torch.cuda.device(seed.device):
+        status = library().flashspecNoise(ctypes.byref(params), ctypes.c_void_p(cuda_stream))
+        _check(status, "noise")
+    return bits, uniform, gumbel

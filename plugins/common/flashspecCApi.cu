@@ -2,6 +2,7 @@
 #include "flashspecKernels.h"
 
 #include <cstddef>
+#include <cstring>
 #include <initializer_list>
 
 using namespace flashspec;
@@ -11,7 +12,32 @@ extern "C"
 
 int32_t flashspecAbiVersion(void)
 {
-    return 1;
+    return FLASHSPEC_ABI_VERSION;
+}
+
+int32_t flashspecDtypeCode(char const* name)
+{
+    struct Entry
+    {
+        char const* name;
+        int32_t code;
+    };
+    static constexpr Entry kCodes[] = {
+        {"float32", FLASHSPEC_FLOAT32}, {"float16", FLASHSPEC_FLOAT16}, {"bfloat16", FLASHSPEC_BFLOAT16}};
+    for (Entry const& e : kCodes)
+    {
+        if (name != nullptr && std::strcmp(name, e.name) == 0)
+        {
+            return e.code;
+        }
+    }
+    return -1;
+}
+
+int32_t flashspecNoise(void const* params, void* stream)
+{
+    return static_cast<int32_t>(
+        invokeNoise(*static_cast<NoiseParams const*>(params), static_cast<cudaStream_t>(stream)));
 }
 
 int32_t flashspecResolveNumSplits(int32_t numRows, int32_t hiddenSize, int32_t vocabSize, int32_t dtype, int32_t requested)
@@ -62,6 +88,7 @@ int32_t flashspecParamsLayout(int32_t op, size_t* offsets, int32_t capacity)
     };
     using A = TiledArgmaxParams;
     using V = VerifyResampleParams;
+    using N = NoiseParams;
     switch (op)
     {
     case 0:
@@ -73,6 +100,9 @@ int32_t flashspecParamsLayout(int32_t op, size_t* offsets, int32_t capacity)
             offsetof(V, seed), offsetof(V, positions), offsetof(V, tokens), offsetof(V, numEmitted),
             offsetof(V, logprobs), offsetof(V, workspace), offsetof(V, batch), offsetof(V, gamma),
             offsetof(V, hiddenSize), offsetof(V, vocabSize), offsetof(V, dtype), offsetof(V, numSplits), sizeof(V)});
+    case 2:
+        return write({offsetof(N, seed), offsetof(N, position), offsetof(N, token), offsetof(N, bits),
+            offsetof(N, uniform), offsetof(N, gumbel), offsetof(N, count), offsetof(N, stream), sizeof(N)});
     default: return -1;
     }
 }

@@ -5,6 +5,8 @@
  */
 #pragma once
 
+#include "flashspecAbi.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -15,16 +17,19 @@ extern "C"
 {
 #endif
 
-//! 1 for the ABI of this header; bumped on any change of the params structs.
+//! FLASHSPEC_ABI_VERSION (flashspecAbi.h) of the library.
 FLASHSPEC_API int32_t flashspecAbiVersion(void);
+//! The FlashspecDtype code of "float32", "float16" or "bfloat16"; -1 for any other name.
+FLASHSPEC_API int32_t flashspecDtypeCode(char const* name);
 FLASHSPEC_API int32_t flashspecResolveNumSplits(int32_t numRows, int32_t hiddenSize, int32_t vocabSize, int32_t dtype, int32_t requested);
 FLASHSPEC_API size_t flashspecTiledArgmaxWorkspaceSize(int32_t numRows, int32_t numSplits);
 FLASHSPEC_API size_t flashspecVerifyResampleWorkspaceSize(int32_t numRows, int32_t numSplits);
 FLASHSPEC_API int32_t flashspecTiledArgmax(void const* params, void* stream);     // params: TiledArgmaxParams
 FLASHSPEC_API int32_t flashspecVerifyResample(void const* params, void* stream);  // params: VerifyResampleParams
+FLASHSPEC_API int32_t flashspecNoise(void const* params, void* stream);           // params: NoiseParams
 FLASHSPEC_API char const* flashspecErrorString(int32_t status);
 //! Field offsets of a params struct in declaration order, then its size, into offsets
-//! (op 0: TiledArgmaxParams, 1: VerifyResampleParams); returns the count written, -1 if the op
+//! (op 0: TiledArgmaxParams, 1: VerifyResampleParams, 2: NoiseParams); returns the count written, -1 if the op
 //! is unknown or capacity too small. Lets bindings check their mirror of the layout.
 FLASHSPEC_API int32_t flashspecParamsLayout(int32_t op, size_t* offsets, int32_t capacity);
 

@@ -5,6 +5,8 @@
  */
 #pragma once
 
+#include "flashspecAbi.h"
+
 #include <cuda_runtime.h>
 #include <cstddef>
 #include <cstdint>
@@ -12,7 +14,13 @@
 namespace flashspec
 {
 
-enum class DataType : int32_t; // vocabStream.cuh: kFLOAT = 0, kHALF = 1, kBF16 = 2
+//! The element type of hidden / lm_head (codes: flashspecAbi.h).
+enum class DataType : int32_t
+{
+    kFLOAT = FLASHSPEC_FLOAT32,
+    kHALF = FLASHSPEC_FLOAT16,
+    kBF16 = FLASHSPEC_BFLOAT16,
+};
 
 //! TiledArgmax: greedy drafting. All tensors contiguous, on one device.
 struct TiledArgmaxParams
@@ -27,6 +35,19 @@ struct TiledArgmaxParams
     int32_t vocabSize;
     int32_t dtype;        // DataType
     int32_t numSplits;    // vocabulary splits (CTAs per row block); 0 = chosen from the SM count
+};
+
+//! The FlashSpec noise of (seed, position, token) triples (reference/noise.py), for tests.
+struct NoiseParams
+{
+    int64_t const* seed;     // [count], in [0, 2^63)
+    int64_t const* position; // [count], in [0, P)
+    int64_t const* token;    // [count], in [0, P)
+    int64_t* bits;           // [count] out: the hash integer in [0, P)
+    float* uniform;          // [count] out
+    float* gumbel;           // [count] out
+    int32_t count;
+    int32_t stream;          // the noise stream id (reference.noise.STREAM_*)
 };
 
 //! VerifyResample: verify gamma greedy drafts and emit the next tokens (docs/DESIGN.md contract).
@@ -63,5 +84,6 @@ size_t getVerifyResampleWorkspaceSize(int32_t numRows, int32_t numSplits);
 //! cudaSuccess, cudaErrorInvalidValue for arguments outside the contract, or a launch error.
 cudaError_t invokeTiledArgmax(TiledArgmaxParams const& params, cudaStream_t stream);
 cudaError_t invokeVerifyResample(VerifyResampleParams const& params, cudaStream_t stream);
+cudaError_t invokeNoise(NoiseParams const& params, cudaStream_t stream);
 
 } // namespace flashspec

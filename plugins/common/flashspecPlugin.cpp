@@ -1,8 +1,5 @@
 #include "flashspecPlugin.h"
 
-#include "../tiledArgmax/tiledArgmaxPlugin.h"
-#include "../verifyResample/verifyResamplePlugin.h"
-
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
@@ -22,9 +19,9 @@ int32_t kernelDtype(nvinfer1::DataType type) noexcept
 {
     switch (type)
     {
-    case nvinfer1::DataType::kFLOAT: return 0;
-    case nvinfer1::DataType::kHALF: return 1;
-    case nvinfer1::DataType::kBF16: return 2;
+    case nvinfer1::DataType::kFLOAT: return FLASHSPEC_FLOAT32;
+    case nvinfer1::DataType::kHALF: return FLASHSPEC_FLOAT16;
+    case nvinfer1::DataType::kBF16: return FLASHSPEC_BFLOAT16;
     default: return -1;
     }
 }
@@ -56,16 +53,18 @@ void logError(char const* format, ...) noexcept
     }
 }
 
-FlashspecPlugin::FlashspecPlugin(int32_t vocabSize)
+FlashspecPlugin::FlashspecPlugin(int32_t vocabSize, int32_t numSplits)
     : mVocabSize(vocabSize)
+    , mNumSplits(numSplits)
 {
     mFields.emplace_back("vocab_size", &mVocabSize, nvinfer1::PluginFieldType::kINT32, 1);
+    mFields.emplace_back("num_splits", &mNumSplits, nvinfer1::PluginFieldType::kINT32, 1);
     mFieldCollection.nbFields = static_cast<int32_t>(mFields.size());
     mFieldCollection.fields = mFields.data();
 }
 
 FlashspecPlugin::FlashspecPlugin(FlashspecPlugin const& other)
-    : FlashspecPlugin(other.mVocabSize)
+    : FlashspecPlugin(other.mVocabSize, other.mNumSplits)
 {
 }
 
@@ -90,10 +89,37 @@ char const* FlashspecPlugin::getPluginNamespace() const noexcept
     return kNamespace;
 }
 
-int32_t FlashspecPlugin::configurePlugin(nvinfer1::DynamicPluginTensorDesc const* /* in */, int32_t /* nbInputs */,
+int32_t FlashspecPlugin::configurePlugin(nvinfer1::DynamicPluginTensorDesc const* in, int32_t nbInputs,
     nvinfer1::DynamicPluginTensorDesc const* /* out */, int32_t /* nbOutputs */) noexcept
 {
+    // The split count is fixed here, at build time, for the largest shape of the profile (input 0
+    // is hidden [..., H]: its leading dims are the rows), and serialized with the plugin: the
+    // workspace and every enqueue use this one value on whatever GPU runs the engine (the same
+    // splits, the same log-probabilities to the last ulp).
+    if (mNumSplits > 0 || nbInputs < 1 || in[0].max.nbDims < 2)
+    {
+        return 0;
+    }
+    nvinfer1::Dims const& max = in[0].max;
+    int64_t rows = 1;
+    for (int32_t i = 0; i + 1 < max.nbDims; ++i)
+    {
+        rows *= max.d[i];
+    }
+    int32_t const dtype = kernelDtype(in[0].desc.type);
+    if (rows <= 0 || rows > INT32_MAX || dtype < 0)
+    {
+        return 0; // shapes TensorRT has not bounded yet: enqueue resolves the splits
+    }
+    mNumSplits = resolveNumSplits(
+        static_cast<int32_t>(rows), static_cast<int32_t>(max.d[max.nbDims - 1]), mVocabSize, dtype, 0);
     return 0;
+}
+
+int32_t FlashspecPlugin::workspaceSplits() const noexcept
+{
+    // Unresolved (0): the bound of the count enqueue may resolve on any GPU.
+    return mNumSplits > 0 ? mNumSplits : maxNumSplits(mVocabSize);
 }
 
 int32_t FlashspecPlugin::onShapeChange(nvinfer1::PluginTensorDesc const* /* in */, int32_t /* nbInputs */,
@@ -114,27 +140,3 @@ nvinfer1::PluginFieldCollection const* FlashspecPlugin::getFieldsToSerialize() n
 
 } // namespace plugin
 } // namespace flashspec
-
-// Entry points TensorRT looks for when it loads this library (trtexec --dynamicPlugins,
-// IPluginRegistry::loadLibrary, polygraphy --plugins).
-extern "C"
-{
-
-__attribute__((visibility("default"))) void setLoggerFinder(nvinfer1::ILoggerFinder* finder)
-{
-    flashspec::plugin::setLoggerFinder(finder);
-}
-
-__attribute__((visibility("default"))) nvinfer1::IPluginCreatorInterface* const* getCreators(int32_t& nbCreators)
-{
-    nbCreators = 0;
-    return flashspec::plugin::guarded<nvinfer1::IPluginCreatorInterface* const*>("getCreators", nullptr, [&] {
-        static flashspec::plugin::FlashspecPluginCreator<flashspec::plugin::TiledArgmaxPlugin> tiledArgmax;
-        static flashspec::plugin::FlashspecPluginCreator<flashspec::plugin::VerifyResamplePlugin> verifyResample;
-        static nvinfer1::IPluginCreatorInterface* const creators[] = {&tiledArgmax, &verifyResample};
-        nbCreators = 2;
-        return creators;
-    });
-}
-
-} // extern "C"

@@ -1,8 +1,9 @@
 /*
  * The shared part of the FlashSpec TensorRT plugins (IPluginV3, "one" capability set): the
- * namespace / version, the one attribute `vocab_size`, serialization and the creator. Each op's
- * plugin adds only its I/O contract and its enqueue (a call to invoke<Op>). Built only where
- * TensorRT headers exist (CMake option TENSORRT_INCLUDE_DIR).
+ * namespace / version, the fields (`vocab_size` from the ONNX node, `num_splits` fixed at build
+ * time and serialized), serialization and the creator. Each op's plugin adds only its I/O
+ * contract and its enqueue (a call to invoke<Op>). The creator list is api/flashspecCreators.cpp.
+ * Built only where TensorRT headers exist (CMake option TENSORRT_INCLUDE_DIR).
  */
 #pragma once
 
@@ -56,7 +57,7 @@ class FlashspecPlugin : public nvinfer1::IPluginV3,
                         public nvinfer1::IPluginV3OneRuntime
 {
 public:
-    explicit FlashspecPlugin(int32_t vocabSize);
+    FlashspecPlugin(int32_t vocabSize, int32_t numSplits);
     FlashspecPlugin(FlashspecPlugin const& other);
     FlashspecPlugin& operator=(FlashspecPlugin const&) = delete;
     ~FlashspecPlugin() override = default;
@@ -79,7 +80,11 @@ public:
     nvinfer1::PluginFieldCollection const* getFieldsToSerialize() noexcept override;
 
 protected:
+    //! The vocabulary splits the workspace is sized for (and enqueue launches, once resolved).
+    int32_t workspaceSplits() const noexcept;
+
     int32_t mVocabSize;
+    int32_t mNumSplits; // 0 until configurePlugin resolves it (then serialized)
 
 private:
     std::vector<nvinfer1::PluginField> mFields;
@@ -108,8 +113,31 @@ public:
     }
 };
 
-//! Creator of a plugin class P (P::kName, P(int32_t vocabSize)): reads `vocab_size` (INT32 or
-//! INT64, as the ONNX parser or a serialized engine hands it over).
+//! Creator of a plugin class P (P::kName, P(int32_t vocabSize, int32_t numSplits)): reads
+//! `vocab_size` and the optional `num_splits` (INT32 or INT64, as the ONNX parser or a serialized
+//! engine hands them over).
+//! The integer field `name` (INT32 or INT64, one element) of fc, or `fallback` when absent.
+inline int64_t intField(nvinfer1::PluginFieldCollection const* fc, char const* name, int64_t fallback) noexcept
+{
+    for (int32_t i = 0; fc != nullptr && i < fc->nbFields; ++i)
+    {
+        nvinfer1::PluginField const& field = fc->fields[i];
+        if (field.name == nullptr || std::strcmp(field.name, name) != 0 || field.length != 1)
+        {
+            continue;
+        }
+        if (field.type == nvinfer1::PluginFieldType::kINT32)
+        {
+            return *static_cast<int32_t const*>(field.data);
+        }
+        if (field.type == nvinfer1::PluginFieldType::kINT64)
+        {
+            return *static_cast<int64_t const*>(field.data);
+        }
+    }
+    return fallback;
+}
+
 template <typename P>
 class FlashspecPluginCreator : public nvinfer1::IPluginCreatorV3One
 {
@@ -117,6 +145,7 @@ public:
     FlashspecPluginCreator()
     {
         mFields.emplace_back("vocab_size", nullptr, nvinfer1::PluginFieldType::kINT32, 1);
+        mFields.emplace_back("num_splits", nullptr, nvinfer1::PluginFieldType::kINT32, 1);
         mFieldCollection.nbFields = static_cast<int32_t>(mFields.size());
         mFieldCollection.fields = mFields.data();
     }
@@ -124,33 +153,24 @@ public:
     nvinfer1::IPluginV3* createPlugin(
         char const* name, nvinfer1::PluginFieldCollection const* fc, nvinfer1::TensorRTPhase phase) noexcept override
     {
-        int64_t vocabSize = -1;
-        for (int32_t i = 0; fc != nullptr && i < fc->nbFields; ++i)
-        {
-            nvinfer1::PluginField const& field = fc->fields[i];
-            if (field.name == nullptr || std::strcmp(field.name, "vocab_size") != 0 || field.length != 1)
-            {
-                continue;
-            }
-            if (field.type == nvinfer1::PluginFieldType::kINT32)
-            {
-                vocabSize = *static_cast<int32_t const*>(field.data);
-            }
-            else if (field.type == nvinfer1::PluginFieldType::kINT64)
-            {
-                vocabSize = *static_cast<int64_t const*>(field.data);
-            }
-        }
+        int64_t const vocabSize = intField(fc, "vocab_size", -1);
         if (vocabSize <= 0 || vocabSize > INT32_MAX)
         {
             logError("%s: attribute vocab_size must be an integer in [1, 2^31), got %lld", P::kName,
                 static_cast<long long>(vocabSize));
             return nullptr;
         }
+        int64_t const numSplits = intField(fc, "num_splits", 0);
+        if (numSplits < 0 || numSplits > maxNumSplits(static_cast<int32_t>(vocabSize)))
+        {
+            logError("%s: field num_splits must be in [0, %d] (0: resolved at build), got %lld", P::kName,
+                maxNumSplits(static_cast<int32_t>(vocabSize)), static_cast<long long>(numSplits));
+            return nullptr;
+        }
         (void) name;
         (void) phase;
-        return guarded<nvinfer1::IPluginV3*>(
-            P::kName, nullptr, [&] { return new P(static_cast<int32_t>(vocabSize)); });
+        return guarded<nvinfer1::IPluginV3*>(P::kName, nullptr,
+            [&] { return new P(static_cast<int32_t>(vocabSize), static_cast<int32_t>(numSplits)); });
     }
 
     nvinfer1::PluginFieldCollection const* getFieldNames() noexcept override

@@ -22,7 +22,7 @@ inline size_t elementSize(int32_t dtype)
 
 inline bool validDtype(int32_t dtype)
 {
-    return dtype >= 0 && dtype <= 2;
+    return dtype >= FLASHSPEC_FLOAT32 && dtype <= FLASHSPEC_BFLOAT16;
 }
 
 //! ROWS: the smallest of 1, 2, 4, 8, 16 covering numRows whose block fits shared memory.

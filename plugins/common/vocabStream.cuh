@@ -6,13 +6,16 @@
  * row block); the hidden block is re-read from shared memory and reused across the U rows.
  * After a warp all-reduce every lane holds all ROWS x U logits; lane r runs the epilogue of row r.
  *
- * Half / bf16 with H a multiple of 16 take the tensor-core path instead (streamVocabMma): ROWS =
- * 16 rows are the N side of a 16x16x16 WMMA product, each warp takes 16 LM-head rows (the M
- * side, loaded straight from global memory) per step, and the fp32 accumulator tile goes
- * through shared memory to the epilogue, lane l handling row l % 16 for half of the 16 ids.
- * fp32 keeps the FMA path (a TF32 product would not be the reference's fp32 logits).
+ * Half / bf16 with H a multiple of the k chunk (kGemmK = 64) and 16-byte aligned bases take the
+ * tensor-core path instead (streamVocabGemm): ROWS = 16 or 32 rows are the N side of 16x16x16
+ * WMMA products, each warp takes 16 LM-head rows (the M side) per tile, both staged in shared
+ * memory by cp.async in k chunks, and the fp32 accumulator tile goes through shared memory to
+ * the epilogue (ROWS = 32: lane r serves row r; ROWS = 16: lane l serves row l % 16 for half of
+ * the 16 ids). fp32 keeps the FMA path (a TF32 product would not be the reference's fp32 logits).
  */
 #pragma once
+
+#include "flashspecKernels.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -21,13 +24,6 @@
 
 namespace flashspec
 {
-
-enum class DataType : int32_t
-{
-    kFLOAT = 0,
-    kHALF = 1,
-    kBF16 = 2,
-};
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;

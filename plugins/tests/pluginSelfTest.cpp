@@ -104,12 +104,35 @@ void checkCommon(char const* name, int32_t nbOutputs)
     auto* runtime = static_cast<IPluginV3OneRuntime*>(plugin->getCapabilityInterface(PluginCapabilityType::kRUNTIME));
     auto* build = static_cast<IPluginV3OneBuild*>(plugin->getCapabilityInterface(PluginCapabilityType::kBUILD));
     check(std::strcmp(core->getPluginName(), name) == 0, std::string(name) + ": core capability names it");
+    auto intAt = [](PluginFieldCollection const* fc, int32_t i) { return *static_cast<int32_t const*>(fc->fields[i].data); };
     PluginFieldCollection const* fields = runtime->getFieldsToSerialize();
-    check(fields->nbFields == 1 && std::strcmp(fields->fields[0].name, "vocab_size") == 0
-            && *static_cast<int32_t const*>(fields->fields[0].data) == 1000,
-        std::string(name) + ": serializes vocab_size = 1000");
-    IPluginV3* restored = c->createPlugin("node", fields, TensorRTPhase::kRUNTIME);
+    check(fields->nbFields == 2 && std::strcmp(fields->fields[0].name, "vocab_size") == 0 && intAt(fields, 0) == 1000
+            && std::strcmp(fields->fields[1].name, "num_splits") == 0 && intAt(fields, 1) == 0,
+        std::string(name) + ": serializes vocab_size = 1000 and num_splits = 0 (unresolved) before the build");
+    // configurePlugin (build time) fixes the split count for the largest shape; it is serialized.
+    DynamicPluginTensorDesc hidden = desc(DataType::kBF16);
+    hidden.max.nbDims = 2;
+    hidden.max.d[0] = 64;
+    hidden.max.d[1] = 256;
+    check(build->configurePlugin(&hidden, 1, nullptr, 0) == 0, std::string(name) + ": configures");
+    int32_t const splits = intAt(runtime->getFieldsToSerialize(), 1);
+    check(splits == flashspec::resolveNumSplits(64, 256, 1000, FLASHSPEC_BFLOAT16, 0) && splits > 0
+            && splits <= flashspec::maxNumSplits(1000),
+        std::string(name) + ": num_splits resolved at build for 64 rows of H = 256");
+    IPluginV3* restored = c->createPlugin("node", runtime->getFieldsToSerialize(), TensorRTPhase::kRUNTIME);
     check(restored != nullptr, std::string(name) + ": deserializes from its own fields");
+    if (restored != nullptr)
+    {
+        auto* back = static_cast<IPluginV3OneRuntime*>(restored->getCapabilityInterface(PluginCapabilityType::kRUNTIME));
+        check(intAt(back->getFieldsToSerialize(), 1) == splits, std::string(name) + ": num_splits survives a round trip");
+    }
+    int32_t const tooMany = flashspec::maxNumSplits(1000) + 1;
+    int32_t const vocab = 1000;
+    PluginField bad[2] = {PluginField("vocab_size", &vocab, PluginFieldType::kINT32, 1),
+        PluginField("num_splits", &tooMany, PluginFieldType::kINT32, 1)};
+    PluginFieldCollection badFc{2, bad};
+    check(c->createPlugin("node", &badFc, TensorRTPhase::kRUNTIME) == nullptr,
+        std::string(name) + ": num_splits above maxNumSplits is refused");
     check(build->getNbOutputs() == nbOutputs, std::string(name) + ": output count");
     IPluginV3* copy = plugin->clone();
     check(copy != nullptr && copy != plugin, std::string(name) + ": clones");

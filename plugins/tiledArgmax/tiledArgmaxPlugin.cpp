@@ -15,8 +15,8 @@ constexpr int32_t kToken = 2;
 constexpr int32_t kMaxLogit = 3;
 } // namespace
 
-TiledArgmaxPlugin::TiledArgmaxPlugin(int32_t vocabSize)
-    : FlashspecOpPlugin(vocabSize)
+TiledArgmaxPlugin::TiledArgmaxPlugin(int32_t vocabSize, int32_t numSplits)
+    : FlashspecOpPlugin(vocabSize, numSplits)
 {
 }
 
@@ -69,10 +69,9 @@ bool TiledArgmaxPlugin::supportsFormatCombination(
 size_t TiledArgmaxPlugin::getWorkspaceSize(DynamicPluginTensorDesc const* inputs, int32_t /* nbInputs */,
     DynamicPluginTensorDesc const* /* outputs */, int32_t /* nbOutputs */) const noexcept
 {
-    // A bound over every N <= max N and every GPU: enqueue resolves the split count on the GPU
-    // it runs on, which may have more SMs than the one that built the engine.
+    // Every N <= max N, with the split count enqueue launches.
     int32_t const maxRows = static_cast<int32_t>(inputs[kHidden].max.d[0]);
-    return getTiledArgmaxWorkspaceSize(maxRows, maxNumSplits(mVocabSize));
+    return getTiledArgmaxWorkspaceSize(maxRows, workspaceSplits());
 }
 
 int32_t TiledArgmaxPlugin::enqueue(PluginTensorDesc const* inputDesc, PluginTensorDesc const* /* outputDesc */,
@@ -93,7 +92,7 @@ int32_t TiledArgmaxPlugin::enqueue(PluginTensorDesc const* inputDesc, PluginTens
     params.hiddenSize = static_cast<int32_t>(inputDesc[kHidden].dims.d[1]);
     params.vocabSize = mVocabSize;
     params.dtype = kernelDtype(inputDesc[kHidden].type);
-    params.numSplits = 0;
+    params.numSplits = mNumSplits; // fixed at build (configurePlugin); 0: resolved here
     cudaError_t const status = invokeTiledArgmax(params, stream);
     if (status != cudaSuccess)
     {

@@ -17,7 +17,7 @@ public:
     static constexpr char const* kName = "TiledArgmax";
     static constexpr int32_t kNbOutputs = 2;
 
-    explicit TiledArgmaxPlugin(int32_t vocabSize);
+    TiledArgmaxPlugin(int32_t vocabSize, int32_t numSplits);
 
     int32_t getOutputDataTypes(nvinfer1::DataType* outputTypes, int32_t nbOutputs,
         nvinfer1::DataType const* inputTypes, int32_t nbInputs) const noexcept override;

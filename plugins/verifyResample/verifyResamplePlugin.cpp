@@ -20,8 +20,8 @@ constexpr int32_t kPositions = 5;
 constexpr int32_t kNbInputs = 6;
 } // namespace
 
-VerifyResamplePlugin::VerifyResamplePlugin(int32_t vocabSize)
-    : FlashspecOpPlugin(vocabSize)
+VerifyResamplePlugin::VerifyResamplePlugin(int32_t vocabSize, int32_t numSplits)
+    : FlashspecOpPlugin(vocabSize, numSplits)
 {
 }
 
@@ -86,10 +86,9 @@ bool VerifyResamplePlugin::supportsFormatCombination(
 size_t VerifyResamplePlugin::getWorkspaceSize(DynamicPluginTensorDesc const* inputs, int32_t /* nbInputs */,
     DynamicPluginTensorDesc const* /* outputs */, int32_t /* nbOutputs */) const noexcept
 {
-    // A bound over every shape <= max and every GPU: enqueue resolves the split count on the GPU
-    // it runs on, which may have more SMs than the one that built the engine.
+    // Every shape <= max, with the split count enqueue launches.
     int64_t const maxRows = inputs[kHidden].max.d[0] * inputs[kHidden].max.d[1];
-    return getVerifyResampleWorkspaceSize(static_cast<int32_t>(maxRows), maxNumSplits(mVocabSize));
+    return getVerifyResampleWorkspaceSize(static_cast<int32_t>(maxRows), workspaceSplits());
 }
 
 int32_t VerifyResamplePlugin::enqueue(PluginTensorDesc const* inputDesc, PluginTensorDesc const* /* outputDesc */,
@@ -117,7 +116,7 @@ int32_t VerifyResamplePlugin::enqueue(PluginTensorDesc const* inputDesc, PluginT
     params.hiddenSize = static_cast<int32_t>(hidden.d[2]);
     params.vocabSize = mVocabSize;
     params.dtype = kernelDtype(inputDesc[kHidden].type);
-    params.numSplits = 0;
+    params.numSplits = mNumSplits; // fixed at build (configurePlugin); 0: resolved here
     cudaError_t const status = invokeVerifyResample(params, stream);
     if (status != cudaSuccess)
     {

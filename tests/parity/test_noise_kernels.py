@@ -1,6 +1,8 @@
-"""The Triton noise functions reproduce the reference noise: bits and uniforms exactly, Gumbel
-variates to the fp32 ulp-level tolerance of tests/tolerances.py (one log / log1p evaluated by
-another math library)."""
+"""The kernels' noise functions — Triton's and the CUDA kernels' (behind the TensorRT plugins,
+through the C ABI) — reproduce the reference noise and the frozen vectors: bits and uniforms
+exactly, Gumbel variates to the fp32 ulp-level tolerance of tests/tolerances.py (one log / log1p
+evaluated by another math library). On the GPU the two kernels' Gumbel variates are equal to the
+bit (both call libdevice's logf / log1pf)."""
 
 from __future__ import annotations
 
@@ -10,13 +12,31 @@ import pathlib
 import pytest
 import torch
 
+from flashspec_export.ops import cuda
 from flashspec_export.reference import noise
 from tests.tolerances import GUMBEL_ATOL, GUMBEL_RTOL
 
-pytest.importorskip("triton")
-from flashspec_export.kernels import noise as triton_noise
-
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _triton(seeds, positions, tokens, stream):
+    pytest.importorskip("triton")
+    from flashspec_export.kernels import noise as triton_noise
+
+    return triton_noise.evaluate_noise(seeds, positions, tokens, stream)
+
+
+def _cuda(seeds, positions, tokens, stream):
+    if not cuda.available():
+        pytest.skip(f"cuda noise: needs a CUDA device and {cuda.library_path()}")
+    return cuda.evaluate_noise(seeds, positions, tokens, stream)
+
+
+@pytest.fixture(params=["triton", pytest.param("cuda", marks=pytest.mark.cuda_kernels)])
+def evaluate(request):
+    return {"triton": _triton, "cuda": _cuda}[request.param]
+
+
 VECTORS = json.loads(
     (pathlib.Path(__file__).parents[1] / "data" / "noise_vectors.json").read_text()
 )["vectors"]
@@ -41,10 +61,10 @@ def _keys(count: int, seed: int):
 @pytest.mark.parametrize(
     "stream", [noise.STREAM_ACCEPT, noise.STREAM_GUMBEL, noise.STREAM_DRAFT], ids=str
 )
-def test_bits_uniform_and_gumbel_match_reference(stream):
+def test_bits_uniform_and_gumbel_match_reference(evaluate, stream):
     """20,000 keys per stream (both branches of the exponential are hit thousands of times)."""
     seeds, positions, tokens = _keys(20_000, seed=stream)
-    bits, uniform, gumbel = triton_noise.evaluate_noise(
+    bits, uniform, gumbel = evaluate(
         seeds.to(DEVICE), positions.to(DEVICE), tokens.to(DEVICE), stream
     )
     expected = noise.bits(seeds, positions, tokens, stream)
@@ -57,12 +77,12 @@ def test_bits_uniform_and_gumbel_match_reference(stream):
     assert 0.2 < float(large.float().mean()) < 0.8
 
 
-def test_frozen_vectors():
+def test_frozen_vectors(evaluate):
     """The frozen vectors of tests/data, stream by stream."""
     for stream in sorted({v["stream"] for v in VECTORS}):
         vectors = [v for v in VECTORS if v["stream"] == stream]
         keys = [torch.tensor([v[k] for v in vectors]) for k in ("seed", "position", "token")]
-        bits, uniform, gumbel = triton_noise.evaluate_noise(*(k.to(DEVICE) for k in keys), stream)
+        bits, uniform, gumbel = evaluate(*(k.to(DEVICE) for k in keys), stream)
         assert bits.tolist() == [v["bits"] for v in vectors]
         assert uniform.tolist() == [v["uniform"] for v in vectors]
         torch.testing.assert_close(
@@ -85,7 +105,7 @@ def _unrnd(y: int) -> int:
     return pow(x5, pow(5, -1, noise.P - 1), noise.P)
 
 
-def test_multiplier_edge_a_equals_one():
+def test_multiplier_edge_a_equals_one(evaluate):
     """``a = 1 + y % (P - 1)`` wraps only for ``y = P - 1`` (probability 1/P, never hit at
     random). Invert the hash to find the position whose row key has ``y = P - 1``, so ``a = 1``,
     and check the Triton bits there (a kernel computing ``a = 1 + y`` would get ``a = P``)."""
@@ -98,7 +118,18 @@ def test_multiplier_edge_a_equals_one():
     assert int(a) == 1
     tokens = torch.tensor([0, 1, 2, 1000, p - 2])
     seeds, positions = torch.full_like(tokens, seed), torch.full_like(tokens, position)
-    bits, _, _ = triton_noise.evaluate_noise(
-        seeds.to(DEVICE), positions.to(DEVICE), tokens.to(DEVICE), stream
-    )
+    bits, _, _ = evaluate(seeds.to(DEVICE), positions.to(DEVICE), tokens.to(DEVICE), stream)
     assert torch.equal(bits.cpu(), noise.bits(seeds, positions, tokens, stream))
+
+
+@pytest.mark.cuda_kernels
+def test_cuda_and_triton_gumbel_are_bit_identical_on_the_gpu():
+    """Both kernels evaluate the Gumbel variate with libdevice: equal to the bit, 20,000 keys."""
+    seeds, positions, tokens = _keys(20_000, seed=7)
+    keys = [t.to(DEVICE) for t in (seeds, positions, tokens)]
+    if DEVICE != "cuda":
+        pytest.skip("needs a CUDA device")
+    ours = _cuda(*keys, noise.STREAM_GUMBEL)
+    theirs = _triton(*keys, noise.STREAM_GUMBEL)
+    for a, b in zip(ours, theirs, strict=True):
+        assert torch.equal(a, b)

@@ -1,0 +1,18 @@
+/*
+ * The ABI the kernels' C entry points (flashspecCApi.h) share with their bindings: its version and
+ * the element-type codes of hidden / lm_head. Defined here once, in C, for the kernels, the
+ * TensorRT plugins and the Python binding (flashspec_export/ops/cuda.py checks the version and
+ * reads the codes through flashspecDtypeCode; tests/test_op_faces.py checks it against this file).
+ */
+#pragma once
+
+//! Bumped on any change of the params structs or the entry points' signatures.
+#define FLASHSPEC_ABI_VERSION 2
+
+//! Element type of hidden / lm_head.
+enum FlashspecDtype
+{
+    FLASHSPEC_FLOAT32 = 0,
+    FLASHSPEC_FLOAT16 = 1,
+    FLASHSPEC_BFLOAT16 = 2,
+};
