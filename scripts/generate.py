@@ -1,7 +1,9 @@
-"""Speculative generation with an export's graphs in onnxruntime (random prompt token ids).
+"""Speculative generation with an export's graphs in onnxruntime, or its TensorRT engines
+(random prompt token ids).
 
 python scripts/generate.py out/tiny-llama-mtp --new-tokens 32 --temperature 0.8
-python scripts/generate.py out/tiny-llama-mtp --check   # also the PyTorch modules: same tokens?
+python scripts/generate.py out/tiny-llama-mtp --check     # also the PyTorch modules: same tokens?
+python scripts/generate.py out/tiny-llama-mtp --engines   # TensorRT (scripts/build_engines.py)
 """
 
 from __future__ import annotations
@@ -22,10 +24,19 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=d.temperature, help="0: greedy")
     parser.add_argument("--seed", type=int, default=d.seed, help="sequence i samples with seed + i")
     parser.add_argument("--check", action="store_true", help="compare with the PyTorch modules")
+    parser.add_argument(
+        "--engines", action="store_true", help="run <export>/engines with TensorRT (GPU)"
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     config = RunConfig(
-        args.export_dir, args.new_tokens, args.prompt_len, args.temperature, args.seed, args.check
+        args.export_dir,
+        args.new_tokens,
+        args.prompt_len,
+        args.temperature,
+        args.seed,
+        args.check,
+        args.engines,
     )
     try:
         report = run(config)
@@ -36,7 +47,7 @@ def main() -> None:
         print(f"sequence {row}: {report.prompt[row].tolist()} -> {tokens}")
     print(
         f"{result.steps} target steps, {result.mean_emitted:.2f} tokens per step, "
-        f"{report.seconds:.2f} s (onnxruntime, CPU)"
+        f"{report.seconds:.2f} s ({'TensorRT' if args.engines else 'onnxruntime, CPU'})"
     )
     if report.matches is not None:
         print(f"PyTorch modules: {'same tokens' if report.matches else 'DIFFERENT tokens'}")

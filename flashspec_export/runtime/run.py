@@ -24,6 +24,7 @@ class RunConfig:
     temperature: float = 0.8
     seed: int = 0
     check: bool = False  # also run the PyTorch modules and compare tokens
+    engines: bool = False  # run the TensorRT engines (<export>/engines) instead of onnxruntime
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,10 @@ def run(config: RunConfig) -> RunReport:
     if not 0 <= config.seed <= MAX_SEED:
         raise ConfigError(f"seed: expected 0 <= seed <= {MAX_SEED}, got {config.seed}")
     manifest = export_manifest.read(config.export_dir)
-    target, drafter = sessions.from_export(config.export_dir)
+    if config.engines:
+        target, drafter = sessions.from_engines(config.export_dir)
+    else:
+        target, drafter = sessions.from_export(config.export_dir)
     g = torch.Generator().manual_seed(config.seed)
     shape = (target.batch, config.prompt_len)
     prompt = torch.randint(0, manifest.vocab_size, shape, generator=g)

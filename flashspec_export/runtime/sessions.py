@@ -1,8 +1,9 @@
 """The loop's target and drafter from the PyTorch modules or from an export's ONNX graphs.
 
 ``from_modules`` is the reference; ``from_export`` opens ``manifest.json`` of a
-``scripts/export.py`` output and runs its graphs in onnxruntime. With the same seeds both give
-the same tokens (``tests/runtime/test_loop.py``).
+``scripts/export.py`` output and runs its graphs in onnxruntime, ``from_engines`` the TensorRT
+engines ``scripts/build_engines.py`` built from them (with the FlashSpec plugin library loaded).
+With the same seeds all give the same tokens (``tests/runtime/test_loop.py``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import pathlib
 import numpy as np
 import torch
 
+from flashspec_export.config import ConfigError
+from flashspec_export.engine import plugins
 from flashspec_export.export import manifest as export_manifest
 from flashspec_export.models.build import ExportConfig, Modules, build_modules
 from flashspec_export.models.ngram import NgramDrafter
@@ -48,6 +51,40 @@ def onnx_graph(session) -> Graph:
     def run(*args):
         feed = {n: np.ascontiguousarray(a.numpy()) for n, a in zip(names, args, strict=True)}
         return tuple(torch.from_numpy(o) for o in session.run(None, feed))
+
+    return run
+
+
+def tensorrt_graph(trt, engine_path: pathlib.Path, graph: export_manifest.Graph) -> Graph:
+    """A serialized TensorRT engine as a callable on CPU tensors: inputs (in the order of the
+    manifest's graph) go to the GPU, the engine runs on torch's current stream, outputs come back.
+    The plugin library must be registered before (``from_engines`` does it)."""
+    logger = trt.Logger(trt.Logger.WARNING)
+    engine = trt.Runtime(logger).deserialize_cuda_engine(engine_path.read_bytes())
+    if engine is None:
+        raise ConfigError(f"engine: {engine_path} does not deserialize (TensorRT version or GPU)")
+    context = engine.create_execution_context()
+    inputs = [spec.name for spec in graph.inputs]
+    outputs = [spec.name for spec in graph.outputs]
+
+    def torch_dtype(name: str) -> torch.dtype:
+        return torch.from_numpy(np.empty(0, trt.nptype(engine.get_tensor_dtype(name)))).dtype
+
+    @torch.no_grad()
+    def run(*args):
+        feed = {n: a.cuda().contiguous() for n, a in zip(inputs, args, strict=True)}
+        for name, tensor in feed.items():
+            context.set_input_shape(name, tuple(tensor.shape))
+            context.set_tensor_address(name, tensor.data_ptr())
+        results = {}
+        for name in outputs:
+            shape = tuple(context.get_tensor_shape(name))
+            results[name] = torch.empty(shape, dtype=torch_dtype(name), device="cuda")
+            context.set_tensor_address(name, results[name].data_ptr())
+        stream = torch.cuda.current_stream()
+        if not context.execute_async_v3(stream.cuda_stream):
+            raise RuntimeError(f"engine: {engine_path.name} failed to run")
+        return tuple(results[name].cpu() for name in outputs)
 
     return run
 
@@ -111,3 +148,40 @@ def from_export(directory: str | pathlib.Path, providers=("CPUExecutionProvider"
         return target, NgramDrafter()
     graph, draft_cache = load(f"drafter_{draft}")
     return target, GraphDrafter(graph, draft_cache, features=draft != "model")
+
+
+def from_engines(directory: str | pathlib.Path):
+    """(Target, drafter) running the TensorRT engines of an export (``<export>/engines``, built by
+    ``scripts/build_engines.py``) with full TensorRT on a CUDA GPU, the FlashSpec plugin library
+    registered first. TensorRT-RTX engines do not run on data-centre GPUs (Hopper)."""
+    import importlib.util
+
+    if importlib.util.find_spec("tensorrt") is None:
+        raise ConfigError("engines: running engines needs TensorRT (the tensorrt module)")
+    import tensorrt as trt
+
+    directory = pathlib.Path(directory)
+    manifest = export_manifest.read(directory)
+    export_manifest.verify(directory, manifest)
+    library = plugins.library_path()
+    if library is not None:
+        plugins.register(trt, library)
+    engines = directory / "engines"
+    missing = [n for n in manifest.graphs if not (engines / f"{n}.engine").is_file()]
+    if missing:
+        raise ConfigError(
+            f"engines: {engines} lacks {', '.join(missing)}; run scripts/build_engines.py first"
+        )
+
+    def load(name):
+        graph = manifest.graphs[name]
+        run = tensorrt_graph(trt, engines / f"{name}.engine", graph)
+        return run, graph.input("k_cache").shape
+
+    prefill, cache_shape = load("target_prefill")
+    step, _ = load("target_step")
+    target = Target(prefill, step, cache_shape)
+    if manifest.drafter == "ngram":
+        return target, NgramDrafter()
+    graph, draft_cache = load(f"drafter_{manifest.drafter}")
+    return target, GraphDrafter(graph, draft_cache, features=manifest.drafter != "model")
