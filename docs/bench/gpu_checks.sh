@@ -3,13 +3,17 @@
 # repository root on a CUDA machine. Writes at most 8 files to ${OUT:-gpu_out}.
 #
 #   bash docs/bench/gpu_checks.sh tests              # install, build, GPU tests, sanitizer, invariance
+#       (with TensorRT headers in $TRT_INCLUDE — the public TensorRT OSS include/, never committed —
+#        the plugin library and its self-test are built and run too, under compute-sanitizer)
 #   bash docs/bench/gpu_checks.sh bench [BEFORE]     # kernel sweep; BEFORE: an older tree, timed first
 set -uo pipefail
 out="${OUT:-gpu_out}"
 mkdir -p "$out"
 rows="1 4 16 64 128 256 512"
-build() {  # $1: a repository root; builds its CUDA kernel library
-    cmake -S "$1/plugins" -B "$1/plugins/build" -DCMAKE_BUILD_TYPE=Release > /dev/null &&
+build() {  # $1: a repository root; builds its CUDA kernel library (and the plugins with headers)
+    local headers=()
+    [ -n "${TRT_INCLUDE:-}" ] && [ -f "$TRT_INCLUDE/NvInferRuntime.h" ] && headers=(-DTENSORRT_INCLUDE_DIR="$TRT_INCLUDE")
+    cmake -S "$1/plugins" -B "$1/plugins/build" -DCMAKE_BUILD_TYPE=Release "${headers[@]}" > /dev/null &&
         cmake --build "$1/plugins/build" -j 16 > /dev/null
 }
 case "${1:-tests}" in
@@ -20,8 +24,14 @@ tests)
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$log"
     python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$log"
     # 1. Parity (every backend on CUDA tensors) and the statistical exactness suite.
-    python3 -m pytest -q -x tests/parity tests/reference/test_exactness.py >> "$log" 2>&1
+    python3 -m pytest -q tests/parity tests/reference/test_exactness.py tests/test_op_faces.py \
+        tests/test_cuda_abi.py tests/runtime/test_engines.py >> "$log" 2>&1
     echo "tests rc=$?" >> "$log"
+    if [ -x plugins/build/pluginSelfTest ]; then  # the plugin adapters, enqueue included
+        compute-sanitizer --tool memcheck --error-exitcode 9 plugins/build/pluginSelfTest \
+            > "$out/plugin_selftest.log" 2>&1
+        echo "plugin self-test rc=$?" >> "$log"
+    fi
     # 2. compute-sanitizer memcheck on odd shapes, with and without log-probabilities.
     compute-sanitizer --tool memcheck --error-exitcode 9 python3 - >> "$log" 2>&1 <<'PY'
 import torch
@@ -59,8 +69,8 @@ bench)
     fi
     python3 -m pip install -q --no-build-isolation --no-deps -e . > /dev/null 2>&1
     build . || exit 1
-    python3 scripts/bench_kernels.py --heads llama3-8b --rows $rows \
-        --out "$out/bench.json" --plot "$out/bench.png" >> "$out/bench.log" 2>&1
+    python3 scripts/bench_kernels.py --heads llama3-8b qwen3-8b gemma3-12b --rows $rows \
+        --rep-ms 50 --out "$out/bench.json" --plot "$out/bench.png" >> "$out/bench.log" 2>&1
     echo "bench rc=$?" >> "$out/bench.log"
     ;;
 esac
