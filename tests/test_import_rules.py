@@ -59,3 +59,14 @@ def test_the_reference_imports_only_torch():
     loaded = _loaded_after("flashspec_export.reference.verify_resample")
     ours = {m for m in loaded if m.startswith("flashspec_export.")}
     assert ours <= {"flashspec_export.reference", *(m for m in ours if ".reference." in m)}
+
+
+def test_the_manifest_is_a_leaf_of_the_pipeline():
+    """``export/manifest.py`` is the contract both sides read: it imports no layer above it."""
+    loaded = _loaded_after("flashspec_export.export.manifest")
+    ours = {m for m in loaded if m.startswith("flashspec_export.")}
+    assert ours <= {
+        "flashspec_export.config",
+        "flashspec_export.export",
+        *(m for m in ours if m.startswith("flashspec_export.export.manifest")),
+    }
