@@ -63,8 +63,9 @@ class TargetConfig:
             )
         return TARGET_PRESETS[name]
 
-    def build(self, seed: int = 0):
-        """The Hugging Face model with random weights drawn from ``seed`` (eval mode, fp32)."""
+    def build(self, seed: int = 0, device: str = "cpu", dtype=None):
+        """The Hugging Face model with random weights drawn from ``seed`` (eval mode), created on
+        ``device`` in ``dtype`` (default fp32; a GPU initialises an 8B model in seconds)."""
         import torch
         import transformers
 
@@ -84,7 +85,9 @@ class TargetConfig:
             raise ValueError(f"{self.name}: head_dim must be hidden_size / num_heads")
         config = transformers.AutoConfig.for_model(self.model_type, **kwargs)
         torch.manual_seed(seed)
-        return transformers.AutoModelForCausalLM.from_config(config).eval()
+        with torch.device(device):
+            model = transformers.AutoModelForCausalLM.from_config(config)
+        return model.to(dtype or torch.float32).eval()
 
 
 TARGET_PRESETS = {
@@ -94,6 +97,9 @@ TARGET_PRESETS = {
         TargetConfig("tiny-qwen", "qwen3", 512, 64, 128, 2, 4, 2, 16, max_positions=256),
         # A standalone draft model for the tiny targets (same 512-token vocabulary).
         TargetConfig("tiny-draft-llama", "llama", 512, 32, 64, 1, 2, 1, 16, max_positions=256),
+        # Shapes of public models, random weights (the decode benchmark, scripts/bench_decode.py).
+        TargetConfig("llama3.2-1b-shape", "llama", 128_256, 2048, 8192, 16, 32, 8, 64, 8192),
+        TargetConfig("qwen3-1.7b-shape", "qwen3", 151_936, 2048, 6144, 28, 16, 8, 128, 8192),
         TargetConfig("llama3-8b-shape", "llama", 128_256, 4096, 14_336, 32, 32, 8, 128, 8192),
     )
 }

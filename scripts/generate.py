@@ -8,7 +8,9 @@ python scripts/generate.py out/tiny-llama-mtp --engines   # TensorRT (scripts/bu
 
 from __future__ import annotations
 
+import json
 import logging
+import pathlib
 
 from flashspec_export import cli
 from flashspec_export.config import ConfigError
@@ -27,6 +29,7 @@ def main() -> None:
     parser.add_argument(
         "--engines", action="store_true", help="run <export>/engines with TensorRT (GPU)"
     )
+    parser.add_argument("--metrics-json", default=None, help="also write the metrics as JSON")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     config = RunConfig(
@@ -45,10 +48,10 @@ def main() -> None:
     result = report.onnx
     for row, tokens in enumerate(result.tokens):
         print(f"sequence {row}: {report.prompt[row].tolist()} -> {tokens}")
-    print(
-        f"{result.steps} target steps, {result.mean_emitted:.2f} tokens per step, "
-        f"{report.seconds:.2f} s ({'TensorRT' if args.engines else 'onnxruntime, CPU'})"
-    )
+    print(f"-- {'TensorRT' if args.engines else 'onnxruntime, CPU'}")
+    print(result.metrics.summary())
+    if args.metrics_json:
+        pathlib.Path(args.metrics_json).write_text(json.dumps(result.metrics.to_json(), indent=1))
     if report.matches is not None:
         print(f"PyTorch modules: {'same tokens' if report.matches else 'DIFFERENT tokens'}")
         if not report.matches:

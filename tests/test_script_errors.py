@@ -144,6 +144,8 @@ SIZE_CASES = {
     "bench rows 0": ("bench_kernels.py", ["--rows", "0"], "--rows: expected an integer >= 1"),
     "bench rep-ms x": ("bench_kernels.py", ["--rep-ms", "x"], "expected an integer, got 'x'"),
     "tune rows -4": ("tune_kernels.py", ["--rows", "-4"], "--rows: expected an integer >= 1"),
+    "decode alpha 1": ("bench_decode.py", ["--alpha", "1"], "--alpha: expected 0 < alpha < 1"),
+    "decode batch 0": ("bench_decode.py", ["--batches", "0"], "an integer in 1..256, got 0"),
     "tune_cuda gamma 99": ("tune_cuda.py", ["--gamma", "99"], "an integer in 0..64, got 99"),
     "invariance gamma 0": ("check_invariance.py", ["--gammas", "0"], "in 1..64, got 0"),
 }
@@ -157,7 +159,9 @@ def test_benchmark_scripts_refuse_bad_sizes_before_looking_for_a_gpu(case, capsy
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without GPU")
-@pytest.mark.parametrize("script", ["bench_kernels.py", "tune_kernels.py", "tune_cuda.py"])
+@pytest.mark.parametrize(
+    "script", ["bench_kernels.py", "tune_kernels.py", "tune_cuda.py", "bench_decode.py"]
+)
 def test_gpu_scripts_say_they_need_a_gpu(script, capsys):
     code, err = run_script(script, capsys=capsys)
     assert code == 2 and "needs a CUDA GPU" in err, err

@@ -67,14 +67,20 @@ class MtpDrafter(nn.Module):
         _, kv_heads, head_dim = self.geometry
         return (1, batch, kv_heads, max_len, head_dim)
 
-    def forward(self, hidden, tokens, positions, last_row, k_cache, v_cache):
+    def features(self, hidden, tokens, positions, last_row, k_cache, v_cache, inplace=False):
+        """The MTP layer without its LM head: (normed row ``last_row`` [N, H] for the argmax,
+        that row's hidden [N, 1, H], k_cache, v_cache); ``inplace`` writes the given caches."""
         combined = torch.cat([self.enorm(self.embed_tokens(tokens)), self.hnorm(hidden)], dim=-1)
         x = self.eh_proj(combined)  # [N, T, H]
         x, k_cache, v_cache = run_layers(
-            self.layers, self.rotary_emb, self.geometry, x, positions, k_cache, v_cache
+            self.layers, self.rotary_emb, self.geometry, x, positions, k_cache, v_cache, inplace
         )
         x = select_rows(x, last_row)  # [N, 1, H]
-        draft, max_logit = torch.ops.flashspec.tiled_argmax(
-            self.norm(x)[:, 0], self.lm_head, self.vocab_size
+        return self.norm(x)[:, 0], x, k_cache, v_cache
+
+    def forward(self, hidden, tokens, positions, last_row, k_cache, v_cache):
+        normed, x, k_cache, v_cache = self.features(
+            hidden, tokens, positions, last_row, k_cache, v_cache
         )
+        draft, max_logit = torch.ops.flashspec.tiled_argmax(normed, self.lm_head, self.vocab_size)
         return draft, max_logit, x, k_cache, v_cache

@@ -44,6 +44,7 @@ class TargetStep(nn.Module):
     tokens : [N, T] int64
     positions : [N] int64, cache length of each sequence = absolute position of ``tokens[:, 0]``
     k_cache, v_cache : [L, N, KV, S, D], S = the static cache length (positions + T <= S)
+    inplace : write the new slots into the given caches (the GPU runtime) instead of new ones
 
     Returns
     -------
@@ -69,7 +70,7 @@ class TargetStep(nn.Module):
         """(attention heads, KV heads, head dim)."""
         return self.num_heads, self.num_kv_heads, self.head_dim
 
-    def forward(self, tokens, positions, k_cache, v_cache):
+    def forward(self, tokens, positions, k_cache, v_cache, inplace=False):
         x = self.decoder.embed_tokens(tokens)  # [N, T, H]
         x, k_cache, v_cache = run_layers(
             self.decoder.layers,
@@ -79,6 +80,7 @@ class TargetStep(nn.Module):
             positions,
             k_cache,
             v_cache,
+            inplace,
         )
         return self.decoder.norm(x), k_cache, v_cache
 
@@ -96,9 +98,12 @@ def select_rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     return torch.gather(x, 1, rows[:, None, None].expand(-1, 1, x.shape[-1]))
 
 
-def run_layers(layers, rotary, geometry, x, positions, k_cache, v_cache):
+def run_layers(layers, rotary, geometry, x, positions, k_cache, v_cache, inplace=False):
     """HF decoder ``layers`` over ``x [N, T, H]`` at absolute ``positions [N]`` with a static
-    cache ``[len(layers), N, KV, S, D]``; returns (x, k_cache, v_cache)."""
+    cache ``[len(layers), N, KV, S, D]``; returns (x, k_cache, v_cache).
+
+    ``inplace``: write the new slots into the given caches (the GPU runtime's resident cache)
+    instead of returning new ones (the functional form that ``torch.onnx.export`` captures)."""
     n, t, _ = x.shape
     heads, kv_heads, d = geometry
     pos = positions[:, None] + torch.arange(t, device=x.device)  # [N, T]
@@ -118,10 +123,14 @@ def run_layers(layers, rotary, geometry, x, positions, k_cache, v_cache):
         q, k = q.transpose(1, 2), k.transpose(1, 2)  # [N, heads, T, D], [N, KV, T, D]
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
-        keys = k_cache[i].scatter(2, slots, k.to(k_cache.dtype))  # [N, KV, S, D]
-        values = v_cache[i].scatter(2, slots, v.to(v_cache.dtype))
-        new_k.append(keys)
-        new_v.append(values)
+        if inplace:
+            keys = k_cache[i].scatter_(2, slots, k.to(k_cache.dtype))  # [N, KV, S, D]
+            values = v_cache[i].scatter_(2, slots, v.to(v_cache.dtype))
+        else:
+            keys = k_cache[i].scatter(2, slots, k.to(k_cache.dtype))
+            values = v_cache[i].scatter(2, slots, v.to(v_cache.dtype))
+            new_k.append(keys)
+            new_v.append(values)
         group = heads // kv_heads
         keys = keys.repeat_interleave(group, dim=1).to(q.dtype)  # [N, heads, S, D]
         values = values.repeat_interleave(group, dim=1).to(q.dtype)
@@ -131,6 +140,8 @@ def run_layers(layers, rotary, geometry, x, positions, k_cache, v_cache):
         out = (probs @ values).transpose(1, 2).reshape(n, t, heads * d)
         x = x + attn.o_proj(out)
         x = x + layer.mlp(layer.post_attention_layernorm(x))
+    if inplace:
+        return x, k_cache, v_cache
     return x, torch.stack(new_k), torch.stack(new_v)
 
 

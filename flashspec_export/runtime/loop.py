@@ -7,6 +7,7 @@ export), so the same loop runs both and their tokens can be compared.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -14,6 +15,7 @@ from typing import Protocol
 import torch
 
 from flashspec_export.config import ConfigError
+from flashspec_export.runtime.metrics import Metrics
 
 Graph = Callable[..., tuple[torch.Tensor, ...]]  # positional tensors in, tuple of tensors out
 
@@ -57,8 +59,40 @@ class Drafter(Protocol):
 @dataclass
 class GenerationResult:
     tokens: list[list[int]]  # per sequence: the generated tokens (max_new_tokens each)
-    steps: int  # target steps taken
-    mean_emitted: float  # tokens per target step of an unfinished sequence
+    metrics: Metrics
+
+    @property
+    def steps(self) -> int:
+        """Target steps taken."""
+        return self.metrics.steps
+
+    @property
+    def mean_emitted(self) -> float:
+        """Tokens per target step of an unfinished sequence."""
+        return self.metrics.tokens_per_step
+
+
+def check_request(prompt, max_new_tokens, gamma, temperature, batch, max_len) -> None:
+    """Refuse a generation request the loop cannot run, naming the argument."""
+    n, prompt_len = prompt.shape
+    if max_new_tokens < 1:
+        raise ConfigError(f"new_tokens: expected at least 1, got {max_new_tokens}")
+    if gamma < 0:
+        raise ConfigError(f"gamma: expected >= 0, got {gamma}")
+    finite = temperature.shape == (n,) and bool(torch.isfinite(temperature).all())
+    if not finite or bool((temperature < 0).any()):
+        values = temperature.tolist()
+        raise ConfigError(f"temperature: expected {n} finite values >= 0 (0: greedy), got {values}")
+    if n != batch:
+        raise ConfigError(f"prompt: expected {batch} sequences (the batch), got {n}")
+    if prompt_len < 2:
+        raise ConfigError(f"prompt: expected at least 2 tokens per sequence, got {prompt_len}")
+    needed = prompt_len + max_new_tokens + gamma
+    if needed > max_len:
+        raise ConfigError(
+            f"max_new_tokens: prompt ({prompt_len}) + max_new_tokens ({max_new_tokens}) + gamma "
+            f"({gamma}) = {needed} exceeds the cache length {max_len}"
+        )
 
 
 def generate(
@@ -77,40 +111,28 @@ def generate(
     temperature : [N] float32 (0: greedy); seed : [N] int64
     """
     n, prompt_len = prompt.shape
-    if max_new_tokens < 1:
-        raise ConfigError(f"new_tokens: expected at least 1, got {max_new_tokens}")
-    if gamma < 0:
-        raise ConfigError(f"gamma: expected >= 0, got {gamma}")
-    finite = temperature.shape == (n,) and bool(torch.isfinite(temperature).all())
-    if not finite or bool((temperature < 0).any()):
-        values = temperature.tolist()
-        raise ConfigError(f"temperature: expected {n} finite values >= 0 (0: greedy), got {values}")
-    if n != target.batch:
-        raise ConfigError(f"prompt: expected {target.batch} sequences (the batch), got {n}")
-    if prompt_len < 2:
-        raise ConfigError(f"prompt: expected at least 2 tokens per sequence, got {prompt_len}")
-    needed = prompt_len + max_new_tokens + gamma
-    if needed > target.max_len:
-        raise ConfigError(
-            f"max_new_tokens: prompt ({prompt_len}) + max_new_tokens ({max_new_tokens}) + gamma "
-            f"({gamma}) = {needed} exceeds the cache length {target.max_len}"
-        )
+    check_request(prompt, max_new_tokens, gamma, temperature, target.batch, target.max_len)
+    metrics = Metrics(gamma, n)
+    start = time.perf_counter()
     k, v = torch.zeros(target.cache_shape), torch.zeros(target.cache_shape)
     hidden, k, v = target.prefill(prompt[:, :-1], torch.zeros(n, dtype=torch.int64), k, v)
     drafter.start(prompt, hidden)
     sequences = [row.tolist() for row in prompt]
     positions = torch.full((n,), prompt_len - 1, dtype=torch.int64)
-    steps, active_steps, emitted_total = 0, 0, 0
     total = prompt_len + max_new_tokens
     while min(len(s) for s in sequences) < total:
         lengths = torch.tensor([len(s) for s in sequences])
         active = lengths < total
         last = torch.tensor([s[-1] for s in sequences])[:, None]
+        clock = time.perf_counter()
         tokens = torch.cat([last, drafter.propose(sequences, gamma)], dim=1)  # [N, γ + 1]
+        metrics.draft_seconds += time.perf_counter() - clock
         # Finished sequences idle at position 0: their cache is dead, and their writes (γ + 1
         # slots from the step position, more in the drafter) stay inside the cache.
         step_positions = torch.where(active, positions, 0)
+        clock = time.perf_counter()
         step = target.step(tokens, step_positions, k, v, temperature, seed)
+        metrics.verify_seconds += time.perf_counter() - clock
         emitted, num_emitted, _, hidden, k, v = step
         num_emitted = torch.where(active, num_emitted, 0)
         finished = lengths + num_emitted >= total
@@ -120,8 +142,8 @@ def generate(
         for row, count in enumerate(num_emitted.tolist()):
             sequences[row].extend(emitted[row, :count].tolist())
         positions = positions + num_emitted
-        steps += 1
-        active_steps += int(active.sum())
-        emitted_total += int(num_emitted.sum())
+        metrics.add_step(num_emitted[active].tolist())
     generated = [s[prompt_len : prompt_len + max_new_tokens] for s in sequences]
-    return GenerationResult(generated, steps, emitted_total / active_steps)
+    metrics.total_seconds = time.perf_counter() - start
+    metrics.generated = n * max_new_tokens
+    return GenerationResult(generated, metrics)

@@ -12,51 +12,19 @@ import torch
 
 pytest.importorskip("transformers")
 
-from flashspec_export.config import TargetConfig
-from flashspec_export.models.build import ExportConfig, build_modules
+from flashspec_export.models.build import build_modules
 from flashspec_export.runtime import sessions
 from flashspec_export.runtime.invariance import compare_with_plain
 from flashspec_export.runtime.loop import generate
-
-GAMMA, NEW_TOKENS, BATCH, MAX_LEN = 3, 12, 3, 48
-TEMPERATURES = torch.tensor([0.0, 0.8, 1.0])
-SEEDS = torch.tensor([5, 6, 7])
-
-
-@pytest.fixture(scope="module")
-def prompt():
-    prompt = torch.randint(0, 512, (BATCH, 6), generator=torch.Generator().manual_seed(0))
-    prompt[:, 3:] = prompt[:, :3]  # a repetition the n-gram drafter can exploit
-    return prompt
-
-
-# Random tiny-llama logits are nearly flat (p(argmax) ~ 0.003), so sampled drafts would almost
-# never be accepted; an LM head scaled by 100 makes p(argmax) ~ 0.9 at T = 1 (0.83 at T = 1.5).
-PEAKED_HEAD = 100.0
-
-
-@pytest.fixture(scope="module")
-def target_checkpoint(tmp_path_factory):
-    """tiny-llama with a peaked LM head, saved as a checkpoint: as a draft model it drafts the
-    target's own argmax, accepted with probability p(argmax) at T > 0."""
-    path = tmp_path_factory.mktemp("tiny-llama-ckpt")
-    model = TargetConfig.from_name("tiny-llama").build(seed=0)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(PEAKED_HEAD)
-    model.save_pretrained(path)
-    return str(path)
-
-
-def _config(draft, target, out="unused", gamma=GAMMA):
-    return ExportConfig(
-        target=target,
-        draft=draft,
-        out=str(out),
-        draft_model=target if draft == "model" else None,
-        gamma=gamma,
-        batch=BATCH,
-        max_len=MAX_LEN,
-    )
+from tests.runtime.tiny import (
+    BATCH,
+    GAMMA,
+    MAX_LEN,
+    NEW_TOKENS,
+    SEEDS,
+    TEMPERATURES,
+    config_of,
+)
 
 
 def _generate(runtime, prompt):
@@ -75,7 +43,7 @@ def _plain_greedy(model, prompt, new_tokens):
 @pytest.mark.parametrize("draft", ["ngram", "mtp", "model"])
 def test_greedy_speculation_equals_plain_greedy_decoding(draft, prompt, target_checkpoint):
     """T = 0: whatever the drafts, the output is the target's own argmax chain."""
-    modules = build_modules(_config(draft, target_checkpoint))
+    modules = build_modules(config_of(draft, target_checkpoint))
     runtime = sessions.from_modules(modules, draft, BATCH, MAX_LEN)
     greedy = torch.zeros(BATCH)
     result = generate(*runtime, prompt, NEW_TOKENS, GAMMA, greedy, SEEDS)
@@ -116,7 +84,7 @@ def _assert_speculation_invariant(draft, run):
 def test_speculation_does_not_change_the_text(draft, prompt, target_checkpoint):
     """PyTorch modules, fp32: for every drafter, γ in {1, 3, 7} and T in {0.6, 1.0, 1.5}, the
     loop emits exactly the tokens of non-speculative decoding (γ = 0) with the same seeds."""
-    modules = build_modules(_config(draft, target_checkpoint))
+    modules = build_modules(config_of(draft, target_checkpoint))
 
     def run(gamma, temperature, seeds):
         runtime = sessions.from_modules(modules, draft, BATCH, MAX_LEN)
@@ -131,7 +99,7 @@ def test_a_cache_of_exactly_the_needed_length_holds_ragged_finishes(draft, targe
     """Cache = prompt + new tokens + γ, the loop's stated need: sequences finish at different
     steps (ragged acceptance) and the finished ones must write nothing out of bounds; the
     tokens equal those of a run with a roomy cache."""
-    modules = build_modules(_config(draft, target_checkpoint))
+    modules = build_modules(config_of(draft, target_checkpoint))
     prompt = torch.randint(0, 512, (BATCH, 4), generator=torch.Generator().manual_seed(1))
     temps = torch.tensor([0.6, 1.0, 1.5])
     results = []
@@ -146,7 +114,7 @@ def test_mtp_drafts_equal_drafting_from_scratch(prompt, target_checkpoint):
     """After every target step, the MTP's first draft (one catch-up call on its incrementally
     built cache) equals one MTP call over the whole accepted sequence with a fresh cache and
     the target's hidden states of a plain forward; the later drafts follow the MTP chain."""
-    modules = build_modules(_config("mtp", target_checkpoint))
+    modules = build_modules(config_of("mtp", target_checkpoint))
     target, drafter = sessions.from_modules(modules, "mtp", BATCH, MAX_LEN)
     mtp, step = modules.drafter, modules.target.step
     proposals = []
@@ -182,7 +150,7 @@ def exported(request, tmp_path_factory, target_checkpoint):
     pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")
     out = tmp_path_factory.mktemp(f"export-{request.param}")
-    export(_config(request.param, target_checkpoint, out))
+    export(config_of(request.param, target_checkpoint, out))
     return out
 
 
@@ -205,7 +173,7 @@ def target_steps(tmp_path_factory, target_checkpoint):
     steps = {}
     for gamma in (0, 1, 7):
         out = tmp_path_factory.mktemp(f"target-gamma{gamma}")
-        export(_config("ngram", target_checkpoint, out, gamma=gamma))
+        export(config_of("ngram", target_checkpoint, out, gamma=gamma))
         steps[gamma] = out
     return steps
 
@@ -237,7 +205,7 @@ def test_exported_cache_of_exactly_the_needed_length_holds_ragged_finishes(
 
     pytest.importorskip("onnxruntime")
     prompt = torch.randint(0, 512, (BATCH, 4), generator=torch.Generator().manual_seed(1))
-    config = _config("model", target_checkpoint, tmp_path / "x")
+    config = config_of("model", target_checkpoint, tmp_path / "x")
     export(dataclasses.replace(config, max_len=4 + NEW_TOKENS + GAMMA))
     temps = torch.tensor([0.6, 1.0, 1.5])
     got = generate(*sessions.from_export(tmp_path / "x"), prompt, NEW_TOKENS, GAMMA, temps, SEEDS)

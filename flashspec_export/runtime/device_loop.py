@@ -1,0 +1,275 @@
+"""The speculative loop resident on one device: the GPU backend of the runtime.
+
+The target and an MTP drafter run as PyTorch modules where their weights are (bf16 on a GPU),
+the FlashSpec ops on the Triton kernels there (the reference on CPU), and every tensor of the
+loop stays on the device: the static KV caches are written in place, each sequence has its own
+length, and a step's ragged acceptance advances each sequence by its own ``num_emitted`` in
+device memory. The host reads one small tensor per step (the step's ``num_emitted`` and which
+sequences are unfinished: the loop's stop test and the metrics). On CUDA the γ-step draft chain
+is one CUDA graph and the target step (decoder, verify, bookkeeping) another.
+
+The rule is ``loop.generate``'s, step for step: same modules and seeds, same tokens
+(``tests/runtime/test_device_loop.py``). ``verify`` / ``argmax`` are pluggable so that the decode
+benchmark runs the same loop with the materialised sampler and matmul + argmax drafting, and
+``draft_filter`` rewrites the drafts inside the draft graph (the benchmark's drafter of known
+acceptance).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+from flashspec_export.models.mtp import MtpDrafter
+from flashspec_export.models.target import TargetStep
+from flashspec_export.ops import registry
+from flashspec_export.runtime.loop import check_request
+from flashspec_export.runtime.metrics import Metrics
+
+# verify(hidden [N, γ+1, H], lm_head, drafts [N, γ], temperature, seed, positions, vocab_size)
+#   -> (tokens [N, γ + 1], num_emitted [N]); argmax(hidden [N, H], lm_head, vocab) -> token [N]
+Verify = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+Argmax = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
+
+
+def fused_ops(device: torch.device) -> tuple[Verify, Argmax]:
+    """The FlashSpec ops for ``device``: the Triton kernels on CUDA, the reference elsewhere."""
+    backend = "triton" if device.type == "cuda" else "reference"
+    verify_impl = registry.resolve("verify_resample", backend)
+    argmax_impl = registry.resolve("tiled_argmax", backend)
+
+    def verify(hidden, lm_head, drafts, temperature, seed, positions, vocab_size):
+        result = verify_impl(hidden, lm_head, drafts, temperature, seed, positions, vocab_size)
+        return result.tokens, result.num_emitted
+
+    def argmax(hidden, lm_head, vocab_size):
+        return argmax_impl(hidden, lm_head, vocab_size)[0]
+
+    return verify, argmax
+
+
+class DeviceLoop:
+    """Speculative decoding of ``batch`` sequences of up to ``max_len`` tokens on the device of
+    ``causal_lm``'s weights.
+
+    Parameters
+    ----------
+    causal_lm : a HF Llama / Qwen causal LM (``models.target.SUPPORTED_MODEL_TYPES``), already on
+        its device and dtype
+    drafter : an ``MtpDrafter`` of it (same device and dtype), or None with ``gamma = 0``
+    gamma : drafts per step (0: plain decoding)
+    verify, argmax : the ops (default ``fused_ops``)
+    graphs : capture CUDA graphs (default: on CUDA)
+    draft_filter : ``f(drafts [N, γ], positions [N]) -> [N, γ]``, applied to the drafts inside
+        the draft chain; ``positions`` is each sequence's last accepted position
+    """
+
+    def __init__(
+        self,
+        causal_lm: torch.nn.Module,
+        drafter: MtpDrafter | None,
+        batch: int,
+        max_len: int,
+        gamma: int,
+        *,
+        verify: Verify | None = None,
+        argmax: Argmax | None = None,
+        graphs: bool | None = None,
+        draft_filter: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    ):
+        if gamma > 0 and drafter is None:
+            raise ValueError("drafter: gamma > 0 needs a drafter")
+        self.target = TargetStep(causal_lm)
+        self.drafter = drafter
+        self.lm_head = causal_lm.lm_head.weight
+        self.vocab_size = causal_lm.config.vocab_size
+        self.batch, self.max_len, self.gamma = batch, max_len, gamma
+        device, dtype = self.lm_head.device, self.lm_head.dtype
+        self.device = device
+        default_verify, default_argmax = fused_ops(device)
+        self.verify = verify or default_verify
+        self.argmax = argmax or default_argmax
+        self.draft_filter = draft_filter
+        self.use_graphs = device.type == "cuda" if graphs is None else graphs
+        self._graphs = None
+
+        def zeros(shape, kind=torch.int64):
+            return torch.zeros(shape, dtype=kind, device=device)
+
+        n, width, hidden = batch, gamma + 1, causal_lm.config.hidden_size
+        self.k = zeros(self.target.cache_shape(batch, max_len), dtype)
+        self.v = torch.zeros_like(self.k)
+        if drafter is not None:
+            self.dk = zeros(drafter.cache_shape(batch, max_len), dtype)
+            self.dv = torch.zeros_like(self.dk)
+        # per sequence: the cache length (= position of the last accepted token), that token,
+        # tokens generated so far, unfinished; the generated tokens (last column: a dump slot)
+        self.pos, self.last, self.count = zeros(n), zeros(n), zeros(n)
+        self.active = zeros(n, torch.bool)
+        self.out = zeros((n, max_len + 1))
+        self.new_tokens = zeros(())
+        self.temperature, self.seed = zeros(n, torch.float32), zeros(n)
+        self.drafts = zeros((n, gamma))
+        # the drafter's catch-up input from the last target step: all γ + 1 rows
+        self.pending = (zeros((n, width, hidden), dtype), zeros((n, width)), zeros(n) + 1, zeros(n))
+        # for the host: num_emitted, unfinished before and after the step
+        self.step_record = zeros((3, n))
+        self._rows = torch.arange(width, device=device)
+
+    # ---- the two captured pieces
+
+    def _draft(self, hidden, tokens, first_position, last_row) -> None:
+        """γ greedy drafts into ``self.drafts``: one catch-up call over the last step's rows
+        (tokens at ``first_position`` ..), drafting from ``last_row``, then γ - 1 single calls."""
+        if self.gamma == 0:
+            return
+        mtp, zeros = self.drafter, torch.zeros_like(last_row)
+        normed, x, _, _ = mtp.features(
+            hidden, tokens, first_position - 1, last_row, self.dk, self.dv, inplace=True
+        )
+        draft = self.argmax(normed, self.lm_head, self.vocab_size)
+        self.drafts[:, 0] = draft
+        position = first_position + last_row + 1  # of the draft just made
+        for j in range(1, self.gamma):
+            normed, x, _, _ = mtp.features(
+                x, draft[:, None], position - 1, zeros, self.dk, self.dv, inplace=True
+            )
+            draft = self.argmax(normed, self.lm_head, self.vocab_size)
+            self.drafts[:, j] = draft
+            position = position + 1
+        if self.draft_filter is not None:
+            self.drafts.copy_(self.draft_filter(self.drafts, self.pos))
+
+    def _draft_from_pending(self) -> None:
+        self._draft(*self.pending)
+
+    def _target_step(self) -> None:
+        """The target over [last, drafts], verify, and the ragged advance of every sequence."""
+        active = self.active
+        tokens = torch.cat([self.last[:, None], self.drafts], dim=1)  # [N, γ + 1]
+        # Finished sequences idle at position 0 (their cache is dead; writes stay inside it).
+        step_pos = torch.where(active, self.pos, 0)
+        hidden, _, _ = self.target(tokens, step_pos, self.k, self.v, inplace=True)
+        emitted, num = self.verify(
+            hidden,
+            self.lm_head,
+            self.drafts,
+            self.temperature,
+            self.seed,
+            step_pos + 1,
+            self.vocab_size,
+        )
+        num = torch.where(active, num, 0)
+        self.step_record[0].copy_(num)
+        self.step_record[1].copy_(active)
+        valid = self._rows[None, :] < num[:, None]
+        columns = torch.where(valid, self.count[:, None] + self._rows, self.out.shape[1] - 1)
+        self.out.scatter_(1, columns, torch.where(valid, emitted, 0))
+        last_emitted = emitted.gather(1, (num - 1).clamp(min=0)[:, None])[:, 0]
+        self.last.copy_(torch.where(active, last_emitted, self.last))
+        finished = self.count + num >= self.new_tokens
+        hidden_in, tokens_in, position_in, row_in = self.pending
+        hidden_in.copy_(hidden)
+        tokens_in.copy_(emitted.clamp(min=0))
+        position_in.copy_(torch.where(finished, 0, self.pos) + 1)
+        row_in.copy_(num.clamp(min=1) - 1)
+        self.count.add_(num)
+        self.pos.add_(num)
+        self.active.copy_(self.count < self.new_tokens)
+        self.step_record[2].copy_(self.active)
+
+    # ---- graphs
+
+    def _capture(self) -> None:
+        """Warm up (compiles the kernels; the state is reset before use) and capture the draft
+        chain and the target step."""
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self._draft_from_pending()
+                self._target_step()
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        draft, step = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+        with torch.cuda.graph(draft):
+            self._draft_from_pending()
+        with torch.cuda.graph(step):
+            self._target_step()
+        self._graphs = (draft, step)
+
+    # ---- the loop
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompt: torch.Tensor,
+        new_tokens: int,
+        temperature: torch.Tensor,
+        seed: torch.Tensor,
+    ) -> tuple[list[list[int]], Metrics]:
+        """``new_tokens`` per sequence after ``prompt [N, T0]`` (T0 >= 2), as ``loop.generate``.
+
+        Returns the generated tokens and the run's metrics.
+        """
+        check_request(prompt, new_tokens, self.gamma, temperature, self.batch, self.max_len)
+        if self.use_graphs and self._graphs is None:
+            self._capture()
+        timed = self.device.type == "cuda"
+        metrics = Metrics(self.gamma, self.batch)
+        sync = torch.cuda.synchronize if timed else (lambda: None)
+        sync()
+        start = time.perf_counter()
+        prompt = prompt.to(self.device)
+        n, prompt_len = prompt.shape
+        self.temperature.copy_(temperature)
+        self.seed.copy_(seed)
+        self.new_tokens.fill_(new_tokens)
+        self.count.zero_()
+        self.active.fill_(True)
+        self.out.zero_()
+        self.pos.fill_(prompt_len - 1)
+        self.last.copy_(prompt[:, -1])
+        zeros = torch.zeros(n, dtype=torch.int64, device=self.device)
+        hidden, _, _ = self.target(prompt[:, :-1], zeros, self.k, self.v, inplace=True)
+        # The first draft chain catches up on the prompt (its own shape: not captured).
+        self._draft(hidden, prompt[:, 1:], zeros + 1, zeros + prompt_len - 2)
+        first = True
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(3)] if timed else None
+        while True:
+            clock = [time.perf_counter()]
+            if timed:
+                events[0].record()
+            if first:
+                pass
+            elif self._graphs:
+                self._graphs[0].replay()
+            else:
+                self._draft_from_pending()
+            clock.append(time.perf_counter())
+            if timed:
+                events[1].record()
+            if self._graphs:
+                self._graphs[1].replay()
+            else:
+                self._target_step()
+            if timed:
+                events[2].record()
+            record = self.step_record.cpu()  # the one host read of a step
+            clock.append(time.perf_counter())
+            first = False
+            if timed:
+                metrics.draft_seconds += events[0].elapsed_time(events[1]) * 1e-3
+                metrics.verify_seconds += events[1].elapsed_time(events[2]) * 1e-3
+            else:
+                metrics.draft_seconds += clock[1] - clock[0]
+                metrics.verify_seconds += clock[2] - clock[1]
+            num, was_active = record[0], record[1].bool()
+            metrics.add_step(num[was_active].tolist())
+            if not bool(record[2].any()):
+                break
+        tokens = self.out[:, :new_tokens].cpu().tolist()
+        metrics.total_seconds = time.perf_counter() - start
+        metrics.generated = n * new_tokens
+        return tokens, metrics

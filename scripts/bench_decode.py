@@ -1,0 +1,253 @@
+"""End-to-end speculative decoding on a CUDA GPU: what the fused ops buy in tokens/s.
+
+For each model shape (random bf16 weights, an MTP drafter: one decoder layer + the shared LM
+head), batch and γ, three decoders run the same device-resident loop (runtime/device_loop.py,
+CUDA graphs) in one process:
+
+- ``flashspec``: fused VerifyResample (Triton) and TiledArgmax drafting;
+- ``materialised``: the same loop with the sampler a serving stack runs (fp32 logits of every
+  row, then argmax at T = 0) and matmul + argmax drafting;
+- ``plain``: no speculation (one token per step, the materialised sampler).
+
+Acceptance is controlled (T = 0): the drafter runs the real MTP compute, then proposes the
+target's own greedy continuation (from the plain run) with each draft corrupted with probability
+1 - alpha, so the expected tokens per step is (1 - alpha^(γ+1)) / (1 - alpha).
+
+python scripts/bench_decode.py --out decode.json --plot decode.png
+python scripts/bench_decode.py --models llama3.2-1b-shape --batches 1 --gammas 3
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+
+import torch
+
+from flashspec_export import cli
+from flashspec_export.config import TargetConfig
+from flashspec_export.models.mtp import MtpDrafter
+from flashspec_export.runtime.device_loop import DeviceLoop
+
+MODELS = ("llama3.2-1b-shape", "qwen3-1.7b-shape", "llama3-8b-shape")
+
+
+def materialised_ops():
+    """The unfused baseline at T = 0: fp32 logits of every row, argmax, accept while equal."""
+
+    def logits(hidden, lm_head, vocab_size):
+        return (hidden @ lm_head.T)[..., :vocab_size].float()
+
+    def verify(hidden, lm_head, drafts, temperature, seed, positions, vocab_size):
+        y = logits(hidden, lm_head, vocab_size).argmax(dim=-1)  # [N, γ + 1]
+        gamma = drafts.shape[1]
+        accept = (drafts == y[:, :gamma]).long().cumprod(dim=1)  # leading accepts
+        k = accept.sum(dim=1)
+        rows = torch.arange(gamma + 1, device=y.device)[None, :]
+        return torch.where(rows <= k[:, None], y, -1), k + 1
+
+    def argmax(hidden, lm_head, vocab_size):
+        return logits(hidden, lm_head, vocab_size).argmax(dim=-1)
+
+    return verify, argmax
+
+
+def controlled_filter(oracle: torch.Tensor, alpha: float, vocab_size: int):
+    """Drafts = the oracle's next tokens after each sequence's last accepted position, each kept
+    with probability ``alpha`` (a fixed hash of (sequence, position): the same in every run)."""
+    keep = round(alpha * 1000)
+
+    def draft_filter(drafts, positions):
+        gamma = drafts.shape[1]
+        index = positions[:, None] + 1 + torch.arange(gamma, device=drafts.device)
+        index = index.clamp(max=oracle.shape[1] - 1)
+        truth = oracle.gather(1, index)
+        row = torch.arange(len(drafts), device=drafts.device)[:, None]
+        hashed = (index * 2654435761 + row * 40503 + 12345) % 1000003 % 1000
+        return torch.where(hashed < keep, truth, (truth + 1) % vocab_size)
+
+    return draft_filter
+
+
+def timed(loop: DeviceLoop, prompt, new_tokens, repeats: int):
+    """Median wall seconds of ``repeats`` runs after one warm-up (capture); the last metrics."""
+    temps = torch.zeros(loop.batch)
+    seeds = torch.arange(loop.batch)
+    loop.generate(prompt, new_tokens, temps, seeds)
+    times, result = [], None
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        result = loop.generate(prompt, new_tokens, temps, seeds)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), result
+
+
+def run(args) -> list[dict]:
+    rows = []
+    for name in args.models:
+        preset = TargetConfig.from_name(name)
+        model = preset.build(seed=0, device="cuda", dtype=torch.bfloat16)
+        with torch.device("cuda"):
+            drafter = MtpDrafter(model, seed=1).to(torch.bfloat16).eval()
+        baseline_verify, baseline_argmax = materialised_ops()
+        for batch in args.batches:
+            g = torch.Generator().manual_seed(batch)
+            prompt = torch.randint(0, preset.vocab_size, (batch, args.prompt_len), generator=g)
+            max_len = args.prompt_len + args.new_tokens + max(args.gammas) + 1
+            plain = DeviceLoop(
+                model, None, batch, max_len, 0, verify=baseline_verify, argmax=baseline_argmax
+            )
+            seconds, (tokens, metrics) = timed(plain, prompt, args.new_tokens, args.repeats)
+            oracle = torch.cat([prompt, torch.tensor(tokens)], dim=1).cuda()
+            pad = torch.zeros(batch, max_len + 1 - oracle.shape[1], dtype=torch.int64).cuda()
+            oracle = torch.cat([oracle, pad], dim=1)
+            base = dict(model=name, batch=batch, new_tokens=args.new_tokens, alpha=args.alpha)
+            rows.append(
+                dict(base, decoder="plain", gamma=0, seconds=seconds, **_figures(metrics, seconds))
+            )
+            print(_line(rows[-1]), flush=True)
+            del plain
+            for gamma in args.gammas:
+                expected = (1 - args.alpha ** (gamma + 1)) / (1 - args.alpha)
+                for decoder in ("flashspec", "materialised"):
+                    ops = (
+                        {}
+                        if decoder == "flashspec"
+                        else dict(verify=baseline_verify, argmax=baseline_argmax)
+                    )
+                    loop = DeviceLoop(
+                        model,
+                        drafter,
+                        batch,
+                        max_len,
+                        gamma,
+                        draft_filter=controlled_filter(oracle, args.alpha, preset.vocab_size),
+                        **ops,
+                    )
+                    seconds, (got, metrics) = timed(loop, prompt, args.new_tokens, args.repeats)
+                    rows.append(
+                        dict(
+                            base,
+                            decoder=decoder,
+                            gamma=gamma,
+                            seconds=seconds,
+                            expected_tokens_per_step=expected,
+                            same_tokens_as_plain=got == tokens,
+                            **_figures(metrics, seconds),
+                        )
+                    )
+                    print(_line(rows[-1]), flush=True)
+                    del loop
+        del model, drafter
+        torch.cuda.empty_cache()
+        _write(args, rows)  # after each model: a run cut short keeps what it measured
+    return rows
+
+
+def _write(args, rows: list[dict]) -> None:
+    from kernel_bench import environment
+
+    with open(args.out, "w") as f:
+        json.dump(dict(environment=environment(), args=vars(args), rows=rows), f, indent=1)
+
+
+def _figures(metrics, seconds: float) -> dict:
+    return dict(
+        tokens_per_second=metrics.generated / seconds,
+        tokens_per_step=metrics.tokens_per_step,
+        acceptance=metrics.acceptance,
+        steps=metrics.steps,
+        draft_seconds=metrics.draft_seconds,
+        verify_seconds=metrics.verify_seconds,
+        total_seconds=metrics.total_seconds,
+    )
+
+
+def _line(row: dict) -> str:
+    expected = row.get("expected_tokens_per_step")
+    formula = f" (formula {expected:.2f})" if expected else ""
+    busy = (row["draft_seconds"] + row["verify_seconds"]) / row["total_seconds"]
+    return (
+        f"{row['model']:>18} b={row['batch']:<3} {row['decoder']:>12} g={row['gamma']} "
+        f"{row['tokens_per_second']:9.1f} tok/s  {row['tokens_per_step']:.2f} tok/step{formula}"
+        f"  GPU busy {100 * busy:.1f}%"
+    )
+
+
+def markdown(rows: list[dict]) -> str:
+    """Per model and batch: tokens/s of each decoder by γ, and flashspec / materialised."""
+    lines = []
+    for name in dict.fromkeys(r["model"] for r in rows):
+        lines += [
+            f"#### {name}",
+            "",
+            "| batch | γ | plain tok/s | materialised tok/s | flashspec tok/s | flashspec / "
+            "materialised | tokens/step (formula) |",
+            "|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for batch in dict.fromkeys(r["batch"] for r in rows if r["model"] == name):
+            mine = [r for r in rows if r["model"] == name and r["batch"] == batch]
+            plain = next(r for r in mine if r["decoder"] == "plain")
+            for gamma in sorted({r["gamma"] for r in mine if r["gamma"] > 0}):
+                at = {r["decoder"]: r for r in mine if r["gamma"] == gamma}
+                fs, mat = at["flashspec"], at["materialised"]
+                lines.append(
+                    f"| {batch} | {gamma} | {plain['tokens_per_second']:.0f} | "
+                    f"{mat['tokens_per_second']:.0f} | {fs['tokens_per_second']:.0f} | "
+                    f"{fs['tokens_per_second'] / mat['tokens_per_second']:.3f} | "
+                    f"{fs['tokens_per_step']:.2f} ({fs['expected_tokens_per_step']:.2f}) |"
+                )
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4.5), squeeze=False)
+    for ax, name in zip(axes[0], models, strict=True):
+        for batch in dict.fromkeys(r["batch"] for r in rows if r["model"] == name):
+            mine = [r for r in rows if r["model"] == name and r["batch"] == batch]
+            for decoder, style in (("flashspec", "-o"), ("materialised", "--x")):
+                mine_decoder = [r for r in mine if r["decoder"] == decoder]
+                series = sorted((r["gamma"], r["tokens_per_second"]) for r in mine_decoder)
+                ax.plot(*zip(*series, strict=True), style, label=f"{decoder} b={batch}")
+            plain = next(r for r in mine if r["decoder"] == "plain")
+            ax.axhline(plain["tokens_per_second"], linestyle=":", linewidth=0.8)
+        ax.set(title=name, xlabel="γ", ylabel="tokens/s", yscale="log")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = cli.parser(__doc__)
+    add = parser.add_argument
+    add("--models", nargs="+", default=list(MODELS), choices=list(MODELS), help="model shapes")
+    add("--batches", nargs="+", type=cli.int_range(1, 256), default=[1, 4, 16, 64])
+    add("--gammas", nargs="+", type=cli.int_range(1, 16), default=[1, 3, 5, 7])
+    add("--alpha", type=float, default=0.8, help="probability that a draft is kept")
+    add("--prompt-len", type=cli.int_range(2, 4096), default=16)
+    add("--new-tokens", type=cli.int_range(1, 4096), default=64)
+    add("--repeats", type=cli.int_range(1, 100), default=3, help="timed runs (median)")
+    add("--out", default="bench_decode.json", help="JSON report path")
+    add("--plot", default=None, help="PNG plot path")
+    args = parser.parse_args()
+    if not 0 < args.alpha < 1:
+        parser.error(f"--alpha: expected 0 < alpha < 1, got {args.alpha}")
+    if not torch.cuda.is_available():
+        parser.exit(2, "error: needs a CUDA GPU (torch.cuda.is_available() is False)\n")
+    rows = run(args)
+    if args.plot:
+        plot(rows, args.plot)
+    print(markdown(rows))
+
+
+if __name__ == "__main__":
+    main()
