@@ -111,6 +111,8 @@ def _verify_tiles_kernel(
     seed = tl.load(seed_ptr + seq, mask=row_ok, other=0)
     position = tl.load(positions_ptr + seq, mask=row_ok, other=0) + pos_i
     key_a, key_b = row_keys(seed, position, STREAM_GUMBEL)  # [BLOCK_N] uint32 each
+    # A block of greedy rows only (T = 0 serving) skips the noise: its scores are the logits.
+    any_sampled = tl.max(tl.where(row_ok & (temperature != 0.0), 1, 0), 0) > 0
 
     m = tl.full([BLOCK_N], float("-inf"), tl.float32)
     s = tl.zeros([BLOCK_N], tl.float32)
@@ -145,8 +147,11 @@ def _verify_tiles_kernel(
         logits = tl.where(col_ok[None, :], logits, float("-inf"))  # padded ids: exp = 0
 
         # Gumbel-max sample: 7 32-bit multiply-mods and 2 logs per element, in registers.
-        g = gumbel_from_bits(token_bits(key_a[:, None], key_b[:, None], cols[None, :]), LIBDEVICE)
-        score = tl.where(greedy[:, None], logits, logits + g)
+        if any_sampled:
+            bits = token_bits(key_a[:, None], key_b[:, None], cols[None, :])
+            score = tl.where(greedy[:, None], logits, logits + gumbel_from_bits(bits, LIBDEVICE))
+        else:
+            score = logits
         best_score, best_index, take, tile_arg = fold_best(
             best_score, best_index, score, tile, tile_valid, BLOCK_V
         )

@@ -11,7 +11,9 @@ CUDA graphs) in one process:
 
 Acceptance is controlled (T = 0): the drafter runs the real MTP compute, then proposes the
 target's own greedy continuation (from the plain run) with each draft corrupted with probability
-1 - alpha, so the expected tokens per step is (1 - alpha^(γ+1)) / (1 - alpha).
+1 - alpha, so the expected tokens per step is (1 - alpha^(γ+1)) / (1 - alpha). Random heads give
+near-flat logits, whose argmax flips with bf16 rounding (a (γ+1)-row forward rounds unlike a
+one-row forward): the LM head is scaled by --logit-scale so that the greedy chain is stable.
 
 python scripts/bench_decode.py --out decode.json --plot decode.png
 python scripts/bench_decode.py --models llama3.2-1b-shape --batches 1 --gammas 3
@@ -89,6 +91,8 @@ def run(args) -> list[dict]:
     for name in args.models:
         preset = TargetConfig.from_name(name)
         model = preset.build(seed=0, device="cuda", dtype=torch.bfloat16)
+        with torch.no_grad():
+            model.lm_head.weight.mul_(args.logit_scale)
         with torch.device("cuda"):
             drafter = MtpDrafter(model, seed=1).to(torch.bfloat16).eval()
         baseline_verify, baseline_argmax = materialised_ops()
@@ -233,6 +237,7 @@ def main() -> None:
     add("--batches", nargs="+", type=cli.int_range(1, 256), default=[1, 4, 16, 64])
     add("--gammas", nargs="+", type=cli.int_range(1, 16), default=[1, 3, 5, 7])
     add("--alpha", type=float, default=0.8, help="probability that a draft is kept")
+    add("--logit-scale", type=float, default=20.0, help="LM-head scale (a stable greedy chain)")
     add("--prompt-len", type=cli.int_range(2, 4096), default=16)
     add("--new-tokens", type=cli.int_range(1, 4096), default=64)
     add("--repeats", type=cli.int_range(1, 100), default=3, help="timed runs (median)")
