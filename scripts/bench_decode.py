@@ -10,10 +10,13 @@ CUDA graphs) in one process:
 - ``plain``: no speculation (one token per step, the materialised sampler).
 
 Acceptance is controlled (T = 0): the drafter runs the real MTP compute, then proposes the
-target's own greedy continuation (from the plain run) with each draft corrupted with probability
-1 - alpha, so the expected tokens per step is (1 - alpha^(γ+1)) / (1 - alpha). Random heads give
-near-flat logits, whose argmax flips with bf16 rounding (a (γ+1)-row forward rounds unlike a
-one-row forward): the LM head is scaled by --logit-scale so that the greedy chain is stable.
+target's own greedy continuation with each draft kept with probability alpha (a fixed random
+table per (sequence, position), the same for both speculative decoders) and otherwise corrupted,
+so the expected tokens per step is (1 - alpha^(γ+1)) / (1 - alpha). "The target's own greedy
+continuation" is that of the decoder being timed: a random-weight model's near-flat logits make
+its argmax flip with bf16 rounding, and a (γ+1)-row forward rounds unlike the plain one-row
+forward, so the untimed first run of each decoder (drafts from the plain run's text) records its
+own greedy text, which then drafts the timed runs.
 
 python scripts/bench_decode.py --out decode.json --plot decode.png
 python scripts/bench_decode.py --models llama3.2-1b-shape --batches 1 --gammas 3
@@ -55,28 +58,30 @@ def materialised_ops():
     return verify, argmax
 
 
-def controlled_filter(oracle: torch.Tensor, alpha: float, vocab_size: int):
-    """Drafts = the oracle's next tokens after each sequence's last accepted position, each kept
-    with probability ``alpha`` (a fixed hash of (sequence, position): the same in every run)."""
-    keep = round(alpha * 1000)
+def controlled_filter(oracle: torch.Tensor, keep: torch.Tensor, vocab_size: int):
+    """Drafts = the oracle's next tokens after each sequence's last accepted position where
+    ``keep [N, L]`` (bool, per absolute position) says so, a wrong id elsewhere. ``oracle`` may be
+    rewritten in place between runs (the captured graphs read it)."""
 
     def draft_filter(drafts, positions):
         gamma = drafts.shape[1]
         index = positions[:, None] + 1 + torch.arange(gamma, device=drafts.device)
         index = index.clamp(max=oracle.shape[1] - 1)
         truth = oracle.gather(1, index)
-        row = torch.arange(len(drafts), device=drafts.device)[:, None]
-        hashed = (index * 2654435761 + row * 40503 + 12345) % 1000003 % 1000
-        return torch.where(hashed < keep, truth, (truth + 1) % vocab_size)
+        return torch.where(keep.gather(1, index), truth, (truth + 1) % vocab_size)
 
     return draft_filter
 
 
-def timed(loop: DeviceLoop, prompt, new_tokens, repeats: int):
-    """Median wall seconds of ``repeats`` runs after one warm-up (capture); the last metrics."""
+def timed(loop: DeviceLoop, prompt, new_tokens, repeats: int, oracle=None):
+    """Median wall seconds of ``repeats`` runs after one warm-up (capture), and the last run's
+    (tokens, metrics). ``oracle``: the controlled drafter's text, set to the warm-up's own text."""
     temps = torch.zeros(loop.batch)
     seeds = torch.arange(loop.batch)
-    loop.generate(prompt, new_tokens, temps, seeds)
+    tokens, _ = loop.generate(prompt, new_tokens, temps, seeds)
+    if oracle is not None:
+        start = prompt.shape[1]
+        oracle[:, start : start + new_tokens].copy_(torch.tensor(tokens))
     times, result = [], None
     for _ in range(repeats):
         torch.cuda.synchronize()
@@ -91,8 +96,6 @@ def run(args) -> list[dict]:
     for name in args.models:
         preset = TargetConfig.from_name(name)
         model = preset.build(seed=0, device="cuda", dtype=torch.bfloat16)
-        with torch.no_grad():
-            model.lm_head.weight.mul_(args.logit_scale)
         with torch.device("cuda"):
             drafter = MtpDrafter(model, seed=1).to(torch.bfloat16).eval()
         baseline_verify, baseline_argmax = materialised_ops()
@@ -107,6 +110,7 @@ def run(args) -> list[dict]:
             oracle = torch.cat([prompt, torch.tensor(tokens)], dim=1).cuda()
             pad = torch.zeros(batch, max_len + 1 - oracle.shape[1], dtype=torch.int64).cuda()
             oracle = torch.cat([oracle, pad], dim=1)
+            keep = torch.rand(oracle.shape, generator=g).cuda() < args.alpha
             base = dict(model=name, batch=batch, new_tokens=args.new_tokens, alpha=args.alpha)
             rows.append(
                 dict(base, decoder="plain", gamma=0, seconds=seconds, **_figures(metrics, seconds))
@@ -121,16 +125,19 @@ def run(args) -> list[dict]:
                         if decoder == "flashspec"
                         else dict(verify=baseline_verify, argmax=baseline_argmax)
                     )
+                    own = oracle.clone()
                     loop = DeviceLoop(
                         model,
                         drafter,
                         batch,
                         max_len,
                         gamma,
-                        draft_filter=controlled_filter(oracle, args.alpha, preset.vocab_size),
+                        draft_filter=controlled_filter(own, keep, preset.vocab_size),
                         **ops,
                     )
-                    seconds, (got, metrics) = timed(loop, prompt, args.new_tokens, args.repeats)
+                    seconds, (got, metrics) = timed(
+                        loop, prompt, args.new_tokens, args.repeats, oracle=own
+                    )
                     rows.append(
                         dict(
                             base,
@@ -237,7 +244,6 @@ def main() -> None:
     add("--batches", nargs="+", type=cli.int_range(1, 256), default=[1, 4, 16, 64])
     add("--gammas", nargs="+", type=cli.int_range(1, 16), default=[1, 3, 5, 7])
     add("--alpha", type=float, default=0.8, help="probability that a draft is kept")
-    add("--logit-scale", type=float, default=20.0, help="LM-head scale (a stable greedy chain)")
     add("--prompt-len", type=cli.int_range(2, 4096), default=16)
     add("--new-tokens", type=cli.int_range(1, 4096), default=64)
     add("--repeats", type=cli.int_range(1, 100), default=3, help="timed runs (median)")
