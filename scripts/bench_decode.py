@@ -91,6 +91,44 @@ def timed(loop: DeviceLoop, prompt, new_tokens, repeats: int, oracle=None):
     return statistics.median(times), result
 
 
+def step_idle_fraction(loop: DeviceLoop, steps: int = 20) -> float:
+    """GPU idle time inside a step, measured once with the CUDA profiler: after a generation
+    (every sequence finished, so steps idle at position 0 and the caches stay in bounds), replay
+    the step's two graphs ``steps`` times with the loop's host read between steps; per step, idle
+    = the span from its first kernel's start to its last kernel's end minus the union of its
+    kernels' (and copies') intervals. Returns total idle / total span."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    draft, step = loop._graphs
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            draft.replay()
+            step.replay()
+            loop.step_record.cpu()
+    kernels = sorted(
+        (e.time_range.start, e.time_range.end)
+        for e in prof.events()
+        if e.device_type == DeviceType.CUDA
+    )
+    # Steps are separated by the host read: split the kernel timeline at its `steps - 1`
+    # largest gaps.
+    gaps = sorted(range(1, len(kernels)), key=lambda i: kernels[i][0] - kernels[i - 1][1])
+    cuts = sorted(gaps[len(gaps) - (steps - 1) :]) if steps > 1 else []
+    span = idle = 0.0
+    for lo, hi in zip([0, *cuts], [*cuts, len(kernels)], strict=True):
+        window = kernels[lo:hi]
+        first, last = window[0][0], max(end for _, end in window)
+        busy, cursor = 0.0, first
+        for start, end in window:
+            busy += max(0.0, end - max(start, cursor))
+            cursor = max(cursor, end)
+        span += last - first
+        idle += (last - first) - busy
+    return idle / span
+
+
 def run(args) -> list[dict]:
     rows = []
     for name in args.models:
@@ -138,6 +176,8 @@ def run(args) -> list[dict]:
                     seconds, (got, metrics) = timed(
                         loop, prompt, args.new_tokens, args.repeats, oracle=own
                     )
+                    profiled = args.profile and batch == 1 and gamma == 3
+                    idle = step_idle_fraction(loop) if profiled else None
                     rows.append(
                         dict(
                             base,
@@ -146,6 +186,7 @@ def run(args) -> list[dict]:
                             seconds=seconds,
                             expected_tokens_per_step=expected,
                             same_tokens_as_plain=got == tokens,
+                            step_idle_fraction=idle,
                             **_figures(metrics, seconds),
                         )
                     )
@@ -180,10 +221,12 @@ def _line(row: dict) -> str:
     expected = row.get("expected_tokens_per_step")
     formula = f" (formula {expected:.2f})" if expected else ""
     busy = (row["draft_seconds"] + row["verify_seconds"]) / row["total_seconds"]
+    idle = row.get("step_idle_fraction")
+    inside = f", idle inside a step {100 * idle:.2f}%" if idle is not None else ""
     return (
         f"{row['model']:>18} b={row['batch']:<3} {row['decoder']:>12} g={row['gamma']} "
         f"{row['tokens_per_second']:9.1f} tok/s  {row['tokens_per_step']:.2f} tok/step{formula}"
-        f"  GPU busy {100 * busy:.1f}%"
+        f"  graphs {100 * busy:.1f}% of the wall time{inside}"
     )
 
 
@@ -242,11 +285,12 @@ def main() -> None:
     add = parser.add_argument
     add("--models", nargs="+", default=list(MODELS), choices=list(MODELS), help="model shapes")
     add("--batches", nargs="+", type=cli.int_range(1, 256), default=[1, 4, 16, 64])
-    add("--gammas", nargs="+", type=cli.int_range(1, 16), default=[1, 3, 5, 7])
+    add("--gammas", nargs="+", type=cli.int_range(1, 16), default=[1, 2, 3, 4, 5, 6, 7])
     add("--alpha", type=float, default=0.8, help="probability that a draft is kept")
     add("--prompt-len", type=cli.int_range(2, 4096), default=16)
     add("--new-tokens", type=cli.int_range(1, 4096), default=64)
     add("--repeats", type=cli.int_range(1, 100), default=3, help="timed runs (median)")
+    add("--profile", action="store_true", help="GPU idle inside a step (profiler; batch 1, γ 3)")
     add("--out", default="bench_decode.json", help="JSON report path")
     add("--plot", default=None, help="PNG plot path")
     args = parser.parse_args()
