@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 from typing import NamedTuple
 
+import numpy
 import torch
 import triton
 import triton.language as tl
@@ -122,12 +123,24 @@ def choose_config(
 
 
 def check_device(hidden: torch.Tensor) -> None:
-    """Triton kernels run on CUDA tensors, or on CPU tensors under the interpreter."""
+    """Triton kernels run on CUDA tensors, or on CPU tensors under the interpreter (which needs
+    NumPy < 2.4 for the kernels' runtime loop bound: triton-lang/triton#9171)."""
     if not hidden.is_cuda and not triton.knobs.runtime.interpret:
         raise ValueError(
             f"hidden: the triton backend needs CUDA tensors (or TRITON_INTERPRET=1 for the CPU "
             f"interpreter); got a tensor on {hidden.device}"
         )
+    if triton.knobs.runtime.interpret and _numpy_version() >= (2, 4):
+        raise RuntimeError(
+            f"triton interpreter: NumPy {numpy.__version__} breaks the Triton 3.6 interpreter's "
+            "runtime loop bounds (triton-lang/triton#9171); install numpy<2.4 "
+            "(pip install -e '.[triton]' pins it)"
+        )
+
+
+def _numpy_version() -> tuple[int, int]:
+    major, minor = numpy.__version__.split(".")[:2]
+    return int(major), int(minor)
 
 
 def dot_options(t: torch.Tensor) -> dict:

@@ -86,3 +86,18 @@ def test_triton_small_tiles_empty_split_and_strided_inputs():
     r_token, r_max_logit = ops.tiled_argmax(*args, backend="reference")
     assert torch.equal(token, r_token)
     torch.testing.assert_close(max_logit, r_max_logit, atol=LOGIT_ATOL, rtol=LOGIT_RTOL)
+
+
+def test_the_interpreter_with_numpy_2_4_is_refused_by_name(monkeypatch):
+    """NumPy >= 2.4 breaks the Triton 3.6 interpreter's runtime loop bounds: a clear error
+    instead of the interpreter's 'only 0-dimensional arrays can be converted'."""
+    pytest.importorskip("triton")
+    import triton
+
+    from flashspec_export.kernels import tiles
+
+    if not triton.knobs.runtime.interpret:
+        pytest.skip("checks the interpreter (compiled kernels are not affected)")
+    monkeypatch.setattr(tiles, "_numpy_version", lambda: (2, 4))
+    with pytest.raises(RuntimeError, match=r"install numpy<2.4"):
+        ops.tiled_argmax(torch.randn(2, 16), torch.randn(40, 16), backend="triton")
