@@ -1,0 +1,123 @@
+"""Online choice of the speculation configuration: a multi-armed bandit over arms (drafter, γ).
+
+Each step the loop asks ``choose()`` for an arm, runs the step with it, and reports ``update(arm,
+reward)`` with the reward = tokens emitted per second of step time (drafting + verification), so
+the choice weighs acceptance against the drafter's and the verify's cost. Both policies discount
+old observations (``discount`` < 1: each update multiplies the past statistics by it), so they
+follow a reward that drifts as the text changes (code, then prose).
+
+- ``Ucb1``: discounted UCB1 (Garivier & Moulines, 2011); rewards are scaled by the largest reward
+  seen so that the exploration bonus is on the scale UCB1 assumes ([0, 1]).
+- ``Thompson``: Gaussian Thompson sampling; each arm's mean has the posterior
+  N(mean, variance / count) with the variance pooled over arms (a flat prior: every arm is tried
+  once first).
+
+Untried arms are chosen first, in order. Seeded: the same rewards give the same choices.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import NamedTuple
+
+
+class Arm(NamedTuple):
+    drafter: str
+    gamma: int
+
+
+class _Statistics:
+    """Discounted count, reward sum and squared-reward sum per arm."""
+
+    def __init__(self, arms, discount: float):
+        if not arms:
+            raise ValueError("arms: expected at least one arm")
+        if not 0.0 < discount <= 1.0:
+            raise ValueError(f"discount: expected 0 < discount <= 1, got {discount}")
+        self.arms = list(arms)
+        self.discount = discount
+        self.count = [0.0] * len(self.arms)
+        self.total = [0.0] * len(self.arms)
+        self.squares = [0.0] * len(self.arms)
+        self.tried = [False] * len(self.arms)
+
+    def update(self, arm: int, reward: float) -> None:
+        if not math.isfinite(reward):
+            raise ValueError(f"reward: expected a finite value, got {reward}")
+        for i in range(len(self.arms)):
+            self.count[i] *= self.discount
+            self.total[i] *= self.discount
+            self.squares[i] *= self.discount
+        self.count[arm] += 1.0
+        self.total[arm] += reward
+        self.squares[arm] += reward * reward
+        self.tried[arm] = True
+
+    def untried(self) -> int | None:
+        return next((i for i, done in enumerate(self.tried) if not done), None)
+
+    def mean(self, arm: int) -> float:
+        return self.total[arm] / self.count[arm]
+
+    @property
+    def best(self) -> int:
+        """The arm of the highest mean reward so far."""
+        tried = [i for i in range(len(self.arms)) if self.tried[i]]
+        return max(tried, key=self.mean) if tried else 0
+
+
+class Ucb1(_Statistics):
+    """Discounted UCB1 over ``arms``: mean + scale · sqrt(c · ln(n) / n_i)."""
+
+    def __init__(self, arms, discount: float = 1.0, exploration: float = 2.0):
+        super().__init__(arms, discount)
+        self.exploration = exploration
+        self.largest = 0.0
+
+    def update(self, arm: int, reward: float) -> None:
+        super().update(arm, reward)
+        self.largest = max(self.largest, abs(reward))
+
+    def choose(self) -> int:
+        first = self.untried()
+        if first is not None:
+            return first
+        n = sum(self.count)
+        scale = self.largest or 1.0
+
+        def bound(i):
+            bonus = math.sqrt(self.exploration * math.log(max(n, 1.0)) / self.count[i])
+            return self.mean(i) / scale + bonus
+
+        return max(range(len(self.arms)), key=bound)
+
+
+class Thompson(_Statistics):
+    """Gaussian Thompson sampling over ``arms`` (pooled variance), seeded."""
+
+    def __init__(self, arms, discount: float = 1.0, seed: int = 0):
+        super().__init__(arms, discount)
+        self.rng = random.Random(seed)
+
+    def _variance(self) -> float:
+        n = sum(self.count)
+        if n < 2:
+            return 1.0
+        pairs = zip(self.total, self.count, strict=True)
+        squares = sum(self.squares) - sum(t * t / c for t, c in pairs if c)
+        return max(squares / (n - 1), 1e-12)
+
+    def choose(self) -> int:
+        first = self.untried()
+        if first is not None:
+            return first
+        variance = self._variance()
+        draws = [
+            self.rng.gauss(self.mean(i), math.sqrt(variance / self.count[i]))
+            for i in range(len(self.arms))
+        ]
+        return max(range(len(self.arms)), key=draws.__getitem__)
+
+
+POLICIES = {"ucb1": Ucb1, "thompson": Thompson}
