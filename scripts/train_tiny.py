@@ -1,9 +1,9 @@
-"""Train the tiny target and its MTP head on the standard library's source files (a byte-level
-BPE tokenizer trained by the same run), for exports whose acceptance means something.
+"""Train the tiny target and its drafters (MTP head, EAGLE head, standalone draft model) on the
+standard library's source files, with a byte-level BPE tokenizer trained by the same run: the
+``stdlib-tiny`` preset (flashspec_export/presets/stdlib-tiny) is this script's output.
 
 python scripts/train_tiny.py --out out/stdlib-tiny                 # on a GPU: a few minutes
-python scripts/export.py --target out/stdlib-tiny/target --draft mtp \
-    --draft-weights out/stdlib-tiny/mtp.pt
+python scripts/export.py --target out/stdlib-tiny --draft eagle    # a trained directory exports
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def main() -> None:
     config = TrainConfig(
         vocab_size=args.vocab_size,
         hidden_size=args.hidden_size,
-        intermediate_size=3 * args.hidden_size,
+        intermediate_size=2 * args.hidden_size,
         num_layers=args.layers,
         seq_len=args.seq_len,
         batch=args.batch,
@@ -44,11 +44,9 @@ def main() -> None:
         max_files=args.max_files,
     )
     report = train(config, args.out)
-    print(
-        f"{args.out}: target loss {report.target_loss[0]:.2f} -> {report.target_loss[1]:.2f}, "
-        f"held out {report.held_out_loss:.2f}; MTP loss {report.mtp_loss[0]:.2f} -> "
-        f"{report.mtp_loss[1]:.2f} ({report.tokens} training tokens)"
-    )
+    for name, (first, last) in report.losses.items():
+        print(f"{name}: loss {first:.2f} -> {last:.2f}")
+    print(f"target held out: {report.held_out_loss:.2f} ({report.tokens} training tokens)")
 
 
 if __name__ == "__main__":

@@ -91,6 +91,7 @@ class Manifest:
     opset: int
     ops: Mapping[str, OpVersion]
     graphs: Mapping[str, Graph]
+    tokenizer: str | None = None  # directory of the target's tokenizer files in the export
     format: int = field(default=FORMAT)
 
     @property
@@ -209,7 +210,10 @@ def from_json(data, where: str = FILE_NAME) -> Manifest:
         name: _graph(entry, f"{where}: graphs.{name}")
         for name, entry in _expect(d["graphs"], dict, f"{where}: graphs").items()
     }
-    return Manifest(config=config, ops=ops, graphs=graphs, **values)
+    tokenizer = d.get("tokenizer")
+    if tokenizer is not None:
+        _expect(tokenizer, str, f"{where}: tokenizer")
+    return Manifest(config=config, ops=ops, graphs=graphs, tokenizer=tokenizer, **values)
 
 
 def read(directory: str | pathlib.Path) -> Manifest:

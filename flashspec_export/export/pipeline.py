@@ -29,7 +29,12 @@ from tqdm import tqdm
 
 from flashspec_export.config import TARGET_PRESETS, ConfigError
 from flashspec_export.export import manifest
-from flashspec_export.models.build import ExportConfig, build_modules_unchecked, validate
+from flashspec_export.models.build import (
+    ExportConfig,
+    build_modules_unchecked,
+    resolve_trained,
+    validate,
+)
 from flashspec_export.onnx import functions, translation
 
 logger = logging.getLogger(__name__)
@@ -90,8 +95,32 @@ def _save(model: onnx.ModelProto, path: pathlib.Path) -> manifest.Graph:
     return manifest.hashed_graph(path.parent, path.name, inputs, outputs, large)
 
 
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+)
+
+
+def _copy_tokenizer(target: str, staging: pathlib.Path) -> str | None:
+    """Copy a checkpoint's tokenizer files into ``staging/tokenizer``; its name there, or None
+    (presets and checkpoints without a tokenizer)."""
+    files = [pathlib.Path(target) / f for f in TOKENIZER_FILES]
+    files = [f for f in files if f.is_file()]
+    if not files:
+        return None
+    (staging / "tokenizer").mkdir()
+    for f in files:
+        shutil.copyfile(f, staging / "tokenizer" / f.name)
+    return "tokenizer"
+
+
 def export(config: ExportConfig) -> manifest.Manifest:
     """Export the graphs of ``config`` into ``config.out``; returns the manifest."""
+    config = resolve_trained(config)
     validate(config)
     out = _output_dir(config)
     modules = build_modules_unchecked(config)
@@ -126,7 +155,7 @@ def export(config: ExportConfig) -> manifest.Manifest:
                 torch.ones(b),
                 zeros.clone(),
             ),
-            None,
+            ({1: new}, None, None, None, None, None),  # γ + 1: any γ up to the cache
             ["emitted", "num_emitted", "logprobs", "hidden", *caches_out],
         ),
     }
@@ -175,6 +204,7 @@ def export(config: ExportConfig) -> manifest.Manifest:
                 for op in functions.FUNCTIONS
             },
             graphs=graphs,
+            tokenizer=_copy_tokenizer(config.target, staging),
         )
         manifest.write(staging, written)
         _replace(out, staging)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -21,6 +21,9 @@ from flashspec_export.models.mtp import MtpDrafter
 from flashspec_export.models.target import SpeculativeTarget, check_architecture
 
 DRAFTERS = ("mtp", "eagle", "model", "ngram")
+# Trained presets: directories written by scripts/train_tiny.py, shipped with the package.
+PRESETS_DIR = pathlib.Path(__file__).parents[1] / "presets"
+TRAINED_PRESETS = ("stdlib-tiny",)
 # (field, lowest, highest) of the sizes an export takes; gamma 0 is the non-speculative step.
 LIMITS = (
     ("gamma", 0, 64),
@@ -32,9 +35,9 @@ LIMITS = (
 
 @dataclass(frozen=True)
 class ExportConfig:
-    target: str = "tiny-llama"  # a preset name or a local checkpoint directory
+    target: str = "stdlib-tiny"  # a preset name, a trained directory or a checkpoint directory
     draft: str = "mtp"
-    out: str = "out/tiny-llama-mtp"
+    out: str = "out/stdlib-tiny-mtp"
     gamma: int = 3
     batch: int = 1
     max_len: int = 256  # static KV-cache length
@@ -42,6 +45,30 @@ class ExportConfig:
     force: bool = False
     draft_weights: str | None = None  # state dict of an mtp / eagle drafter
     draft_model: str | None = None  # --draft model: a preset name or checkpoint directory
+
+
+def trained_directory(spec: str) -> pathlib.Path | None:
+    """The directory of a trained preset name, or ``spec`` itself when it is a directory that
+    ``scripts/train_tiny.py`` wrote (``target/`` with its drafters beside it); else None."""
+    path = PRESETS_DIR / spec if spec in TRAINED_PRESETS else pathlib.Path(spec)
+    return path if (path / "target" / "config.json").is_file() else None
+
+
+def resolve_trained(config: ExportConfig) -> ExportConfig:
+    """``config`` with a trained preset or directory expanded: the target is its ``target/``
+    checkpoint, and the drafter's weights default to the trained ones beside it
+    (``<draft>.safetensors`` for mtp / eagle, ``draft/`` for ``--draft model``)."""
+    root = trained_directory(config.target)
+    if root is None:
+        if config.target in TRAINED_PRESETS:
+            raise ConfigError(f"target: the preset {config.target} is missing from {PRESETS_DIR}")
+        return config
+    weights, model = config.draft_weights, config.draft_model
+    if config.draft in ("mtp", "eagle") and weights is None:
+        weights = str(root / f"{config.draft}.safetensors")
+    if config.draft == "model" and model is None:
+        model = str(root / "draft")
+    return replace(config, target=str(root / "target"), draft_weights=weights, draft_model=model)
 
 
 def checkpoint_config(spec: str, argument: str = "target") -> dict | None:
@@ -109,11 +136,20 @@ def load_draft_weights(drafter: torch.nn.Module, path: str) -> None:
     """Load the drafter's own weights; shared target weights may be absent. Unknown names and
     shapes that do not fit the target (hidden size, vocabulary) are refused by name."""
     if not pathlib.Path(path).is_file():
-        raise ConfigError(f"draft-weights: {path} is not a file (expected a torch state dict)")
+        raise ConfigError(
+            f"draft-weights: {path} is not a file (expected a .safetensors or torch state dict)"
+        )
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # torch raises many types for a file that is no state dict
-        raise ConfigError(f"draft-weights: {path} is not a torch state dict ({error})") from error
+        if path.endswith(".safetensors"):
+            from safetensors.torch import load_file
+
+            state = load_file(path)
+        else:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # torch / safetensors raise many types for a foreign file
+        raise ConfigError(
+            f"draft-weights: {path} is not a state dict (.safetensors or torch.save) ({error})"
+        ) from error
     if not isinstance(state, dict) or not all(isinstance(t, torch.Tensor) for t in state.values()):
         raise ConfigError(f"draft-weights: {path} holds no {{name: tensor}} state dict")
     expected = drafter.state_dict()
@@ -141,6 +177,7 @@ class Modules:
 
 def build_modules(config: ExportConfig) -> Modules:
     """The target and drafter modules of ``config`` (presets: random weights from the seed)."""
+    config = resolve_trained(config)
     validate(config)
     return build_modules_unchecked(config)
 

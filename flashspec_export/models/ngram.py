@@ -12,7 +12,7 @@ class NgramDrafter:
     def __init__(self, max_ngram: int = 3):
         self.max_ngram = max_ngram
 
-    def start(self, prompt, hidden) -> None:
+    def start(self, prompt, hidden, lengths) -> None:
         """Nothing to prefill: the drafter reads the token lists."""
 
     def update(self, step_positions, emitted, num_emitted, hidden) -> None:

@@ -112,7 +112,7 @@ def dim_sizes(spec: OpSpec, tensors) -> dict[str, int]:
     sizes = {}
     for arg, tensor in zip(spec.inputs, tensors, strict=True):
         for dim, size in zip(arg.shape, tuple(tensor.shape), strict=True):
-            sizes.setdefault(dim, int(size))
+            sizes.setdefault(dim, size)  # SymInt under export: dynamic dims stay dynamic
     return sizes
 
 

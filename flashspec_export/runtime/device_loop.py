@@ -25,7 +25,7 @@ import torch
 from flashspec_export.models.mtp import MtpDrafter
 from flashspec_export.models.target import TargetStep
 from flashspec_export.ops import registry
-from flashspec_export.runtime.loop import check_request
+from flashspec_export.runtime.loop import as_prompts, check_request
 from flashspec_export.runtime.metrics import Metrics
 
 # verify(hidden [N, γ+1, H], lm_head, drafts [N, γ], temperature, seed, positions, vocab_size)
@@ -213,7 +213,9 @@ class DeviceLoop:
 
         Returns the generated tokens and the run's metrics.
         """
-        check_request(prompt, new_tokens, self.gamma, temperature, self.batch, self.max_len)
+        check_request(
+            as_prompts(prompt), new_tokens, self.gamma, temperature, self.batch, self.max_len
+        )
         if self.use_graphs and self._graphs is None:
             self._capture()
         timed = self.device.type == "cuda"

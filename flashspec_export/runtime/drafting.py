@@ -30,14 +30,14 @@ class GraphDrafter:
         self.features = features
         self._pending = None  # (tokens [N, T], position of tokens[:, 0] [N], last_row [N], hidden)
 
-    def start(self, prompt: torch.Tensor, hidden: torch.Tensor) -> None:
-        n, prompt_len = prompt.shape
+    def start(self, prompt: torch.Tensor, hidden: torch.Tensor, lengths: torch.Tensor) -> None:
+        n = len(prompt)
         self._k, self._v = torch.zeros(self.cache_shape), torch.zeros(self.cache_shape)
         zeros = torch.zeros(n, dtype=torch.int64)
         if self.features:  # hidden row i (position i) pairs with prompt token i + 1
-            self._pending = (prompt[:, 1:], zeros + 1, zeros + prompt_len - 2, hidden)
+            self._pending = (prompt[:, 1:], zeros + 1, lengths - 2, hidden)
         else:
-            self._pending = (prompt, zeros, zeros + prompt_len - 1, None)
+            self._pending = (prompt, zeros, lengths - 1, None)
 
     def update(self, step_positions, emitted, num_emitted, hidden) -> None:
         # emitted is -1 past num_emitted: any valid id does there (those rows are never used)

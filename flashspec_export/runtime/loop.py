@@ -46,8 +46,9 @@ class Target:
 class Drafter(Protocol):
     """What the loop asks of a drafter (``NgramDrafter``, ``runtime.drafting.GraphDrafter``)."""
 
-    def start(self, prompt: torch.Tensor, hidden: torch.Tensor) -> None:
-        """After the target prefill of ``prompt[:, :-1]`` ([N, T0]); hidden [N, T0 - 1, H]."""
+    def start(self, prompt: torch.Tensor, hidden: torch.Tensor, lengths: torch.Tensor) -> None:
+        """After the target prefill of ``prompt[:, :-1]`` ([N, T0], right-padded: sequence i is
+        ``prompt[i, :lengths[i]]``); hidden [N, T0 - 1, H]."""
 
     def propose(self, sequences: list[list[int]], gamma: int) -> torch.Tensor:
         """[N, γ] int64 drafts following each sequence."""
@@ -72,9 +73,25 @@ class GenerationResult:
         return self.metrics.tokens_per_step
 
 
-def check_request(prompt, max_new_tokens, gamma, temperature, batch, max_len) -> None:
+class Stream(Protocol):
+    """Receives each sequence's new tokens as steps accept them (``runtime.text.TextStream``)."""
+
+    def push(self, row: int, tokens: list[int]) -> int | None:
+        """None to go on, or how many of ``tokens`` to keep before sequence ``row`` stops."""
+
+
+def as_prompts(prompt) -> list[list[int]]:
+    """Prompts as N lists of token ids (lengths may differ) from a [N, T0] tensor or lists."""
+    if isinstance(prompt, torch.Tensor):
+        if prompt.dim() != 2:
+            raise ConfigError(f"prompt: expected shape [N, T0], got {tuple(prompt.shape)}")
+        return prompt.tolist()
+    return [list(map(int, row)) for row in prompt]
+
+
+def check_request(prompts, max_new_tokens, gamma, temperature, batch, max_len) -> None:
     """Refuse a generation request the loop cannot run, naming the argument."""
-    n, prompt_len = prompt.shape
+    n = len(prompts)
     if max_new_tokens < 1:
         raise ConfigError(f"new_tokens: expected at least 1, got {max_new_tokens}")
     if gamma < 0:
@@ -85,12 +102,13 @@ def check_request(prompt, max_new_tokens, gamma, temperature, batch, max_len) ->
         raise ConfigError(f"temperature: expected {n} finite values >= 0 (0: greedy), got {values}")
     if n != batch:
         raise ConfigError(f"prompt: expected {batch} sequences (the batch), got {n}")
-    if prompt_len < 2:
-        raise ConfigError(f"prompt: expected at least 2 tokens per sequence, got {prompt_len}")
-    needed = prompt_len + max_new_tokens + gamma
+    shortest, longest = min(map(len, prompts)), max(map(len, prompts))
+    if shortest < 2:
+        raise ConfigError(f"prompt: expected at least 2 tokens per sequence, got {shortest}")
+    needed = longest + max_new_tokens + gamma
     if needed > max_len:
         raise ConfigError(
-            f"max_new_tokens: prompt ({prompt_len}) + max_new_tokens ({max_new_tokens}) + gamma "
+            f"max_new_tokens: prompt ({longest}) + max_new_tokens ({max_new_tokens}) + gamma "
             f"({gamma}) = {needed} exceeds the cache length {max_len}"
         )
 
@@ -98,34 +116,47 @@ def check_request(prompt, max_new_tokens, gamma, temperature, batch, max_len) ->
 def generate(
     target: Target,
     drafter: Drafter,
-    prompt: torch.Tensor,
+    prompt,
     max_new_tokens: int,
     gamma: int,
     temperature: torch.Tensor,
     seed: torch.Tensor,
+    stream: Stream | None = None,
 ) -> GenerationResult:
-    """Generate ``max_new_tokens`` per sequence after ``prompt [N, T0]`` (T0 >= 2).
+    """Generate up to ``max_new_tokens`` per sequence after ``prompt`` ([N, T0] or N lists of
+    token ids of any lengths >= 2); ``stream`` sees the tokens as they come and may stop a
+    sequence early (EOS, stop strings).
 
-    The prompt minus its last token is prefilled; every step then feeds the last accepted token
-    and γ drafts at ``positions`` = the cache length, and advances it by ``num_emitted``.
+    The prompts minus their last tokens are prefilled, right-padded to the longest (the padded
+    cache slots lie past each sequence's position: the first step overwrites them before any
+    query can see them); every step then feeds the last accepted token and the drafts at
+    ``positions`` = the cache length, and advances it by ``num_emitted``. The drafter may
+    return fewer than ``gamma`` drafts (online selection): the step verifies those.
     temperature : [N] float32 (0: greedy); seed : [N] int64
     """
-    n, prompt_len = prompt.shape
-    check_request(prompt, max_new_tokens, gamma, temperature, target.batch, target.max_len)
+    sequences = as_prompts(prompt)
+    n = len(sequences)
+    check_request(sequences, max_new_tokens, gamma, temperature, target.batch, target.max_len)
     metrics = Metrics(gamma, n)
     start = time.perf_counter()
+    lengths = torch.tensor([len(s) for s in sequences])
+    longest = int(lengths.max())
+    padded = torch.tensor([s + s[-1:] * (longest - len(s)) for s in sequences])
     k, v = torch.zeros(target.cache_shape), torch.zeros(target.cache_shape)
-    hidden, k, v = target.prefill(prompt[:, :-1], torch.zeros(n, dtype=torch.int64), k, v)
-    drafter.start(prompt, hidden)
-    sequences = [row.tolist() for row in prompt]
-    positions = torch.full((n,), prompt_len - 1, dtype=torch.int64)
-    total = prompt_len + max_new_tokens
-    while min(len(s) for s in sequences) < total:
+    hidden, k, v = target.prefill(padded[:, :-1], torch.zeros(n, dtype=torch.int64), k, v)
+    drafter.start(padded, hidden, lengths)
+    totals = lengths + max_new_tokens
+    stopped = [False] * n
+    positions = lengths - 1
+    while True:
         lengths = torch.tensor([len(s) for s in sequences])
-        active = lengths < total
+        active = (lengths < totals) & ~torch.tensor(stopped)
+        if not active.any():
+            break
         last = torch.tensor([s[-1] for s in sequences])[:, None]
         clock = time.perf_counter()
-        tokens = torch.cat([last, drafter.propose(sequences, gamma)], dim=1)  # [N, γ + 1]
+        drafts = drafter.propose(sequences, gamma)
+        tokens = torch.cat([last, drafts], dim=1)  # [N, γ + 1]
         metrics.draft_seconds += time.perf_counter() - clock
         # Finished sequences idle at position 0: their cache is dead, and their writes (γ + 1
         # slots from the step position, more in the drafter) stay inside the cache.
@@ -135,15 +166,21 @@ def generate(
         metrics.verify_seconds += time.perf_counter() - clock
         emitted, num_emitted, _, hidden, k, v = step
         num_emitted = torch.where(active, num_emitted, 0)
-        finished = lengths + num_emitted >= total
+        counts = (torch.minimum(num_emitted, totals - lengths)).tolist()
+        for row, count in enumerate(counts):
+            new = emitted[row, :count].tolist()
+            keep = stream.push(row, new) if stream is not None and new else None
+            if keep is not None:
+                new, stopped[row] = new[:keep], True
+            sequences[row].extend(new)
+        finished = (lengths + num_emitted >= totals) | torch.tensor(stopped)
         drafter.update(
             torch.where(finished, 0, positions), emitted, num_emitted.clamp(min=1), hidden
         )
-        for row, count in enumerate(num_emitted.tolist()):
-            sequences[row].extend(emitted[row, :count].tolist())
         positions = positions + num_emitted
-        metrics.add_step(num_emitted[active].tolist())
-    generated = [s[prompt_len : prompt_len + max_new_tokens] for s in sequences]
+        metrics.add_step(num_emitted[active].tolist(), drafts.shape[1])
+    prompt_lengths = [int(x) for x in totals - max_new_tokens]
+    generated = [s[length:] for s, length in zip(sequences, prompt_lengths, strict=True)]
     metrics.total_seconds = time.perf_counter() - start
-    metrics.generated = n * max_new_tokens
+    metrics.generated = sum(map(len, generated))
     return GenerationResult(generated, metrics)

@@ -4,8 +4,10 @@ acceptance and where the time went. Both loops (``loop.generate`` on CPU graphs,
 
 Definitions (as vLLM and TensorRT-LLM report them): a "step" of a sequence is one target step
 while it is unfinished; ``tokens_per_step`` = emitted tokens / steps (accepted drafts + 1);
-``acceptance[i]`` = steps whose draft at position i was accepted / steps (position i is verified
-in every step; a draft is accepted only if every earlier one was).
+``acceptance[i]`` = steps whose draft at position i was accepted / steps that drafted position i
+(a draft is accepted only if every earlier one was; with a fixed γ every step drafts every
+position). With online selection (``runtime/selection.py``) γ varies per step: ``gamma`` is the
+largest, and ``arms`` counts the steps of each (drafter, γ) chosen.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ class Metrics:
     sequence_steps: int = 0  # (sequence, step) pairs while unfinished
     emitted: int = 0  # tokens emitted by those steps
     accepted_at: list[int] = field(default_factory=list)  # [γ]: steps accepting position i
+    drafted_at: list[int] = field(default_factory=list)  # [γ]: steps drafting position i
+    arms: dict[str, int] = field(default_factory=dict)  # "drafter:γ" -> steps (selection)
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0  # the target step: decoder + verify
     total_seconds: float = 0.0
@@ -29,13 +33,18 @@ class Metrics:
     def __post_init__(self):
         if not self.accepted_at:
             self.accepted_at = [0] * self.gamma
+        if not self.drafted_at:
+            self.drafted_at = [0] * self.gamma
 
-    def add_step(self, num_emitted: list[int]) -> None:
-        """Count one target step from the unfinished sequences' ``num_emitted`` (1..γ + 1)."""
+    def add_step(self, num_emitted: list[int], gamma: int | None = None) -> None:
+        """Count one target step from the unfinished sequences' ``num_emitted`` (1..γ + 1);
+        ``gamma``: the drafts of this step (default: ``self.gamma``)."""
+        gamma = self.gamma if gamma is None else gamma
         self.steps += 1
         self.sequence_steps += len(num_emitted)
         self.emitted += sum(num_emitted)
-        for i in range(self.gamma):
+        for i in range(gamma):
+            self.drafted_at[i] += len(num_emitted)
             self.accepted_at[i] += sum(count > i + 1 for count in num_emitted)
 
     @property
@@ -49,7 +58,7 @@ class Metrics:
 
     @property
     def acceptance(self) -> list[float]:
-        return [a / max(self.sequence_steps, 1) for a in self.accepted_at]
+        return [a / max(d, 1) for a, d in zip(self.accepted_at, self.drafted_at, strict=True)]
 
     @property
     def rest_seconds(self) -> float:
@@ -83,5 +92,6 @@ class Metrics:
                 f"acceptance by draft position: {rates}",
                 f"time {self.total_seconds:.3f} s: {split}",
                 f"{self.tokens_per_second:.1f} tokens/s ({self.generated} tokens)",
+                *([f"arms chosen (steps): {self.arms}"] if self.arms else []),
             ]
         )
