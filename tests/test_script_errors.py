@@ -57,7 +57,10 @@ EXPORT_CASES = {
         ["--draft-model", "tiny-draft-llama"],
         "draft-model: only --draft model takes it (got --draft mtp)",
     ),
-    "model without draft-model": (["--draft", "model"], "draft-model: --draft model needs"),
+    "model without draft-model": (
+        ["--target", "tiny-llama", "--draft", "model"],
+        "draft-model: --draft model needs",
+    ),
 }
 
 
@@ -90,16 +93,20 @@ def test_export_refuses_a_damaged_checkpoint(case, tmp_path, capsys):
 def test_export_refuses_draft_weights_that_are_no_state_dict(tmp_path, capsys):
     out = ["--out", str(tmp_path / "x")]
     code, err = run_script("export.py", "--draft-weights", "nowhere.pt", *out, capsys=capsys)
-    assert code == 2 and "nowhere.pt is not a file (expected a torch state dict)" in err, err
+    assert (
+        code == 2
+        and "nowhere.pt is not a file (expected a .safetensors or torch state dict)" in err
+    ), err
     garbage = tmp_path / "garbage.pt"
     garbage.write_bytes(b"not a pickle")
     code, err = run_script("export.py", "--draft-weights", str(garbage), *out, capsys=capsys)
-    assert code == 2 and "is not a torch state dict" in err, err
+    assert code == 2 and "is not a state dict (.safetensors or torch.save)" in err, err
 
 
 def test_export_refuses_a_cache_longer_than_the_positions(tmp_path, capsys):
     out = str(tmp_path / "x")
-    code, err = run_script("export.py", "--max-len", "300", "--out", out, capsys=capsys)
+    args = ["--target", "tiny-llama", "--max-len", "300", "--out", out]
+    code, err = run_script("export.py", *args, capsys=capsys)
     assert code == 2 and "max_len: 300 exceeds the target's 256 positions" in err, err
 
 
@@ -118,7 +125,7 @@ def ngram_export(tmp_path_factory):
     from flashspec_export.models.build import ExportConfig
 
     out = tmp_path_factory.mktemp("ngram-export")
-    export(ExportConfig(draft="ngram", out=str(out), batch=2, max_len=32))
+    export(ExportConfig(target="tiny-llama", draft="ngram", out=str(out), batch=2, max_len=32))
     return str(out)
 
 

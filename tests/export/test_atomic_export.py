@@ -23,10 +23,10 @@ ROOT = pathlib.Path(__file__).parents[2]
 
 def test_force_replaces_the_whole_directory(tmp_path):
     out = tmp_path / "x"
-    export(ExportConfig(draft="mtp", out=str(out), max_len=16))
+    export(ExportConfig(target="tiny-llama", draft="mtp", out=str(out), max_len=16))
     (out / "engines").mkdir()
     (out / "engines" / "target_step.engine").write_bytes(b"old engine")
-    export(ExportConfig(draft="ngram", out=str(out), max_len=16, force=True))
+    export(ExportConfig(target="tiny-llama", draft="ngram", out=str(out), max_len=16, force=True))
     assert sorted(p.name for p in out.iterdir()) == [
         "manifest.json",
         "target_prefill.onnx",
@@ -38,9 +38,10 @@ def test_force_replaces_the_whole_directory(tmp_path):
 
 def test_an_export_killed_midway_leaves_the_previous_one_intact(tmp_path):
     out = tmp_path / "x"
-    export(ExportConfig(draft="ngram", out=str(out), max_len=16))
+    export(ExportConfig(target="tiny-llama", draft="ngram", out=str(out), max_len=16))
     before = {p.name: p.read_bytes() for p in out.iterdir()}
-    command = [sys.executable, "scripts/export.py", "--draft", "mtp", "--max-len", "16"]
+    command = [sys.executable, "scripts/export.py", "--target", "tiny-llama", "--draft", "mtp"]
+    command += ["--max-len", "16"]
     process = subprocess.Popen(
         [*command, "--out", str(out), "--force"],
         cwd=ROOT,
@@ -67,7 +68,7 @@ def test_an_engine_build_killed_midway_leaves_the_engines_as_they_were(tmp_path)
     from flashspec_export.engine.build import build_engines
 
     out = tmp_path / "x"
-    export(ExportConfig(draft="mtp", out=str(out), max_len=16))
+    export(ExportConfig(target="tiny-llama", draft="mtp", out=str(out), max_len=16))
     build_engines(out, ["target_prefill"], function_bodies=True)
     before = (out / "engines" / "target_prefill.engine").read_bytes()
     process = subprocess.Popen(

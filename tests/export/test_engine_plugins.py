@@ -32,7 +32,7 @@ def exported_mtp(tmp_path_factory):
     if plugins.library_path() is None:
         pytest.skip(f"needs the plugin library: {HOW}")
     out = tmp_path_factory.mktemp("engine-plugins")
-    export(ExportConfig(draft="mtp", out=str(out), batch=2, max_len=32))
+    export(ExportConfig(target="tiny-llama", draft="mtp", out=str(out), batch=2, max_len=32))
     return out
 
 
@@ -71,7 +71,7 @@ def test_a_node_that_falls_back_to_its_body_fails_the_build(exported_mtp, tmp_pa
 def test_full_tensorrt_without_the_library_is_refused(monkeypatch, tmp_path):
     """Full TensorRT would silently inline the bodies: without the library the build stops
     before anything is written, and says how to get the library or ask for the bodies."""
-    export(ExportConfig(draft="ngram", out=str(tmp_path), max_len=16))
+    export(ExportConfig(target="tiny-llama", draft="ngram", out=str(tmp_path), max_len=16))
     monkeypatch.setattr(build, "tensorrt_flavour", lambda: "tensorrt")
     monkeypatch.setattr(plugins, "library_path", lambda: None)
     with pytest.raises(ConfigError, match=r"plugins: TensorRT needs the FlashSpec plugin library"):

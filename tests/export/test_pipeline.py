@@ -210,7 +210,11 @@ def test_tensorrt_rtx_builds_a_batched_target_step(tmp_path):
     pytest.importorskip("polygraphy")
     from flashspec_export.engine.build import build_engines
 
-    export(ExportConfig(draft="ngram", out=str(tmp_path), batch=4, max_len=64, gamma=4))
+    export(
+        ExportConfig(
+            target="tiny-llama", draft="ngram", out=str(tmp_path), batch=4, max_len=64, gamma=4
+        )
+    )
     engines = build_engines(tmp_path, ["target_step"], function_bodies=True)
     assert engines["target_step"].path.stat().st_size > 0
     assert engines["target_step"].plugin_layers == ()  # the body, fenced, was built
@@ -227,11 +231,21 @@ def test_draft_weights_must_match_the_target(tmp_path):
     other = TargetConfig("wide", "llama", 512, 96, 128, 1, 4, 2, 24).build(seed=0)
     torch.save(MtpDrafter(other).state_dict(), tmp_path / "wide.pt")
     with pytest.raises(ValueError, match=r"draft-weights: .* the drafter does not match"):
-        export(ExportConfig(out=str(tmp_path / "a"), draft_weights=str(tmp_path / "wide.pt")))
+        export(
+            ExportConfig(
+                target="tiny-llama",
+                out=str(tmp_path / "a"),
+                draft_weights=str(tmp_path / "wide.pt"),
+            )
+        )
     own = MtpDrafter(TargetConfig.from_name("tiny-llama").build(seed=0), seed=9)
     weights = {k: v for k, v in own.state_dict().items() if k.startswith(("eh_proj", "layers"))}
     torch.save(weights, tmp_path / "own.pt")
-    manifest = export(ExportConfig(out=str(tmp_path / "b"), draft_weights=str(tmp_path / "own.pt")))
+    manifest = export(
+        ExportConfig(
+            target="tiny-llama", out=str(tmp_path / "b"), draft_weights=str(tmp_path / "own.pt")
+        )
+    )
     assert "drafter_mtp" in manifest.graphs
 
 
@@ -263,7 +277,9 @@ def test_large_graphs_go_to_external_data(tmp_path, monkeypatch):
     from flashspec_export.export import pipeline
 
     monkeypatch.setattr(pipeline, "EXTERNAL_DATA_BYTES", 100_000)
-    manifest = export(ExportConfig(draft="ngram", out=str(tmp_path), max_len=64))
+    manifest = export(
+        ExportConfig(target="tiny-llama", draft="ngram", out=str(tmp_path), max_len=64)
+    )
     step = manifest.graphs["target_step"]
     assert step.external_data and (tmp_path / "target_step.onnx.data").is_file()
     data_bytes = (tmp_path / "target_step.onnx.data").stat().st_size

@@ -21,7 +21,7 @@ from flashspec_export.runtime.loop import generate
     importlib.util.find_spec("tensorrt") is not None, reason="TensorRT is installed"
 )
 def test_without_tensorrt_running_engines_is_refused_by_name(tmp_path):
-    export(ExportConfig(draft="ngram", out=str(tmp_path), max_len=16))
+    export(ExportConfig(target="tiny-llama", draft="ngram", out=str(tmp_path), max_len=16))
     with pytest.raises(ConfigError, match="engines: running engines needs TensorRT"):
         sessions.from_engines(tmp_path)
 
@@ -32,7 +32,7 @@ def test_without_tensorrt_running_engines_is_refused_by_name(tmp_path):
 def test_engines_emit_the_onnxruntime_tokens(tmp_path, draft):
     if plugins.library_path() is None:
         pytest.skip(f"needs the plugin library {plugins.DEFAULT_LIBRARY}")
-    export(ExportConfig(draft=draft, out=str(tmp_path), batch=2, max_len=48))
+    export(ExportConfig(target="tiny-llama", draft=draft, out=str(tmp_path), batch=2, max_len=48))
     reports = build.build_engines(tmp_path)
     assert all(r.plugin_layers for n, r in reports.items() if n != "target_prefill")
     g = torch.Generator().manual_seed(0)
