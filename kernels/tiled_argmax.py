@@ -33,6 +33,9 @@ from flashspec_export.kernels.tiles import (
     fold_best,
 )
 
+# Rows per program of the split reduction (stage 2).
+FINALIZE_ROWS = 16
+
 
 @triton.jit(do_not_specialize=["num_rows", "num_splits", "tiles_per_split"])
 def _argmax_tiles_kernel(
@@ -185,15 +188,14 @@ def tiled_argmax(
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )
-    finalize_rows = 16
-    _argmax_finalize_kernel[(triton.cdiv(n, finalize_rows),)](
+    _argmax_finalize_kernel[(triton.cdiv(n, FINALIZE_ROWS),)](
         ws_max,
         ws_index,
         token,
         max_logit,
         n,
         splits,
-        BLOCK_N=finalize_rows,
+        BLOCK_N=FINALIZE_ROWS,
         BLOCK_S=triton.next_power_of_2(splits),
     )
     return token, max_logit

@@ -102,24 +102,38 @@ def choose_config(
     -------
     KernelConfig
     """
-    sixteen_bit = dtype in (torch.bfloat16, torch.float16)
     if device.type != "cuda" or triton.knobs.runtime.interpret:
         block_n = min(64, max(16, triton.next_power_of_2(rows)))
         block_v, num_warps, waves, sms = 512, 4, WAVES_PER_SM, _INTERPRETER_SMS
         block_h = min(128, max(16, triton.next_power_of_2(hidden_size)))
         num_stages = 3
     else:
-        block_n, block_v, num_warps, waves, num_stages = next(
-            config for limit, config in TUNED[op] if limit is None or rows <= limit
-        )
-        block_h = 64 if sixteen_bit else 32
+        block_n, block_v, num_warps, waves, num_stages = tuned_row(op, rows)
+        block_h = block_h_of(dtype)
         sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    splits = num_splits(rows, vocab_size, block_n, block_v, waves, sms)
+    return KernelConfig(block_n, block_v, block_h, splits, num_warps, num_stages)
+
+
+def tuned_row(op: str, rows: int) -> tuple[int, int, int, int, int]:
+    """``TUNED[op]``'s row for ``rows``: (BLOCK_N, BLOCK_V, num_warps, waves, num_stages)."""
+    return next(config for limit, config in TUNED[op] if limit is None or rows <= limit)
+
+
+def block_h_of(dtype: torch.dtype) -> int:
+    """The hidden chunk of one ``tl.dot`` on a GPU: 64 elements of half / bf16, 32 of fp32."""
+    return 64 if dtype in (torch.bfloat16, torch.float16) else 32
+
+
+def num_splits(rows: int, vocab_size: int, block_n: int, block_v: int, waves: int, sms: int) -> int:
+    """Vocabulary splits of a launch: ``waves`` programs per SM over all row blocks (at most one
+    per tile), or one tile per program when ``waves == 0``. The CUDA library computes the same
+    count for the kernels compiled into it (``plugins/common/tritonAot.cu``, ``tunedSplits``)."""
     tiles = triton.cdiv(vocab_size, block_v)
     row_blocks = triton.cdiv(rows, block_n)
     splits = tiles if waves == 0 else max(1, min(tiles, triton.cdiv(waves * sms, row_blocks)))
     # Even out the runs of tiles so that no split is empty.
-    splits = triton.cdiv(tiles, triton.cdiv(tiles, splits))
-    return KernelConfig(block_n, block_v, block_h, splits, num_warps, num_stages)
+    return triton.cdiv(tiles, triton.cdiv(tiles, splits))
 
 
 def check_device(hidden: torch.Tensor) -> None:
@@ -151,8 +165,13 @@ def dot_options(t: torch.Tensor) -> dict:
     ``tl.dot`` because the Triton 3.6 interpreter multiplies bf16 as raw uint16 bit patterns; the
     upcast computes the same products (exact in fp32) with the same fp32 accumulation.
     """
-    dot_in_fp32 = t.dtype == torch.bfloat16 and (not t.is_cuda or triton.knobs.runtime.interpret)
-    precise = t.dtype == torch.float32 or dot_in_fp32
+    return dot_options_of(t.dtype, compiled=t.is_cuda and not triton.knobs.runtime.interpret)
+
+
+def dot_options_of(dtype: torch.dtype, *, compiled: bool) -> dict:
+    """``dot_options`` of a ``dtype`` for compiled (GPU) or interpreted kernels."""
+    dot_in_fp32 = dtype == torch.bfloat16 and not compiled
+    precise = dtype == torch.float32 or dot_in_fp32
     return {"DOT_PRECISION": "ieee" if precise else "tf32", "DOT_IN_FP32": dot_in_fp32}
 
 

@@ -198,7 +198,19 @@ def _providers(shape: HeadShape, rows: int, config: BenchConfig, lm_head: torch.
         y = (scores + gumbel).argmax(dim=-1)  # [N, γ + 1]
         return _emit(drafts == y[:, :gamma], drafts, y)
 
-    return {
+    def cuda_path(op):  # which kernels the cuda backend runs: "triton_aot" or "native"
+        from flashspec_export.ops import cuda
+
+        if op == "verify_resample":
+            return cuda.kernel_path(op, hidden, lm_head, drafts, temps, seeds, positions, vocab)
+        return cuda.kernel_path(op, flat, lm_head, vocab)
+
+    paths = {
+        "verify_resample[cuda]": lambda: cuda_path("verify_resample"),
+        "verify_resample[cuda]+logprobs": lambda: cuda_path("verify_resample"),
+        "tiled_argmax[cuda]": lambda: cuda_path("tiled_argmax"),
+    }
+    providers = {
         "verify_resample": verify("triton"),
         "verify_resample+logprobs": verify("triton", logprobs=True),
         "tiled_argmax": argmax("triton"),
@@ -211,6 +223,7 @@ def _providers(shape: HeadShape, rows: int, config: BenchConfig, lm_head: torch.
         "onepass_torch_rng": onepass_torch_rng,
         "standard": verify("standard"),
     }
+    return providers, paths
 
 
 def _emit(accept: torch.Tensor, drafts: torch.Tensor, candidates: torch.Tensor):
@@ -230,9 +243,11 @@ def run(config: BenchConfig, progress: Callable[[str], None] = lambda _: None) -
         lm_head *= shape.hidden_size**-0.5
         weight_bytes = lm_head.numel() * lm_head.element_size()
         for rows in config.rows:
-            for name, fn in _providers(shape, rows, config, lm_head).items():
+            providers, paths = _providers(shape, rows, config, lm_head)
+            for name, fn in providers.items():
                 if name not in config.providers:
                     continue
+                extra = {"kernel_path": paths[name]()} if name in paths else {}
                 times = sorted(time_graph(fn, config.rep_ms))
                 median = statistics.median(times)
                 gbps = weight_bytes / (median * 1e-6) / 1e9
@@ -248,11 +263,12 @@ def run(config: BenchConfig, progress: Callable[[str], None] = lambda _: None) -
                         times[(9 * len(times)) // 10],
                         gbps,
                         gbps / copy_gbps,
+                        extra,
                     )
                 )
                 progress(
                     f"{head:>11} R={rows:<4} {name:>16}: {median:9.1f} us "
-                    f"({100 * gbps / copy_gbps:5.1f}% of copy bw)"
+                    f"({100 * gbps / copy_gbps:5.1f}% of copy bw) {extra.get('kernel_path', '')}"
                 )
             torch.cuda.empty_cache()
         del lm_head

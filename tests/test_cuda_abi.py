@@ -20,7 +20,11 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.mark.parametrize(
     ("op", "structure"),
-    [(0, cuda._TiledArgmaxParams), (1, cuda._VerifyResampleParams), (2, cuda._NoiseParams)],
+    [
+        (cuda.OPS["tiled_argmax"], cuda._TiledArgmaxParams),
+        (cuda.OPS["verify_resample"], cuda._VerifyResampleParams),
+        (cuda.OPS["noise"], cuda._NoiseParams),
+    ],
 )
 def test_params_layout_matches_the_library(op, structure):
     offsets = (ctypes.c_size_t * 32)()
@@ -32,7 +36,8 @@ def test_params_layout_matches_the_library(op, structure):
 def test_abi_version_and_workspace_sizes():
     lib = cuda.library()
     assert lib.flashspecAbiVersion() == cuda.ABI_VERSION
-    assert lib.flashspecResolveNumSplits(20, 4096, 128256, 2, 7) == 7  # requested is kept
+    for op in (cuda.OPS["tiled_argmax"], cuda.OPS["verify_resample"]):
+        assert lib.flashspecResolveNumSplits(op, 20, 4096, 128256, 2, 7) == 7  # requested is kept
     # per (row, split): max + index for the argmax, five floats + an index for the verify
     assert lib.flashspecTiledArgmaxWorkspaceSize(20, 7) == 20 * 7 * 8
     assert lib.flashspecVerifyResampleWorkspaceSize(20, 7) == 20 * 7 * 20  # 4 floats + 1 int
@@ -47,8 +52,25 @@ def test_one_dtype_enum_and_abi_version():
 
     header = (cuda.DEFAULT_LIBRARY.parents[1] / "common" / "flashspecAbi.h").read_text()
     version = int(re.search(r"#define FLASHSPEC_ABI_VERSION (\d+)", header).group(1))
-    codes = {m[0]: int(m[1]) for m in re.findall(r"FLASHSPEC_(\w+) = (\d+)", header)}
+
+    def enum(name: str) -> dict[str, int]:
+        body = re.search(rf"enum {name}\s*{{(.*?)}};", header, re.S).group(1)
+        return {m[0]: int(m[1]) for m in re.findall(r"FLASHSPEC_(\w+) = (\d+)", body)}
+
     assert version == cuda.ABI_VERSION == cuda.library().flashspecAbiVersion()
     names = {"FLOAT32": torch.float32, "FLOAT16": torch.float16, "BFLOAT16": torch.bfloat16}
-    assert {names[k]: v for k, v in codes.items()} == cuda.dtype_codes()
+    assert {names[k]: v for k, v in enum("FlashspecDtype").items()} == cuda.dtype_codes()
+    assert {f"OP_{k.upper()}": v for k, v in cuda.OPS.items()} == enum("FlashspecOp")
+    assert {f"PATH_{v.upper()}": k for k, v in cuda.PATHS.items()} == enum("FlashspecKernelPath")
     assert cuda.library().flashspecDtypeCode(b"int8") == -1
+
+
+def test_kernel_path_query():
+    """flashspecKernelPath refuses an unknown op; without a GPU every call is the native path;
+    the library reports the architecture of the Triton kernels compiled into it (0: none)."""
+    lib = cuda.library()
+    assert lib.flashspecKernelPath(cuda.OPS["noise"], None) == -1
+    assert lib.flashspecTritonAotArch() in (0, 90)
+    if not torch.cuda.is_available():
+        params = cuda._TiledArgmaxParams(16, 16, 16, 16, 16, 4, 4096, 128256, 2, 0)
+        assert lib.flashspecKernelPath(cuda.OPS["tiled_argmax"], ctypes.byref(params)) == 0

@@ -6,6 +6,8 @@
 #       (with TensorRT headers in $TRT_INCLUDE — the public TensorRT OSS include/, never committed —
 #        the plugin library and its self-test are built and run too, under compute-sanitizer)
 #   bash docs/bench/gpu_checks.sh bench [BEFORE]     # kernel sweep; BEFORE: an older tree, timed first
+#   bash docs/bench/gpu_checks.sh aot                # the library's compiled-in Triton kernels:
+#       their GPU tests, then CUDA (compiled Triton) vs Triton JIT on the Llama-3 head, R = 1..512
 set -uo pipefail
 out="${OUT:-gpu_out}"
 mkdir -p "$out"
@@ -23,7 +25,8 @@ tests)
     log="$out/gpu_tests.log"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$log"
     python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$log"
-    # 1. Parity (every backend on CUDA tensors) and the statistical exactness suite.
+    # 1. Parity (every backend on CUDA tensors; tests/parity/test_triton_aot_gpu.py: the library's
+    # compiled-in Triton kernels) and the statistical exactness suite.
     python3 -m pytest -q tests/parity tests/reference/test_exactness.py tests/test_op_faces.py \
         tests/test_cuda_abi.py tests/runtime/test_engines.py >> "$log" 2>&1
     echo "tests rc=$?" >> "$log"
@@ -72,5 +75,21 @@ bench)
     python3 scripts/bench_kernels.py --heads llama3-8b qwen3-8b gemma3-12b --rows $rows \
         --rep-ms 50 --out "$out/bench.json" --plot "$out/bench.png" >> "$out/bench.log" 2>&1
     echo "bench rc=$?" >> "$out/bench.log"
+    ;;
+aot)
+    python3 -m pip install -q --no-build-isolation --no-deps -e . > /dev/null 2>&1
+    log="$out/aot_tests.log"
+    { cmake -S plugins -B plugins/build -DCMAKE_BUILD_TYPE=Release && cmake --build plugins/build -j 16; } \
+        > "$out/aot_build.log" 2>&1 || { tail -40 "$out/aot_build.log"; exit 1; }
+    grep "flashspec:" "$out/aot_build.log" > "$log"
+    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >> "$log"
+    python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$log"
+    python3 -m pytest -q tests/parity/test_triton_aot_gpu.py tests/parity/test_llm_shapes_gpu.py \
+        tests/test_cuda_abi.py tests/test_triton_aot.py >> "$log" 2>&1
+    echo "tests rc=$?" >> "$log"
+    python3 scripts/bench_kernels.py --heads llama3-8b --rows 1 2 4 8 16 32 64 128 256 512 \
+        --providers verify_resample "verify_resample[cuda]" tiled_argmax "tiled_argmax[cuda]" matmul \
+        --rep-ms 50 --out "$out/bench_aot.json" > "$out/bench_aot.log" 2>&1
+    echo "bench rc=$?" >> "$out/bench_aot.log"
     ;;
 esac

@@ -1,6 +1,10 @@
 """CUDA backend: the ``plugins/`` kernels (the ones behind the TensorRT plugins) through their
 C ABI (``plugins/common/flashspecCApi.h``), called with ctypes on torch tensors.
 
+Where the library was built with the Triton kernels compiled in (CMake ``FLASHSPEC_TRITON_AOT``)
+a call runs them on their GPU architecture for the compiled (dtype, H), else the native CUDA
+kernels; ``kernel_path`` says which.
+
 The library is ``plugins/build/libflashspec_kernels.so`` (build: ``cmake -S plugins -B
 plugins/build && cmake --build plugins/build -j``) or the path in ``$FLASHSPEC_KERNELS_LIB``.
 Launches go to the current torch stream; nothing synchronises with the host.
@@ -19,7 +23,10 @@ from flashspec_export.reference.verify_resample import VerifyResult
 
 # The ABI this mirror of the params structs is written for (FLASHSPEC_ABI_VERSION in
 # plugins/common/flashspecAbi.h, checked when the library loads; the dtype codes are read from it).
-ABI_VERSION = 2
+ABI_VERSION = 3
+# FlashspecOp and FlashspecKernelPath codes (plugins/common/flashspecAbi.h).
+OPS = {"tiled_argmax": 0, "verify_resample": 1, "noise": 2}
+PATHS = {0: "native", 1: "triton_aot"}
 LIBRARY_ENV = "FLASHSPEC_KERNELS_LIB"
 DEFAULT_LIBRARY = pathlib.Path(__file__).parents[2] / "plugins/build/libflashspec_kernels.so"
 
@@ -90,6 +97,7 @@ def library() -> ctypes.CDLL:
     lib.flashspecErrorString.restype = ctypes.c_char_p
     for name in ("flashspecTiledArgmaxWorkspaceSize", "flashspecVerifyResampleWorkspaceSize"):
         getattr(lib, name).restype = ctypes.c_size_t
+    lib.flashspecKernelPath.argtypes = [ctypes.c_int32, ctypes.c_void_p]
     if lib.flashspecAbiVersion() != ABI_VERSION:
         raise RuntimeError(
             f"cuda backend: {path} has ABI {lib.flashspecAbiVersion()}, this package needs "
@@ -128,35 +136,42 @@ def _workspace(device: torch.device, nbytes: int) -> torch.Tensor:
     return torch.empty(max(nbytes, 16), dtype=torch.uint8, device=device)
 
 
-def tiled_argmax(hidden: torch.Tensor, lm_head: torch.Tensor, vocab_size: int, *, num_splits=0):
-    """Argmax of ``hidden @ lm_head[:vocab_size].T`` (CUDA). Shapes as ``ops.tiled_argmax``:
-    hidden [N, H], lm_head [V, H] → token [N] int64, max_logit [N] float32."""
-    stream = _device_and_stream(hidden)
+def _argmax_call(hidden, lm_head, vocab_size, num_splits):
+    """The params of a TiledArgmax call, its outputs (token, max_logit), and the contiguous
+    inputs the params point into (kept alive until the launch), on hidden's device."""
     hidden, lm_head = hidden.contiguous(), lm_head.contiguous()
     n, hidden_size = hidden.shape
     dtype = dtype_codes()[hidden.dtype]
     lib = library()
+    op = OPS["tiled_argmax"]
+    splits = lib.flashspecResolveNumSplits(op, n, hidden_size, vocab_size, dtype, num_splits)
+    workspace = _workspace(hidden.device, lib.flashspecTiledArgmaxWorkspaceSize(n, splits))
+    token = torch.empty(n, dtype=torch.int64, device=hidden.device)
+    max_logit = torch.empty(n, dtype=torch.float32, device=hidden.device)
+    params = _TiledArgmaxParams(
+        hidden.data_ptr(),
+        lm_head.data_ptr(),
+        token.data_ptr(),
+        max_logit.data_ptr(),
+        workspace.data_ptr(),
+        n,
+        hidden_size,
+        vocab_size,
+        dtype,
+        splits,
+    )
+    return params, (token, max_logit), (hidden, lm_head)
+
+
+def tiled_argmax(hidden: torch.Tensor, lm_head: torch.Tensor, vocab_size: int, *, num_splits=0):
+    """Argmax of ``hidden @ lm_head[:vocab_size].T`` (CUDA). Shapes as ``ops.tiled_argmax``:
+    hidden [N, H], lm_head [V, H] → token [N] int64, max_logit [N] float32."""
+    stream = _device_and_stream(hidden)
     with torch.cuda.device(hidden.device):
-        splits = lib.flashspecResolveNumSplits(n, hidden_size, vocab_size, dtype, num_splits)
-        workspace = _workspace(hidden.device, lib.flashspecTiledArgmaxWorkspaceSize(n, splits))
-        token = torch.empty(n, dtype=torch.int64, device=hidden.device)
-        max_logit = torch.empty(n, dtype=torch.float32, device=hidden.device)
-        params = _TiledArgmaxParams(
-            hidden.data_ptr(),
-            lm_head.data_ptr(),
-            token.data_ptr(),
-            max_logit.data_ptr(),
-            workspace.data_ptr(),
-            n,
-            hidden_size,
-            vocab_size,
-            dtype,
-            splits,
-        )
-        _check(
-            lib.flashspecTiledArgmax(ctypes.byref(params), ctypes.c_void_p(stream)), "tiled_argmax"
-        )
-    return token, max_logit
+        params, outputs, _inputs = _argmax_call(hidden, lm_head, vocab_size, num_splits)
+        status = library().flashspecTiledArgmax(ctypes.byref(params), ctypes.c_void_p(stream))
+        _check(status, "tiled_argmax")
+    return outputs
 
 
 def verify_resample(
@@ -174,46 +189,87 @@ def verify_resample(
     """Verify γ greedy drafts and emit the next tokens (CUDA). Shapes as the reference: hidden
     [N, γ + 1, H], lm_head [V, H], draft_tokens [N, γ], temperature / seed / positions [N]."""
     stream = _device_and_stream(hidden)
+    with torch.cuda.device(hidden.device):
+        args = (hidden, lm_head, draft_tokens, temperature, seed, positions, vocab_size)
+        params, result, _inputs = _verify_call(*args, return_logprobs, num_splits)
+        status = library().flashspecVerifyResample(ctypes.byref(params), ctypes.c_void_p(stream))
+        _check(status, "verify_resample")
+    return result
+
+
+def _verify_call(
+    hidden,
+    lm_head,
+    draft_tokens,
+    temperature,
+    seed,
+    positions,
+    vocab_size,
+    return_logprobs,
+    num_splits,
+):
+    """The params of a VerifyResample call, its outputs, and the converted inputs the params
+    point into (kept alive until the launch), on hidden's device."""
     hidden, lm_head = hidden.contiguous(), lm_head.contiguous()
     n, width, hidden_size = hidden.shape
     rows = n * width
     dtype = dtype_codes()[hidden.dtype]
     device = hidden.device
     lib = library()
-    with torch.cuda.device(device):
-        drafts = draft_tokens.to(torch.int64).contiguous()
-        temps = temperature.to(torch.float32).contiguous()
-        seeds, starts = seed.to(torch.int64).contiguous(), positions.to(torch.int64).contiguous()
-        splits = lib.flashspecResolveNumSplits(rows, hidden_size, vocab_size, dtype, num_splits)
-        workspace = _workspace(device, lib.flashspecVerifyResampleWorkspaceSize(rows, splits))
-        tokens = torch.empty(n, width, dtype=torch.int64, device=device)
-        num_emitted = torch.empty(n, dtype=torch.int64, device=device)
-        logprobs = (
-            torch.empty(n, width, dtype=torch.float32, device=device) if return_logprobs else None
-        )
-        params = _VerifyResampleParams(
-            hidden.data_ptr(),
-            lm_head.data_ptr(),
-            drafts.data_ptr(),
-            temps.data_ptr(),
-            seeds.data_ptr(),
-            starts.data_ptr(),
-            tokens.data_ptr(),
-            num_emitted.data_ptr(),
-            logprobs.data_ptr() if logprobs is not None else None,
-            workspace.data_ptr(),
-            n,
-            width - 1,
-            hidden_size,
-            vocab_size,
-            dtype,
-            splits,
-        )
-        _check(
-            lib.flashspecVerifyResample(ctypes.byref(params), ctypes.c_void_p(stream)),
-            "verify_resample",
-        )
-    return VerifyResult(tokens, num_emitted, logprobs)
+    drafts = draft_tokens.to(torch.int64).contiguous()
+    temps = temperature.to(torch.float32).contiguous()
+    seeds, starts = seed.to(torch.int64).contiguous(), positions.to(torch.int64).contiguous()
+    op = OPS["verify_resample"]
+    splits = lib.flashspecResolveNumSplits(op, rows, hidden_size, vocab_size, dtype, num_splits)
+    workspace = _workspace(device, lib.flashspecVerifyResampleWorkspaceSize(rows, splits))
+    tokens = torch.empty(n, width, dtype=torch.int64, device=device)
+    num_emitted = torch.empty(n, dtype=torch.int64, device=device)
+    logprobs = (
+        torch.empty(n, width, dtype=torch.float32, device=device) if return_logprobs else None
+    )
+    params = _VerifyResampleParams(
+        hidden.data_ptr(),
+        lm_head.data_ptr(),
+        drafts.data_ptr(),
+        temps.data_ptr(),
+        seeds.data_ptr(),
+        starts.data_ptr(),
+        tokens.data_ptr(),
+        num_emitted.data_ptr(),
+        logprobs.data_ptr() if logprobs is not None else None,
+        workspace.data_ptr(),
+        n,
+        width - 1,
+        hidden_size,
+        vocab_size,
+        dtype,
+        splits,
+    )
+    inputs = (hidden, lm_head, drafts, temps, seeds, starts)
+    return params, VerifyResult(tokens, num_emitted, logprobs), inputs
+
+
+def kernel_path(op: str, *args, return_logprobs: bool = False, num_splits: int = 0) -> str:
+    """Which kernels ``op``'s call with these arguments (those of ``tiled_argmax`` /
+    ``verify_resample`` here) runs on the current device: ``"triton_aot"`` (the Triton kernels
+    compiled into the library) or ``"native"`` (the CUDA kernels of ``plugins/``). Launches
+    nothing."""
+    if op not in ("tiled_argmax", "verify_resample"):
+        raise ValueError(f"op: expected 'tiled_argmax' or 'verify_resample', got {op!r}")
+    hidden = args[0]
+    _device_and_stream(hidden)
+    with torch.cuda.device(hidden.device):
+        if op == "tiled_argmax":
+            params, _, _inputs = _argmax_call(*args, num_splits)
+        else:
+            params, _, _inputs = _verify_call(*args, return_logprobs, num_splits)
+        code = library().flashspecKernelPath(OPS[op], ctypes.byref(params))
+    return PATHS[code]
+
+
+def triton_aot_arch() -> int:
+    """Compute capability (e.g. 90) of the Triton kernels compiled into the library; 0 if none."""
+    return library().flashspecTritonAotArch()
 
 
 def evaluate_noise(seed: torch.Tensor, position: torch.Tensor, token: torch.Tensor, stream: int):

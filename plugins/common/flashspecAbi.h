@@ -7,7 +7,7 @@
 #pragma once
 
 //! Bumped on any change of the params structs or the entry points' signatures.
-#define FLASHSPEC_ABI_VERSION 2
+#define FLASHSPEC_ABI_VERSION 3
 
 //! Element type of hidden / lm_head.
 enum FlashspecDtype
@@ -15,4 +15,19 @@ enum FlashspecDtype
     FLASHSPEC_FLOAT32 = 0,
     FLASHSPEC_FLOAT16 = 1,
     FLASHSPEC_BFLOAT16 = 2,
+};
+
+//! The ops of the C ABI (flashspecParamsLayout, flashspecResolveNumSplits, flashspecKernelPath).
+enum FlashspecOp
+{
+    FLASHSPEC_OP_TILED_ARGMAX = 0,
+    FLASHSPEC_OP_VERIFY_RESAMPLE = 1,
+    FLASHSPEC_OP_NOISE = 2,
+};
+
+//! Which kernels a call runs (flashspecKernelPath).
+enum FlashspecKernelPath
+{
+    FLASHSPEC_PATH_NATIVE = 0,     //!< the CUDA kernels of plugins/ (any GPU, any shape)
+    FLASHSPEC_PATH_TRITON_AOT = 1, //!< the Triton kernels of kernels/, compiled into the library
 };

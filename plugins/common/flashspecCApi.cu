@@ -1,5 +1,6 @@
 #include "flashspecCApi.h"
 #include "flashspecKernels.h"
+#include "tritonAot.h"
 
 #include <cstddef>
 #include <cstring>
@@ -40,9 +41,24 @@ int32_t flashspecNoise(void const* params, void* stream)
         invokeNoise(*static_cast<NoiseParams const*>(params), static_cast<cudaStream_t>(stream)));
 }
 
-int32_t flashspecResolveNumSplits(int32_t numRows, int32_t hiddenSize, int32_t vocabSize, int32_t dtype, int32_t requested)
+int32_t flashspecResolveNumSplits(int32_t op, int32_t numRows, int32_t hiddenSize, int32_t vocabSize, int32_t dtype, int32_t requested)
 {
-    return resolveNumSplits(numRows, hiddenSize, vocabSize, dtype, requested);
+    return resolveNumSplits(op, numRows, hiddenSize, vocabSize, dtype, requested);
+}
+
+int32_t flashspecKernelPath(int32_t op, void const* params)
+{
+    switch (op)
+    {
+    case FLASHSPEC_OP_TILED_ARGMAX: return tiledArgmaxPath(*static_cast<TiledArgmaxParams const*>(params));
+    case FLASHSPEC_OP_VERIFY_RESAMPLE: return verifyResamplePath(*static_cast<VerifyResampleParams const*>(params));
+    default: return -1;
+    }
+}
+
+int32_t flashspecTritonAotArch(void)
+{
+    return aot::kTable.numKernels > 0 ? aot::kTable.arch : 0;
 }
 
 size_t flashspecTiledArgmaxWorkspaceSize(int32_t numRows, int32_t numSplits)
@@ -91,16 +107,16 @@ int32_t flashspecParamsLayout(int32_t op, size_t* offsets, int32_t capacity)
     using N = NoiseParams;
     switch (op)
     {
-    case 0:
+    case FLASHSPEC_OP_TILED_ARGMAX:
         return write({offsetof(A, hidden), offsetof(A, lmHead), offsetof(A, tokens), offsetof(A, maxLogit),
             offsetof(A, workspace), offsetof(A, numRows), offsetof(A, hiddenSize), offsetof(A, vocabSize),
             offsetof(A, dtype), offsetof(A, numSplits), sizeof(A)});
-    case 1:
+    case FLASHSPEC_OP_VERIFY_RESAMPLE:
         return write({offsetof(V, hidden), offsetof(V, lmHead), offsetof(V, draftTokens), offsetof(V, temperature),
             offsetof(V, seed), offsetof(V, positions), offsetof(V, tokens), offsetof(V, numEmitted),
             offsetof(V, logprobs), offsetof(V, workspace), offsetof(V, batch), offsetof(V, gamma),
             offsetof(V, hiddenSize), offsetof(V, vocabSize), offsetof(V, dtype), offsetof(V, numSplits), sizeof(V)});
-    case 2:
+    case FLASHSPEC_OP_NOISE:
         return write({offsetof(N, seed), offsetof(N, position), offsetof(N, token), offsetof(N, bits),
             offsetof(N, uniform), offsetof(N, gumbel), offsetof(N, count), offsetof(N, stream), sizeof(N)});
     default: return -1;

@@ -21,7 +21,14 @@ extern "C"
 FLASHSPEC_API int32_t flashspecAbiVersion(void);
 //! The FlashspecDtype code of "float32", "float16" or "bfloat16"; -1 for any other name.
 FLASHSPEC_API int32_t flashspecDtypeCode(char const* name);
-FLASHSPEC_API int32_t flashspecResolveNumSplits(int32_t numRows, int32_t hiddenSize, int32_t vocabSize, int32_t dtype, int32_t requested);
+//! The vocabulary splits a launch of op (FlashspecOp) uses (requested > 0 is kept): the Triton
+//! launch table's count where the compiled Triton kernels serve the shape on the current device.
+FLASHSPEC_API int32_t flashspecResolveNumSplits(int32_t op, int32_t numRows, int32_t hiddenSize, int32_t vocabSize, int32_t dtype, int32_t requested);
+//! The FlashspecKernelPath a call of op (0: TiledArgmax, 1: VerifyResample) with these params would
+//! run on the current device: the compiled Triton kernels or the native CUDA kernels; -1 if op is unknown.
+FLASHSPEC_API int32_t flashspecKernelPath(int32_t op, void const* params);
+//! The compute capability (major * 10 + minor) of the Triton kernels compiled into the library; 0 if none.
+FLASHSPEC_API int32_t flashspecTritonAotArch(void);
 FLASHSPEC_API size_t flashspecTiledArgmaxWorkspaceSize(int32_t numRows, int32_t numSplits);
 FLASHSPEC_API size_t flashspecVerifyResampleWorkspaceSize(int32_t numRows, int32_t numSplits);
 FLASHSPEC_API int32_t flashspecTiledArgmax(void const* params, void* stream);     // params: TiledArgmaxParams

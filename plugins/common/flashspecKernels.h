@@ -72,11 +72,21 @@ struct VerifyResampleParams
 };
 
 //! The most vocabulary splits resolveNumSplits chooses on any GPU (it grows with the SM count up
-//! to this bound): a workspace sized with it fits every device an engine may run on.
+//! to this bound; the Triton table's cdiv(V, BLOCK_V >= 128) is below it too): a workspace sized
+//! with it fits every device an engine may run on.
 int32_t maxNumSplits(int32_t vocabSize);
 
-//! The number of vocabulary splits a launch uses (requested > 0 is taken as is).
-int32_t resolveNumSplits(int32_t numRows, int32_t hiddenSize, int32_t vocabSize, int32_t dtype, int32_t requested);
+//! The number of vocabulary splits a launch of op (FlashspecOp) uses: requested > 0 as is; else the
+//! Triton launch table's count where the compiled Triton kernels serve the shape on this device
+//! (kernels/tiles.py num_splits), else the native kernels' count from the SM count.
+int32_t resolveNumSplits(
+    int32_t op, int32_t numRows, int32_t hiddenSize, int32_t vocabSize, int32_t dtype, int32_t requested);
+
+//! FLASHSPEC_PATH_TRITON_AOT where invoke<Op> runs the compiled Triton kernels for these params,
+//! else FLASHSPEC_PATH_NATIVE (other GPU architectures, shapes or dtypes not compiled in,
+//! unaligned pointers; see tritonAot.h).
+int32_t tiledArgmaxPath(TiledArgmaxParams const& params);
+int32_t verifyResamplePath(VerifyResampleParams const& params);
 
 size_t getTiledArgmaxWorkspaceSize(int32_t numRows, int32_t numSplits);
 size_t getVerifyResampleWorkspaceSize(int32_t numRows, int32_t numSplits);

@@ -82,6 +82,8 @@ public:
 protected:
     //! The vocabulary splits the workspace is sized for (and enqueue launches, once resolved).
     int32_t workspaceSplits() const noexcept;
+    //! The op's FlashspecOp code (its launch table decides the split count).
+    virtual int32_t kernelOp() const noexcept = 0;
 
     int32_t mVocabSize;
     int32_t mNumSplits; // 0 until configurePlugin resolves it (then serialized)
@@ -91,8 +93,8 @@ private:
     nvinfer1::PluginFieldCollection mFieldCollection{};
 };
 
-//! What every op's plugin P derives from: the clone / name / output count TensorRT asks for,
-//! from P::kName and P::kNbOutputs.
+//! What every op's plugin P derives from: the clone / name / output count / kernel op TensorRT
+//! and the launch table ask for, from P::kName, P::kNbOutputs and P::kOp.
 template <typename P>
 class FlashspecOpPlugin : public FlashspecPlugin
 {
@@ -110,6 +112,12 @@ public:
     int32_t getNbOutputs() const noexcept override
     {
         return P::kNbOutputs;
+    }
+
+protected:
+    int32_t kernelOp() const noexcept override
+    {
+        return P::kOp;
     }
 };
 

@@ -1,4 +1,5 @@
 #include "launch.cuh"
+#include "tritonAot.h"
 
 namespace flashspec
 {
@@ -8,11 +9,18 @@ int32_t maxNumSplits(int32_t vocabSize)
     return std::max(1, vocabSize / (kWarps * kUnroll * 4)); // no split narrower than one pass of all warps
 }
 
-int32_t resolveNumSplits(int32_t numRows, int32_t hiddenSize, int32_t vocabSize, int32_t dtype, int32_t requested)
+int32_t resolveNumSplits(
+    int32_t op, int32_t numRows, int32_t hiddenSize, int32_t vocabSize, int32_t dtype, int32_t requested)
 {
     if (requested > 0)
     {
         return requested;
+    }
+    // Where the compiled Triton kernels serve the shape, their launch table's count.
+    int32_t const tuned = aot::tunedSplits(op, numRows, hiddenSize, vocabSize, dtype);
+    if (tuned > 0)
+    {
+        return tuned;
     }
     int device = 0;
     int smCount = 132;

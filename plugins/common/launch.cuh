@@ -118,11 +118,11 @@ inline bool vectorisable(void const* hidden, void const* lmHead, int32_t hiddenS
     return hiddenSize % (16 / elementSize(dtype)) == 0 && aligned16(hidden) && aligned16(lmHead);
 }
 
-inline LaunchPlan planLaunch(void const* hidden, void const* lmHead, int32_t numRows, int32_t hiddenSize,
-    int32_t vocabSize, int32_t dtype, int32_t requestedSplits)
+inline LaunchPlan planLaunch(int32_t op, void const* hidden, void const* lmHead, int32_t numRows,
+    int32_t hiddenSize, int32_t vocabSize, int32_t dtype, int32_t requestedSplits)
 {
     bool const mma = useMma(hidden, lmHead, hiddenSize, dtype);
-    return {resolveNumSplits(numRows, hiddenSize, vocabSize, dtype, requestedSplits),
+    return {resolveNumSplits(op, numRows, hiddenSize, vocabSize, dtype, requestedSplits),
         blockRows(numRows, hiddenSize, dtype, mma), vectorisable(hidden, lmHead, hiddenSize, dtype), mma};
 }
 

@@ -81,7 +81,7 @@ bool accepts(IPluginV3OneBuild* build, std::initializer_list<DataType> types, in
     return true;
 }
 
-void checkCommon(char const* name, int32_t nbOutputs)
+void checkCommon(char const* name, int32_t op, int32_t nbOutputs)
 {
     IPluginCreatorV3One* c = creator(name);
     check(c != nullptr, std::string(name) + ": getCreators lists it");
@@ -116,7 +116,7 @@ void checkCommon(char const* name, int32_t nbOutputs)
     hidden.max.d[1] = 256;
     check(build->configurePlugin(&hidden, 1, nullptr, 0) == 0, std::string(name) + ": configures");
     int32_t const splits = intAt(runtime->getFieldsToSerialize(), 1);
-    check(splits == flashspec::resolveNumSplits(64, 256, 1000, FLASHSPEC_BFLOAT16, 0) && splits > 0
+    check(splits == flashspec::resolveNumSplits(op, 64, 256, 1000, FLASHSPEC_BFLOAT16, 0) && splits > 0
             && splits <= flashspec::maxNumSplits(1000),
         std::string(name) + ": num_splits resolved at build for 64 rows of H = 256");
     IPluginV3* restored = c->createPlugin("node", runtime->getFieldsToSerialize(), TensorRTPhase::kRUNTIME);
@@ -252,7 +252,7 @@ void gpuChecks()
     int64_t* tokens2 = toDevice(zeros);
     int64_t* emitted2 = toDevice(std::vector<int64_t>(n, 0));
     float* logprobs2 = toDevice(fzeros);
-    int32_t const splits = flashspec::resolveNumSplits(n * rows, hidden, vocab, 0, 0);
+    int32_t const splits = flashspec::resolveNumSplits(FLASHSPEC_OP_VERIFY_RESAMPLE, n * rows, hidden, vocab, 0, 0);
     void* ws = nullptr;
     cudaMalloc(&ws, flashspec::getVerifyResampleWorkspaceSize(n * rows, splits));
     flashspec::VerifyResampleParams params{dh, dw, dd, dt, ds, dp, tokens2, emitted2, logprobs2, ws,
@@ -312,8 +312,8 @@ void gpuChecks()
 int main()
 {
     gpuChecks();
-    checkCommon("TiledArgmax", 2);
-    checkCommon("VerifyResample", 3);
+    checkCommon("TiledArgmax", FLASHSPEC_OP_TILED_ARGMAX, 2);
+    checkCommon("VerifyResample", FLASHSPEC_OP_VERIFY_RESAMPLE, 3);
 
     IPluginV3OneBuild* argmax = buildOf("TiledArgmax");
     DataType outTypes[3];

@@ -7,6 +7,7 @@
  */
 #include "../common/launch.cuh"
 #include "../common/flashspecKernels.h"
+#include "../common/tritonAot.h"
 
 #include <cmath>
 
@@ -104,7 +105,18 @@ __global__ void argmaxFinalizeKernel(ArgmaxWorkspace ws, int64_t* tokens, float*
     maxLogit[row] = b;
 }
 
+bool validParams(TiledArgmaxParams const& p)
+{
+    return p.numRows > 0 && p.hiddenSize > 0 && p.vocabSize > 0 && validDtype(p.dtype) && p.numSplits >= 0;
+}
+
 } // namespace
+
+int32_t tiledArgmaxPath(TiledArgmaxParams const& p)
+{
+    aot::Plan plan;
+    return validParams(p) && aot::planTiledArgmax(p, plan) ? FLASHSPEC_PATH_TRITON_AOT : FLASHSPEC_PATH_NATIVE;
+}
 
 size_t getTiledArgmaxWorkspaceSize(int32_t numRows, int32_t numSplits)
 {
@@ -113,13 +125,16 @@ size_t getTiledArgmaxWorkspaceSize(int32_t numRows, int32_t numSplits)
 
 cudaError_t invokeTiledArgmax(TiledArgmaxParams const& p, cudaStream_t stream)
 {
-    if (p.numRows <= 0 || p.hiddenSize <= 0 || p.vocabSize <= 0 || !validDtype(p.dtype)
-        || p.numSplits < 0)
+    if (!validParams(p))
     {
         return cudaErrorInvalidValue;
     }
-    LaunchPlan const plan
-        = planLaunch(p.hidden, p.lmHead, p.numRows, p.hiddenSize, p.vocabSize, p.dtype, p.numSplits);
+    if (aot::Plan aotPlan; aot::planTiledArgmax(p, aotPlan))
+    {
+        return aot::launchTiledArgmax(p, aotPlan, stream); // the compiled Triton kernels
+    }
+    LaunchPlan const plan = planLaunch(
+        FLASHSPEC_OP_TILED_ARGMAX, p.hidden, p.lmHead, p.numRows, p.hiddenSize, p.vocabSize, p.dtype, p.numSplits);
     if (!plan.mma && !hiddenFits(p.hiddenSize, p.dtype))
     {
         return cudaErrorInvalidValue; // the FMA path stages hidden rows in shared memory; the tensor-core path does not

@@ -15,6 +15,7 @@
 #include "../common/flashspecKernels.h"
 #include "../common/flashspecNoise.cuh"
 #include "../common/launch.cuh"
+#include "../common/tritonAot.h"
 
 #include <cmath>
 
@@ -226,7 +227,20 @@ __global__ void verifyFinalizeKernel(VerifyWorkspace ws, RowInputs in, int64_t* 
     numEmitted[n] = k + 1;
 }
 
+bool validParams(VerifyResampleParams const& p)
+{
+    int64_t const numRows = static_cast<int64_t>(p.batch) * (p.gamma + 1);
+    return p.batch > 0 && p.gamma >= 0 && numRows <= (1 << 30) && p.hiddenSize > 0 && p.vocabSize > 0
+        && validDtype(p.dtype) && p.numSplits >= 0;
+}
+
 } // namespace
+
+int32_t verifyResamplePath(VerifyResampleParams const& p)
+{
+    aot::Plan plan;
+    return validParams(p) && aot::planVerifyResample(p, plan) ? FLASHSPEC_PATH_TRITON_AOT : FLASHSPEC_PATH_NATIVE;
+}
 
 size_t getVerifyResampleWorkspaceSize(int32_t numRows, int32_t numSplits)
 {
@@ -235,14 +249,16 @@ size_t getVerifyResampleWorkspaceSize(int32_t numRows, int32_t numSplits)
 
 cudaError_t invokeVerifyResample(VerifyResampleParams const& p, cudaStream_t stream)
 {
-    int64_t const numRows64 = static_cast<int64_t>(p.batch) * (p.gamma + 1);
-    if (p.batch <= 0 || p.gamma < 0 || numRows64 > (1 << 30) || p.hiddenSize <= 0 || p.vocabSize <= 0
-        || !validDtype(p.dtype) || p.numSplits < 0)
+    if (!validParams(p))
     {
         return cudaErrorInvalidValue;
     }
-    int32_t const numRows = static_cast<int32_t>(numRows64);
-    LaunchPlan const plan = planLaunch(p.hidden, p.lmHead, numRows, p.hiddenSize, p.vocabSize, p.dtype, p.numSplits);
+    if (aot::Plan aotPlan; aot::planVerifyResample(p, aotPlan))
+    {
+        return aot::launchVerifyResample(p, aotPlan, stream); // the compiled Triton kernels
+    }
+    int32_t const numRows = p.batch * (p.gamma + 1);
+    LaunchPlan const plan = planLaunch(FLASHSPEC_OP_VERIFY_RESAMPLE, p.hidden, p.lmHead, numRows, p.hiddenSize, p.vocabSize, p.dtype, p.numSplits);
     if (!plan.mma && !hiddenFits(p.hiddenSize, p.dtype))
     {
         return cudaErrorInvalidValue; // the FMA path stages hidden rows in shared memory; the tensor-core path does not

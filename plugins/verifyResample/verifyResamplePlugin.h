@@ -16,6 +16,7 @@ class VerifyResamplePlugin : public FlashspecOpPlugin<VerifyResamplePlugin>
 public:
     static constexpr char const* kName = "VerifyResample";
     static constexpr int32_t kNbOutputs = 3;
+    static constexpr int32_t kOp = FLASHSPEC_OP_VERIFY_RESAMPLE;
 
     VerifyResamplePlugin(int32_t vocabSize, int32_t numSplits);
 

@@ -1,0 +1,386 @@
+"""Ahead-of-time compilation of the Triton kernels into the CUDA kernel library (``plugins/``).
+
+    python -m flashspec_export.kernels.aot OUTDIR [--dtypes bfloat16 float16]
+        [--hidden-sizes 3840 4096] [--arch 90] [--jobs N]
+
+compiles, for one GPU architecture, the stage-1 (tile) kernels of ``verify_resample`` (with and
+without log-probabilities) and ``tiled_argmax`` for every row of the launch table ``TUNED``
+(``kernels/tiles.py``) and every (dtype, hidden size) asked for, plus their stage-2 (finalize)
+kernels for a few block sizes, and writes
+
+- ``OUTDIR/cubin/<kernel>.cubin``: the compiled kernels;
+- ``OUTDIR/tritonAotKernels.cpp``: the cubins embedded with ``.incbin`` and the table
+  ``flashspec::aot::kTable`` (``plugins/common/tritonAot.h``): per tile kernel its op, dtype,
+  hidden size, row bound and block sizes (from ``TUNED``, so the two launch tables cannot drift),
+  per finalize kernel its block sizes, and per kernel its name, warps and shared memory.
+
+No GPU or driver is needed: ``triton.compile`` targets ``GPUTarget("cuda", arch, 32)``.
+
+The launcher (``plugins/common/tritonAot.cu``) passes each kernel's runtime arguments in the order
+of ``RUNTIME_ARGS`` below, then the two scratch pointers Triton 3.x appends (global and profile
+scratch; both null: kernels that need scratch are refused here). The compiled specialisation is
+the one Triton's JIT picks for contiguous tensors from the torch allocator: unit inner strides are
+constants, the other strides of ``hidden`` / ``lm_head`` and the two matrix pointers are
+16-divisible (the launcher checks H % 16 and the pointers' alignment before taking this path);
+arguments that change with the batch are not specialised on, as in the JIT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import dataclasses
+import logging
+import os
+import pathlib
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+
+from flashspec_export.kernels import tiled_argmax, verify_resample
+from flashspec_export.kernels.tiles import TUNED, block_h_of, dot_options_of
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+_POINTER_TYPE = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32"}
+# The generated table names the ABI's codes (plugins/common/flashspecAbi.h).
+_ABI_DTYPE = {name: f"FLASHSPEC_{name.upper()}" for name in DTYPES}
+_ABI_OP = {op: f"FLASHSPEC_OP_{op.upper()}" for op in ("tiled_argmax", "verify_resample")}
+
+# The finalize kernels' block sizes: the smallest compiled one that covers a launch is used (the
+# masks make the result independent of it). BLOCK_S >= the split count; for verify also
+# BLOCK_R >= γ + 1 (γ <= 7 here; larger γ runs the native CUDA kernels).
+FINALIZE_BLOCK_S = (256, 1024, 2048)
+VERIFY_FINALIZE_BLOCK_R = (4, 8)
+MAX_FINALIZE_ELEMENTS = 8192  # BLOCK_R · BLOCK_S of one verify program (registers, compile time)
+
+# Each kernel's non-constexpr parameters, in order: the launcher's argument arrays mirror these.
+RUNTIME_ARGS = {
+    "verify_tiles": (
+        ("hidden_ptr", "*T"),
+        ("lm_head_ptr", "*T"),
+        ("temperature_ptr", "*fp32"),
+        ("seed_ptr", "*i64"),
+        ("positions_ptr", "*i64"),
+        ("ws_float_ptr", "*fp32"),
+        ("ws_index_ptr", "*i32"),
+        ("num_rows", "i32"),
+        ("gamma", "i32"),
+        ("vocab_size", "i32"),
+        ("num_splits", "i32"),
+        ("tiles_per_split", "i32"),
+        ("stride_hn", "i32"),
+        ("stride_hi", "i32"),
+        ("stride_vv", "i32"),
+    ),
+    "verify_finalize": (
+        ("ws_float_ptr", "*fp32"),
+        ("ws_index_ptr", "*i32"),
+        ("draft_ptr", "*i64"),
+        ("tokens_ptr", "*i64"),
+        ("num_emitted_ptr", "*i64"),
+        ("logprobs_ptr", "*fp32"),
+        ("num_rows", "i32"),
+        ("gamma", "i32"),
+        ("num_splits", "i32"),
+        ("stride_dn", "i32"),
+    ),
+    "argmax_tiles": (
+        ("hidden_ptr", "*T"),
+        ("lm_head_ptr", "*T"),
+        ("ws_max_ptr", "*fp32"),
+        ("ws_index_ptr", "*i32"),
+        ("num_rows", "i32"),
+        ("vocab_size", "i32"),
+        ("num_splits", "i32"),
+        ("tiles_per_split", "i32"),
+        ("stride_hn", "i32"),
+        ("stride_vv", "i32"),
+    ),
+    "argmax_finalize": (
+        ("ws_max_ptr", "*fp32"),
+        ("ws_index_ptr", "*i32"),
+        ("token_ptr", "*i64"),
+        ("max_logit_ptr", "*fp32"),
+        ("num_rows", "i32"),
+        ("num_splits", "i32"),
+    ),
+}
+_FUNCTIONS = {
+    "verify_tiles": verify_resample._verify_tiles_kernel,
+    "verify_finalize": verify_resample._verify_finalize_kernel,
+    "argmax_tiles": tiled_argmax._argmax_tiles_kernel,
+    "argmax_finalize": tiled_argmax._argmax_finalize_kernel,
+}
+# 16-divisible in the compiled specialisation (checked by the launcher).
+_DIVISIBLE = ("hidden_ptr", "lm_head_ptr", "stride_hn", "stride_hi", "stride_vv")
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelSpec:
+    """One kernel to compile: ``kind`` (a key of ``RUNTIME_ARGS``), its constexprs, its pointer
+    element type (tile kernels) and launch options; ``symbol`` names it in the generated C++."""
+
+    symbol: str
+    kind: str
+    constexprs: tuple[tuple[str, object], ...]
+    element: str = "*fp32"
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class TileRow:
+    """A row of the generated tile table: the kernels of one ``TUNED`` row for (op, dtype, H)."""
+
+    op: str
+    dtype: str
+    hidden_size: int
+    max_rows: int  # -1: no bound (the last row of TUNED)
+    block_n: int
+    block_v: int
+    waves: int
+    kernel: str
+    logprobs_kernel: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class FinalizeRow:
+    op: str
+    logprobs: bool
+    block_r: int  # verify: draft positions per program (>= γ + 1); argmax: rows per program
+    block_s: int
+    kernel: str
+
+
+def tile_kernels(dtypes, hidden_sizes) -> tuple[list[KernelSpec], list[TileRow]]:
+    """The tile kernels of every ``TUNED`` row for each (dtype, H), and their table rows."""
+    specs, rows = [], []
+    for dtype_name in dtypes:
+        dtype = DTYPES[dtype_name]
+        for hidden_size in hidden_sizes:
+            if hidden_size % 16:
+                raise ValueError(f"hidden_sizes: {hidden_size} is not a multiple of 16")
+            common = {
+                "stride_vh": 1,
+                "HIDDEN_SIZE": hidden_size,
+                **dot_options_of(dtype, compiled=True),
+                "BLOCK_H": block_h_of(dtype),
+            }
+            for op, kind in (("verify_resample", "verify_tiles"), ("tiled_argmax", "argmax_tiles")):
+                for index, (limit, config) in enumerate(TUNED[op]):
+                    block_n, block_v, num_warps, waves, num_stages = config
+                    base = f"fsAot_{kind}_{dtype_name}_h{hidden_size}_r{index}"
+                    variants = (False, True) if op == "verify_resample" else (None,)
+                    symbols = {}
+                    for logprobs in variants:
+                        constexprs = {
+                            **common,
+                            "stride_hh": 1,
+                            "BLOCK_N": block_n,
+                            "BLOCK_V": block_v,
+                        }
+                        if logprobs is not None:
+                            constexprs |= {"LIBDEVICE": True, "RETURN_LOGPROBS": logprobs}
+                        symbol = base + ("_lp" if logprobs else "")
+                        symbols[logprobs] = symbol
+                        specs.append(
+                            KernelSpec(
+                                symbol,
+                                kind,
+                                tuple(constexprs.items()),
+                                _POINTER_TYPE[dtype],
+                                num_warps,
+                                num_stages,
+                            )
+                        )
+                    rows.append(
+                        TileRow(
+                            op,
+                            dtype_name,
+                            hidden_size,
+                            -1 if limit is None else limit,
+                            block_n,
+                            block_v,
+                            waves,
+                            symbols[False if op == "verify_resample" else None],
+                            symbols.get(True),
+                        )
+                    )
+    return specs, rows
+
+
+def finalize_kernels() -> tuple[list[KernelSpec], list[FinalizeRow]]:
+    """The stage-2 kernels (independent of dtype and H), smallest blocks first."""
+    specs, rows = [], []
+    for block_s in FINALIZE_BLOCK_S:
+        for block_r in VERIFY_FINALIZE_BLOCK_R:
+            if block_r * block_s > MAX_FINALIZE_ELEMENTS:
+                continue
+            for logprobs in (False, True):
+                suffix = "_lp" if logprobs else ""
+                symbol = f"fsAot_verify_finalize_r{block_r}_s{block_s}{suffix}"
+                constexprs = {
+                    "stride_di": 1,
+                    "RETURN_LOGPROBS": logprobs,
+                    "LIBDEVICE": True,
+                    "BLOCK_R": block_r,
+                    "BLOCK_S": block_s,
+                }
+                specs.append(KernelSpec(symbol, "verify_finalize", tuple(constexprs.items())))
+                rows.append(FinalizeRow("verify_resample", logprobs, block_r, block_s, symbol))
+        symbol = f"fsAot_argmax_finalize_s{block_s}"
+        block_n = tiled_argmax.FINALIZE_ROWS
+        constexprs = {"BLOCK_N": block_n, "BLOCK_S": block_s}
+        specs.append(KernelSpec(symbol, "argmax_finalize", tuple(constexprs.items())))
+        rows.append(FinalizeRow("tiled_argmax", False, block_n, block_s, symbol))
+    return specs, rows
+
+
+def _signature(spec: KernelSpec) -> tuple[dict, dict, dict]:
+    fn = _FUNCTIONS[spec.kind]
+    constexprs = dict(spec.constexprs)
+    runtime = [name for name in fn.arg_names if name not in constexprs]
+    expected = [name for name, _ in RUNTIME_ARGS[spec.kind]]
+    if runtime != expected:
+        raise RuntimeError(
+            f"{fn.__name__}: runtime parameters {runtime} differ from RUNTIME_ARGS[{spec.kind!r}] "
+            f"{expected}; update kernels/aot.py and plugins/common/tritonAot.cu together"
+        )
+    types = {name: ty.replace("*T", spec.element) for name, ty in RUNTIME_ARGS[spec.kind]}
+    signature = {name: types.get(name, "constexpr") for name in fn.arg_names}
+    attrs = {
+        (fn.arg_names.index(name),): [["tt.divisibility", 16]]
+        for name in _DIVISIBLE
+        if name in types
+    }
+    return signature, constexprs, attrs
+
+
+def compile_kernel(spec: KernelSpec, arch: int) -> tuple[bytes, str, int, int]:
+    """(cubin, kernel name, shared memory bytes, warps) of ``spec`` for ``sm_<arch>``."""
+    if triton.knobs.runtime.interpret:
+        raise RuntimeError("kernels.aot: TRITON_INTERPRET is set; the kernels cannot be compiled")
+    signature, constexprs, attrs = _signature(spec)
+    source = triton.compiler.ASTSource(_FUNCTIONS[spec.kind], signature, constexprs, attrs)
+    compiled = triton.compile(
+        source,
+        target=GPUTarget("cuda", arch, 32),
+        options={"num_warps": spec.num_warps, "num_stages": spec.num_stages},
+    )
+    meta = compiled.metadata
+    if meta.global_scratch_size or meta.profile_scratch_size:
+        raise RuntimeError(
+            f"{spec.symbol}: needs global / profile scratch ({meta.global_scratch_size} / "
+            f"{meta.profile_scratch_size} bytes), which the library's launcher does not allocate"
+        )
+    if meta.num_ctas != 1 or meta.launch_cooperative_grid or meta.launch_pdl:
+        raise RuntimeError(f"{spec.symbol}: cluster, cooperative or PDL launches: not supported")
+    return compiled.asm["cubin"], meta.name, meta.shared, meta.num_warps
+
+
+def _cpp_string(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def render_cpp(
+    kernels: dict[str, tuple[pathlib.Path, str, int, int, int]],
+    tile_rows: list[TileRow],
+    finalize_rows: list[FinalizeRow],
+    arch: int,
+) -> str:
+    """The generated C++ source: the cubins (``.incbin`` of their files) and ``kTable``.
+
+    ``kernels``: symbol -> (cubin path, kernel name, cubin bytes, warps, shared memory bytes)."""
+    index = {symbol: i for i, symbol in enumerate(kernels)}
+    lines = [
+        f"// Generated by `python -m flashspec_export.kernels.aot` (triton {triton.__version__}, "
+        f"sm_{arch}) from kernels/: do not edit.",
+        '#include "tritonAotTable.h"',
+        "",
+    ]
+    for symbol, (path, *_rest) in kernels.items():
+        lines += [
+            'asm(".pushsection .rodata\\n.balign 16\\n'
+            f'.globl {symbol}\\n.hidden {symbol}\\n{symbol}:\\n"',
+            f'    ".incbin \\"{path.as_posix()}\\"\\n.popsection\\n");',
+            f'extern "C" unsigned char const {symbol}[];',
+        ]
+    lines += ["", "namespace flashspec::aot", "{", "namespace", "{", ""]
+    lines.append("Kernel const kKernels[] = {")
+    for symbol, (_path, name, size, warps, shared) in kernels.items():
+        lines.append(f"    {{{_cpp_string(name)}, {symbol}, {size}, {warps}, {shared}}},")
+    lines += ["};", "", "// op, dtype, hidden size, max rows (-1: any), BLOCK_N, BLOCK_V, waves,"]
+    lines += ["// kernel, kernel with log-probabilities (-1: none): kernels/tiles.py TUNED"]
+    lines.append("TileConfig const kTiles[] = {")
+    for r in tile_rows:
+        lp = index[r.logprobs_kernel] if r.logprobs_kernel else -1
+        lines.append(
+            f"    {{{_ABI_OP[r.op]}, {_ABI_DTYPE[r.dtype]}, {r.hidden_size}, {r.max_rows}, "
+            f"{r.block_n}, {r.block_v}, {r.waves}, {index[r.kernel]}, {lp}}},"
+        )
+    lines += ["};", "", "// op, log-probabilities, BLOCK_R (argmax: rows per program), BLOCK_S,"]
+    lines += ["// kernel"]
+    lines.append("FinalizeConfig const kFinalizes[] = {")
+    for r in finalize_rows:
+        lines.append(
+            f"    {{{_ABI_OP[r.op]}, {int(r.logprobs)}, {r.block_r}, {r.block_s}, "
+            f"{index[r.kernel]}}},"
+        )
+    lines += [
+        "};",
+        "",
+        "} // namespace",
+        "",
+        f"Table const kTable{{{arch}, {_cpp_string('triton ' + triton.__version__)}, kKernels,",
+        "    sizeof(kKernels) / sizeof(kKernels[0]), kTiles, sizeof(kTiles) / sizeof(kTiles[0]),",
+        "    kFinalizes, sizeof(kFinalizes) / sizeof(kFinalizes[0])};",
+        "",
+        "} // namespace flashspec::aot",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def generate(out_dir: pathlib.Path, dtypes, hidden_sizes, arch: int = 90, jobs: int | None = None):
+    """Compile the kernels and write ``out_dir/tritonAotKernels.cpp`` and ``out_dir/cubin/``."""
+    for name in dtypes:
+        if name not in DTYPES:
+            raise ValueError(f"dtypes: {name!r} is not one of {', '.join(DTYPES)}")
+    tile_specs, tile_rows = tile_kernels(dtypes, hidden_sizes)
+    finalize_specs, finalize_rows = finalize_kernels()
+    specs = tile_specs + finalize_specs
+    cubin_dir = out_dir / "cubin"
+    cubin_dir.mkdir(parents=True, exist_ok=True)
+    logger.info("compiling %d Triton kernels for sm_%d", len(specs), arch)
+    kernels = {}
+    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs or os.cpu_count()) as pool:
+        results = pool.map(compile_kernel, specs, [arch] * len(specs))
+        for spec, (cubin, name, shared, warps) in zip(specs, results, strict=True):
+            path = (cubin_dir / f"{spec.symbol}.cubin").resolve()
+            path.write_bytes(cubin)
+            kernels[spec.symbol] = (path, name, len(cubin), warps, shared)
+    source = render_cpp(kernels, tile_rows, finalize_rows, arch)
+    target = out_dir / "tritonAotKernels.cpp"
+    tmp = target.with_suffix(".tmp")
+    tmp.write_text(source)
+    tmp.replace(target)  # a failed run leaves no half-written source behind
+    return target
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out_dir", type=pathlib.Path)
+    parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float16"])
+    parser.add_argument("--hidden-sizes", nargs="+", type=int, default=[3840, 4096])
+    parser.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90")
+    parser.add_argument("--jobs", type=int, default=None, help="compiler processes (default: CPUs)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    generate(args.out_dir, args.dtypes, args.hidden_sizes, args.arch, args.jobs)
+
+
+if __name__ == "__main__":
+    main()

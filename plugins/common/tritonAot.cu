@@ -1,0 +1,360 @@
+/*
+ * Launcher of the ahead-of-time compiled Triton kernels (tritonAot.h). The CUDA driver API is
+ * reached through dlopen("libcuda.so.1"), as Triton's own launcher does, so the library still
+ * loads on a machine without a driver (CI loads it on CPU for the ABI tests). Modules are loaded
+ * lazily, once per (CUDA context, kernel), and kept for the context's lifetime.
+ *
+ * Argument order per kernel: kernels/aot.py RUNTIME_ARGS (checked there against the kernels'
+ * signatures), then the global and profile scratch pointers Triton 3.x appends (null: the
+ * generator refuses kernels that need scratch).
+ */
+#include "launch.cuh"
+#include "tritonAot.h"
+
+#include <cuda.h>
+#include <dlfcn.h>
+
+#include <mutex>
+#include <type_traits>
+#include <unordered_map>
+#include <vector>
+
+namespace flashspec
+{
+namespace aot
+{
+namespace
+{
+
+struct Driver
+{
+    decltype(&::cuCtxGetCurrent) ctxGetCurrent = nullptr;
+    decltype(&::cuModuleLoadData) moduleLoadData = nullptr;
+    decltype(&::cuModuleGetFunction) moduleGetFunction = nullptr;
+    decltype(&::cuFuncSetAttribute) funcSetAttribute = nullptr;
+    decltype(&::cuLaunchKernel) launchKernel = nullptr;
+
+    bool loaded() const
+    {
+        return ctxGetCurrent && moduleLoadData && moduleGetFunction && funcSetAttribute && launchKernel;
+    }
+};
+
+Driver const& driver()
+{
+    static Driver const instance = [] {
+        Driver d;
+        void* handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+        if (handle == nullptr)
+        {
+            return d;
+        }
+        auto resolve = [&](auto& fn, char const* name) { fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(handle, name)); };
+        resolve(d.ctxGetCurrent, "cuCtxGetCurrent");
+        resolve(d.moduleLoadData, "cuModuleLoadData");
+        resolve(d.moduleGetFunction, "cuModuleGetFunction");
+        resolve(d.funcSetAttribute, "cuFuncSetAttribute");
+        resolve(d.launchKernel, "cuLaunchKernel");
+        return d;
+    }();
+    return instance;
+}
+
+cudaError_t toCudaError(CUresult result)
+{
+    switch (result)
+    {
+    case CUDA_SUCCESS: return cudaSuccess;
+    case CUDA_ERROR_INVALID_VALUE: return cudaErrorInvalidValue;
+    case CUDA_ERROR_OUT_OF_MEMORY: return cudaErrorMemoryAllocation;
+    case CUDA_ERROR_INVALID_IMAGE: return cudaErrorInvalidKernelImage;
+    case CUDA_ERROR_NO_BINARY_FOR_GPU: return cudaErrorNoKernelImageForDevice;
+    case CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES: return cudaErrorLaunchOutOfResources;
+    case CUDA_ERROR_INVALID_HANDLE: return cudaErrorInvalidResourceHandle;
+    case CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: return cudaErrorStreamCaptureUnsupported;
+    default: return cudaErrorUnknown;
+    }
+}
+
+//! The kernel's function in the current context, its module loaded on first use there.
+cudaError_t function(int32_t index, CUfunction& out)
+{
+    Driver const& d = driver();
+    if (!d.loaded())
+    {
+        return cudaErrorInsufficientDriver;
+    }
+    CUcontext context = nullptr;
+    if (d.ctxGetCurrent(&context) != CUDA_SUCCESS || context == nullptr)
+    {
+        // No current context yet: the runtime's primary context of the current device.
+        int device = 0;
+        if (cudaGetDevice(&device) != cudaSuccess || cudaSetDevice(device) != cudaSuccess
+            || d.ctxGetCurrent(&context) != CUDA_SUCCESS || context == nullptr)
+        {
+            return cudaErrorInitializationError;
+        }
+    }
+    static std::mutex mutex;
+    static std::unordered_map<CUcontext, std::vector<CUfunction>> functions;
+    std::lock_guard<std::mutex> lock(mutex);
+    std::vector<CUfunction>& loaded = functions[context];
+    loaded.resize(kTable.numKernels, nullptr);
+    if (loaded[index] == nullptr)
+    {
+        Kernel const& k = kTable.kernels[index];
+        CUmodule module = nullptr;
+        CUfunction fn = nullptr;
+        CUresult result = d.moduleLoadData(&module, k.cubin);
+        if (result == CUDA_SUCCESS)
+        {
+            result = d.moduleGetFunction(&fn, module, k.name);
+        }
+        if (result == CUDA_SUCCESS && k.sharedBytes > 48 * 1024)
+        {
+            result = d.funcSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, k.sharedBytes);
+        }
+        if (result != CUDA_SUCCESS)
+        {
+            return toCudaError(result);
+        }
+        loaded[index] = fn;
+    }
+    out = loaded[index];
+    return cudaSuccess;
+}
+
+//! Launch kernel `index` on grid (gridX, gridY); args: its runtime arguments, the two scratch
+//! pointers not included.
+template <size_t N>
+cudaError_t launch(int32_t index, unsigned gridX, unsigned gridY, void* (&&args)[N], cudaStream_t stream)
+{
+    CUfunction fn = nullptr;
+    cudaError_t const status = function(index, fn);
+    if (status != cudaSuccess)
+    {
+        return status;
+    }
+    CUdeviceptr globalScratch = 0;
+    CUdeviceptr profileScratch = 0;
+    void* params[N + 2];
+    for (size_t i = 0; i < N; ++i)
+    {
+        params[i] = args[i];
+    }
+    params[N] = &globalScratch;
+    params[N + 1] = &profileScratch;
+    Kernel const& k = kTable.kernels[index];
+    return toCudaError(driver().launchKernel(fn, gridX, gridY, 1, 32 * k.numWarps, 1, 1, k.sharedBytes,
+        reinterpret_cast<CUstream>(stream), params, nullptr));
+}
+
+int32_t cdiv(int64_t a, int64_t b)
+{
+    return static_cast<int32_t>((a + b - 1) / b);
+}
+
+//! The current device's compute capability (major * 10 + minor) and SM count.
+bool currentDevice(int32_t& arch, int32_t& sms)
+{
+    int device = 0;
+    int major = 0;
+    int minor = 0;
+    int count = 0;
+    if (cudaGetDevice(&device) != cudaSuccess
+        || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess
+        || cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess
+        || cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+    {
+        return false;
+    }
+    arch = major * 10 + minor;
+    sms = count;
+    return true;
+}
+
+//! The TUNED row of (op, dtype, H) for numRows (tiles.tuned_row: the first row whose bound
+//! covers numRows), or nullptr when none is compiled in or the device is not the table's.
+TileConfig const* findTile(int32_t op, int32_t numRows, int32_t hiddenSize, int32_t dtype, int32_t& sms)
+{
+    int32_t arch = 0;
+    if (kTable.numTiles == 0 || !currentDevice(arch, sms) || arch != kTable.arch)
+    {
+        return nullptr;
+    }
+    for (size_t i = 0; i < kTable.numTiles; ++i)
+    {
+        TileConfig const& t = kTable.tiles[i];
+        if (t.op == op && t.dtype == dtype && t.hiddenSize == hiddenSize && (t.maxRows < 0 || numRows <= t.maxRows))
+        {
+            return &t;
+        }
+    }
+    return nullptr;
+}
+
+//! tiles.num_splits: `waves` programs per SM over all row blocks, at most one per tile, or one
+//! tile per program (waves = 0); then evened out so that no split is empty.
+int32_t numSplits(TileConfig const& t, int32_t numRows, int32_t vocabSize, int32_t sms)
+{
+    int32_t const tiles = cdiv(vocabSize, t.blockV);
+    int32_t const rowBlocks = cdiv(numRows, t.blockN);
+    int32_t splits = tiles;
+    if (t.waves > 0)
+    {
+        splits = std::max(1, std::min(tiles, cdiv(static_cast<int64_t>(t.waves) * sms, rowBlocks)));
+    }
+    return cdiv(tiles, cdiv(tiles, splits));
+}
+
+//! The smallest finalize kernel covering `splits` (and, for verify, `width` = γ + 1 positions).
+FinalizeConfig const* findFinalize(int32_t op, int32_t splits, int32_t width, bool logprobs)
+{
+    FinalizeConfig const* best = nullptr;
+    for (size_t i = 0; i < kTable.numFinalizes; ++i)
+    {
+        FinalizeConfig const& f = kTable.finalizes[i];
+        bool const fits = f.op == op && f.blockS >= splits && (f.logprobs != 0) == logprobs
+            && (op != FLASHSPEC_OP_VERIFY_RESAMPLE || f.blockR >= width);
+        if (fits && (best == nullptr || f.blockR * f.blockS < best->blockR * best->blockS))
+        {
+            best = &f;
+        }
+    }
+    return best;
+}
+
+//! The common conditions of a plan: the compiled specialisation (16-byte aligned matrices), and
+//! the kernels' int32 workspace offsets (4 planes of numRows x splits floats).
+bool fitsSpecialisation(void const* hidden, void const* lmHead, int32_t numRows, int32_t splits)
+{
+    return aligned16(hidden) && aligned16(lmHead) && splits > 0
+        && 4 * static_cast<int64_t>(numRows) * splits < (int64_t{1} << 31);
+}
+
+} // namespace
+
+int32_t tunedSplits(int32_t op, int32_t numRows, int32_t hiddenSize, int32_t vocabSize, int32_t dtype)
+{
+    int32_t sms = 0;
+    TileConfig const* tile = numRows > 0 && vocabSize > 0 ? findTile(op, numRows, hiddenSize, dtype, sms) : nullptr;
+    if (tile == nullptr)
+    {
+        return 0;
+    }
+    int32_t const splits = numSplits(*tile, numRows, vocabSize, sms);
+    // Some finalize kernel must take it (γ unknown here: the narrowest verify width).
+    return findFinalize(op, splits, 1, false) != nullptr ? splits : 0;
+}
+
+bool planTiledArgmax(TiledArgmaxParams const& p, Plan& plan)
+{
+    int32_t sms = 0;
+    TileConfig const* tile = findTile(FLASHSPEC_OP_TILED_ARGMAX, p.numRows, p.hiddenSize, p.dtype, sms);
+    if (tile == nullptr)
+    {
+        return false;
+    }
+    int32_t const splits = p.numSplits > 0 ? p.numSplits : numSplits(*tile, p.numRows, p.vocabSize, sms);
+    FinalizeConfig const* finalize = findFinalize(FLASHSPEC_OP_TILED_ARGMAX, splits, 1, false);
+    if (finalize == nullptr || !fitsSpecialisation(p.hidden, p.lmHead, p.numRows, splits))
+    {
+        return false;
+    }
+    plan = {tile, finalize, splits};
+    return true;
+}
+
+bool planVerifyResample(VerifyResampleParams const& p, Plan& plan)
+{
+    int64_t const numRows = static_cast<int64_t>(p.batch) * (p.gamma + 1);
+    if (numRows > INT32_MAX || static_cast<int64_t>(p.gamma + 1) * p.hiddenSize > INT32_MAX)
+    {
+        return false; // the kernels' int32 row count and stride
+    }
+    int32_t sms = 0;
+    TileConfig const* tile
+        = findTile(FLASHSPEC_OP_VERIFY_RESAMPLE, static_cast<int32_t>(numRows), p.hiddenSize, p.dtype, sms);
+    if (tile == nullptr)
+    {
+        return false;
+    }
+    int32_t const rows = static_cast<int32_t>(numRows);
+    int32_t const splits = p.numSplits > 0 ? p.numSplits : numSplits(*tile, rows, p.vocabSize, sms);
+    FinalizeConfig const* finalize
+        = findFinalize(FLASHSPEC_OP_VERIFY_RESAMPLE, splits, p.gamma + 1, p.logprobs != nullptr);
+    if (finalize == nullptr || !fitsSpecialisation(p.hidden, p.lmHead, rows, splits))
+    {
+        return false;
+    }
+    plan = {tile, finalize, splits};
+    return true;
+}
+
+cudaError_t launchTiledArgmax(TiledArgmaxParams const& p, Plan const& plan, cudaStream_t stream)
+{
+    TileConfig const& t = *plan.tile;
+    int32_t numRows = p.numRows;
+    int32_t vocabSize = p.vocabSize;
+    int32_t splits = plan.splits;
+    int32_t tilesPerSplit = cdiv(cdiv(vocabSize, t.blockV), splits);
+    int32_t strideHn = p.hiddenSize; // hidden [numRows, H] and lm_head [V, H], rows contiguous
+    int32_t strideVv = p.hiddenSize;
+    void const* hidden = p.hidden;
+    void const* lmHead = p.lmHead;
+    float* wsMax = static_cast<float*>(p.workspace); // [numRows, splits] each, as the native kernels
+    int32_t* wsIndex = reinterpret_cast<int32_t*>(wsMax + static_cast<size_t>(numRows) * splits);
+    cudaError_t status = launch(t.kernel, cdiv(numRows, t.blockN), splits,
+        {&hidden, &lmHead, &wsMax, &wsIndex, &numRows, &vocabSize, &splits, &tilesPerSplit, &strideHn, &strideVv},
+        stream);
+    if (status != cudaSuccess)
+    {
+        return status;
+    }
+    int64_t* tokens = p.tokens;
+    float* maxLogit = p.maxLogit;
+    return launch(plan.finalize->kernel, cdiv(numRows, plan.finalize->blockR), 1,
+        {&wsMax, &wsIndex, &tokens, &maxLogit, &numRows, &splits}, stream);
+}
+
+cudaError_t launchVerifyResample(VerifyResampleParams const& p, Plan const& plan, cudaStream_t stream)
+{
+    TileConfig const& t = *plan.tile;
+    int32_t gamma = p.gamma;
+    int32_t numRows = p.batch * (gamma + 1);
+    int32_t vocabSize = p.vocabSize;
+    int32_t splits = plan.splits;
+    int32_t tilesPerSplit = cdiv(cdiv(vocabSize, t.blockV), splits);
+    int32_t strideHn = (gamma + 1) * p.hiddenSize; // hidden [batch, γ + 1, H] contiguous
+    int32_t strideHi = p.hiddenSize;
+    int32_t strideVv = p.hiddenSize;
+    void const* hidden = p.hidden;
+    void const* lmHead = p.lmHead;
+    float const* temperature = p.temperature;
+    int64_t const* seed = p.seed;
+    int64_t const* positions = p.positions;
+    // [4, numRows, splits] floats (best score, best logit, max, sum-exp), then [numRows, splits]
+    // int32 indices: the native kernels' layout.
+    float* wsFloat = static_cast<float*>(p.workspace);
+    int32_t* wsIndex = reinterpret_cast<int32_t*>(wsFloat + 4 * static_cast<size_t>(numRows) * splits);
+    bool const logprobs = p.logprobs != nullptr;
+    cudaError_t status = launch(logprobs ? t.logprobsKernel : t.kernel, cdiv(numRows, t.blockN), splits,
+        {&hidden, &lmHead, &temperature, &seed, &positions, &wsFloat, &wsIndex, &numRows, &gamma, &vocabSize,
+            &splits, &tilesPerSplit, &strideHn, &strideHi, &strideVv},
+        stream);
+    if (status != cudaSuccess)
+    {
+        return status;
+    }
+    int64_t const* drafts = p.draftTokens; // [batch, γ]; never read when γ = 0
+    int64_t* tokens = p.tokens;
+    int64_t* numEmitted = p.numEmitted;
+    float* logprobsOut = p.logprobs; // never written without log-probabilities
+    int32_t strideDn = gamma;
+    return launch(plan.finalize->kernel, p.batch, 1,
+        {&wsFloat, &wsIndex, &drafts, &tokens, &numEmitted, &logprobsOut, &numRows, &gamma, &splits, &strideDn},
+        stream);
+}
+
+} // namespace aot
+} // namespace flashspec

@@ -1,0 +1,68 @@
+/*
+ * The table of the Triton kernels compiled into the library (tritonAot.h): plain data, generated
+ * by `python -m flashspec_export.kernels.aot` (build/tritonAot/tritonAotKernels.cpp) or empty
+ * (tritonAotEmpty.cpp). No CUDA header here: the generated source is compiled as plain C++.
+ */
+#pragma once
+
+#include "flashspecAbi.h"
+
+#include <cstddef>
+#include <cstdint>
+
+namespace flashspec
+{
+namespace aot
+{
+
+//! One compiled kernel: its cubin (embedded in the library), entry name and launch options.
+struct Kernel
+{
+    char const* name;
+    unsigned char const* cubin;
+    size_t cubinSize;
+    int32_t numWarps;
+    int32_t sharedBytes; // dynamic shared memory of every launch (> 48 KB: opted in at load)
+};
+
+//! A row of kernels/tiles.py TUNED for one (op, dtype, H): the stage-1 kernels and the geometry.
+struct TileConfig
+{
+    int32_t op;             // FlashspecOp
+    int32_t dtype;          // FlashspecDtype
+    int32_t hiddenSize;     // H (a compile-time constant of the kernel)
+    int32_t maxRows;        // the row's bound, -1 for the last row (any R)
+    int32_t blockN;         // rows per program
+    int32_t blockV;         // vocabulary ids per tile
+    int32_t waves;          // programs per SM along the vocabulary; 0: one tile per program
+    int32_t kernel;         // index into Table::kernels
+    int32_t logprobsKernel; // verify with log-probabilities; -1 for the argmax
+};
+
+//! A stage-2 kernel: reduces up to blockS splits (verify: of up to blockR draft positions).
+struct FinalizeConfig
+{
+    int32_t op;
+    int32_t logprobs; // verify: writes log-probabilities
+    int32_t blockR;   // verify: >= γ + 1; argmax: rows per program
+    int32_t blockS;   // >= the split count
+    int32_t kernel;
+};
+
+struct Table
+{
+    int32_t arch;         // compute capability major * 10 + minor the cubins are for
+    char const* compiler; // e.g. "triton 3.6.0"
+    Kernel const* kernels;
+    size_t numKernels;
+    TileConfig const* tiles;
+    size_t numTiles;
+    FinalizeConfig const* finalizes;
+    size_t numFinalizes;
+};
+
+//! Generated (build/tritonAot/tritonAotKernels.cpp), or empty (common/tritonAotEmpty.cpp).
+extern Table const kTable;
+
+} // namespace aot
+} // namespace flashspec

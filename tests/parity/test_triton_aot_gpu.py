@@ -1,0 +1,162 @@
+"""The CUDA library's compiled-in Triton kernels (CMake FLASHSPEC_TRITON_AOT, ``kernels/aot.py``)
+against the Triton JIT and the reference, on a GPU of the compiled architecture.
+
+The library runs the same kernels as the Triton backend, with the same launch table and split
+count, so its tokens, counts, log-probabilities and max logits must equal Triton's bit for bit;
+against the reference the bf16 near-tie bound of ``test_llm_shapes_gpu`` applies. Every case
+asserts the path taken (``flashspecKernelPath``), and the cases where the library must fall back
+to its native kernels are checked too.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flashspec_export import ops
+from flashspec_export.config import HeadShape
+from flashspec_export.kernels.tiles import TUNED, choose_config
+from flashspec_export.ops import cuda
+from tests.parity.test_llm_shapes_gpu import MAX_BF16_MISMATCH_RATE, _case
+
+pytestmark = pytest.mark.cuda_kernels
+
+
+def _aot_arch() -> int:
+    return cuda.triton_aot_arch() if cuda.library_path().is_file() else 0
+
+
+def _device_arch() -> int:
+    if not torch.cuda.is_available():
+        return -1
+    major, minor = torch.cuda.get_device_capability()
+    return 10 * major + minor
+
+
+requires_aot = pytest.mark.skipif(
+    _aot_arch() == 0 or _aot_arch() != _device_arch(),
+    reason=f"needs the kernel library built with the Triton kernels (FLASHSPEC_TRITON_AOT) for "
+    f"this GPU's architecture (library: sm_{_aot_arch()}, device: sm_{_device_arch()})",
+)
+
+# One row count per TUNED row of either op (1, 32, 64, 128, 512 rows with γ = 3 where it divides).
+ROWS = sorted({1, 512} | {limit for op in TUNED.values() for limit, _ in op if limit is not None})
+HEADS = ["llama3-8b", "gemma3-12b"]  # H = 4096 and 3840: the default compiled hidden sizes
+
+
+def _layout(rows: int) -> tuple[int, int]:
+    return (rows // 4, 3) if rows % 4 == 0 else (1, rows - 1)
+
+
+def _splits(op: str, rows: int, shape: HeadShape, dtype: torch.dtype) -> int:
+    code = cuda.dtype_codes()[dtype]
+    return cuda.library().flashspecResolveNumSplits(
+        cuda.OPS[op], rows, shape.hidden_size, shape.vocab_size, code, 0
+    )
+
+
+@requires_aot
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("head", HEADS)
+@pytest.mark.parametrize("rows", ROWS)
+def test_verify_equals_triton_through_the_compiled_kernels(rows, head, dtype):
+    shape = HeadShape.from_name(head)
+    n, gamma = _layout(rows)
+    case = _case(shape, n=n, gamma=gamma, dtype=dtype, seed=rows)
+    config = choose_config(
+        "verify_resample", rows, shape.hidden_size, shape.vocab_size, dtype, case[0].device
+    )
+    assert _splits("verify_resample", rows, shape, dtype) == config.num_splits
+    for logprobs in (False, True):
+        path = cuda.kernel_path("verify_resample", *case, return_logprobs=logprobs)
+        assert path == "triton_aot", f"{head} {dtype} R={rows}: the library ran {path}"
+        # (tokens, num_emitted[, logprobs]): the logprobs too, as the same kernels and splits ran
+        triton = ops.verify_resample(*case, return_logprobs=logprobs, backend="triton")
+        library = ops.verify_resample(*case, return_logprobs=logprobs, backend="cuda")
+        assert len(library) == len(triton) == (3 if logprobs else 2)
+        for mine, theirs in zip(library, triton, strict=True):
+            assert torch.equal(mine, theirs)
+
+
+@requires_aot
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("head", HEADS)
+@pytest.mark.parametrize("rows", ROWS)
+def test_argmax_equals_triton_through_the_compiled_kernels(rows, head, dtype):
+    shape = HeadShape.from_name(head)
+    g = torch.Generator(device="cuda").manual_seed(rows)
+    hidden = torch.randn(rows, shape.hidden_size, device="cuda", generator=g).to(dtype)
+    lm_head = (
+        torch.randn(shape.padded_vocab, shape.hidden_size, device="cuda", generator=g)
+        * shape.hidden_size**-0.5
+    ).to(dtype)
+    assert cuda.kernel_path("tiled_argmax", hidden, lm_head, shape.vocab_size) == "triton_aot"
+    config = choose_config(
+        "tiled_argmax", rows, shape.hidden_size, shape.vocab_size, dtype, hidden.device
+    )
+    assert _splits("tiled_argmax", rows, shape, dtype) == config.num_splits
+    t_tok, t_max = ops.tiled_argmax(hidden, lm_head, shape.vocab_size, backend="triton")
+    c_tok, c_max = ops.tiled_argmax(hidden, lm_head, shape.vocab_size, backend="cuda")
+    assert torch.equal(c_tok, t_tok) and torch.equal(c_max, t_max)
+
+
+@requires_aot
+@pytest.mark.parametrize("head", HEADS)
+def test_compiled_kernels_match_the_reference(head):
+    """bf16, 128 sequences x γ = 3 (R = 512: the GEMM-shaped row of the table) and 16 x 3:
+    tokens against the reference, up to fp32 accumulation-order near-ties."""
+    shape = HeadShape.from_name(head)
+    mismatched = total = 0
+    for n in (16, 128):
+        case = _case(shape, n=n, gamma=3, dtype=torch.bfloat16, seed=n)
+        assert cuda.kernel_path("verify_resample", *case) == "triton_aot"
+        r_tokens, r_num = ops.verify_resample(*case, backend="reference")
+        c_tokens, c_num = ops.verify_resample(*case, backend="cuda")
+        differs = (r_tokens != c_tokens).any(dim=1) | (r_num != c_num)
+        mismatched += int(differs.sum())
+        total += differs.numel()
+    assert set(r_num.tolist()) > {1}, "drafts never accepted: a vacuous case"
+    assert mismatched / total <= MAX_BF16_MISMATCH_RATE
+
+
+@requires_aot
+def test_compiled_kernels_in_a_cuda_graph():
+    """Loaded once (a first eager call), the compiled kernels replay from a captured graph."""
+    shape = HeadShape.from_name("llama3-8b")
+    case = _case(shape, n=8, gamma=3, dtype=torch.bfloat16, seed=3)
+    eager = ops.verify_resample(*case, return_logprobs=True, backend="cuda")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        # check_values=False: the value checks read the inputs back to the host
+        captured = ops.verify_resample(
+            *case, return_logprobs=True, backend="cuda", check_values=False
+        )
+    graph.replay()
+    torch.cuda.synchronize()
+    for replayed, direct in zip(captured, eager, strict=True):  # tokens, counts, logprobs
+        assert torch.equal(replayed, direct)
+
+
+@requires_aot
+def test_native_fallback_where_nothing_is_compiled():
+    """The native kernels run, and the path query says so, for a hidden size not compiled in,
+    fp32, γ + 1 above the finalize kernels' 8 positions, and an unaligned hidden."""
+    shape = HeadShape.from_name("llama3-8b")
+    case = _case(shape, n=4, gamma=3, dtype=torch.bfloat16, seed=5)
+    assert cuda.kernel_path("verify_resample", *case) == "triton_aot"
+    other_h = (case[0][..., :4032].contiguous(), case[1][:, :4032].contiguous(), *case[2:])
+    assert cuda.kernel_path("verify_resample", *other_h) == "native"
+    fp32 = (case[0].float(), case[1].float(), *case[2:])
+    assert cuda.kernel_path("verify_resample", *fp32) == "native"
+    wide = _case(shape, n=2, gamma=8, dtype=torch.bfloat16, seed=6)
+    assert cuda.kernel_path("verify_resample", *wide) == "native"
+    hidden = case[0]
+    storage = torch.empty(hidden.numel() + 1, dtype=hidden.dtype, device=hidden.device)
+    unaligned = storage[1:].view(hidden.shape).copy_(hidden)  # 2 bytes off the allocation
+    assert cuda.kernel_path("verify_resample", unaligned, *case[1:]) == "native"
+    native_tokens, _ = ops.verify_resample(unaligned, *case[1:], backend="cuda")
+    compiled_tokens, _ = ops.verify_resample(*case, backend="cuda")
+    # Different kernels and splits: equal up to near-ties, which 4 sequences almost never hit.
+    assert torch.equal(native_tokens, compiled_tokens)
