@@ -1,37 +1,62 @@
-"""Speculative generation with an export's graphs in onnxruntime, or its TensorRT engines
-(random prompt token ids).
+"""Speculative generation with an export's graphs in onnxruntime, or its TensorRT engines: text
+prompts through the export's tokenizer (streamed as tokens are accepted), or random token ids.
 
-python scripts/generate.py out/tiny-llama-mtp --new-tokens 32 --temperature 0.8
-python scripts/generate.py out/tiny-llama-mtp --check     # also the PyTorch modules: same tokens?
+python scripts/generate.py out/stdlib-tiny-mtp --prompt "def parse_args(" --temperature 0
+python scripts/generate.py out/stdlib-tiny-mtp --prompt-file f.py --stop "\\n\\n\\n" --select ucb1
+python scripts/generate.py out/tiny-llama-mtp --check     # random ids; PyTorch: same tokens?
 python scripts/generate.py out/tiny-llama-mtp --engines   # TensorRT (scripts/build_engines.py)
 """
 
 from __future__ import annotations
 
+import codecs
 import json
 import logging
 import pathlib
+import sys
 
 from flashspec_export import cli
 from flashspec_export.config import ConfigError
 from flashspec_export.runtime.run import RunConfig, run
+from flashspec_export.runtime.selection import POLICIES
+
+
+def _prompts(args, parser) -> tuple[str, ...]:
+    prompts = list(args.prompt or [])
+    for name in args.prompt_file or []:
+        try:
+            prompts.append(pathlib.Path(name).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError) as error:
+            parser.exit(2, f"error: prompt-file: cannot read {name} ({error})\n")
+    return tuple(prompts)
 
 
 def main() -> None:
     parser = cli.parser(__doc__)
     d = RunConfig("")
-    parser.add_argument("export_dir", help="an output directory of scripts/export.py")
-    parser.add_argument("--new-tokens", type=int, default=d.new_tokens, help="per sequence")
-    parser.add_argument("--prompt-len", type=int, default=d.prompt_len, help="random prompt ids")
-    parser.add_argument("--temperature", type=float, default=d.temperature, help="0: greedy")
-    parser.add_argument("--seed", type=int, default=d.seed, help="sequence i samples with seed + i")
-    parser.add_argument("--check", action="store_true", help="compare with the PyTorch modules")
-    parser.add_argument(
-        "--engines", action="store_true", help="run <export>/engines with TensorRT (GPU)"
-    )
-    parser.add_argument("--metrics-json", default=None, help="also write the metrics as JSON")
+    add = parser.add_argument
+    add("export_dir", help="an output directory of scripts/export.py")
+    add("--prompt", action="append", help="a text prompt (repeat: one per sequence of the batch)")
+    add("--prompt-file", action="append", help="a file whose text is a prompt (repeatable)")
+    add("--stop", action="append", help="stop a sequence at this text (repeatable; \\n escapes)")
+    add("--new-tokens", type=int, default=d.new_tokens, help="at most, per sequence")
+    add("--prompt-len", type=int, default=d.prompt_len, help="random prompt ids (no --prompt)")
+    add("--temperature", type=float, default=d.temperature, help="0: greedy")
+    add("--seed", type=int, default=d.seed, help="sequence i samples with seed + i")
+    add("--select", choices=sorted(POLICIES), help="choose drafter and gamma online (bandit)")
+    add("--check", action="store_true", help="compare with the PyTorch modules")
+    add("--engines", action="store_true", help="run <export>/engines with TensorRT (GPU)")
+    add("--metrics-json", default=None, help="also write the metrics as JSON")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    prompts = _prompts(args, parser)
+    stop = tuple(codecs.decode(s, "unicode_escape") for s in args.stop or [])
+    live = len(prompts) == 1  # one sequence streams as it is generated; several print at the end
+
+    def echo(row, piece):
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+
     config = RunConfig(
         args.export_dir,
         args.new_tokens,
@@ -40,14 +65,26 @@ def main() -> None:
         args.seed,
         args.check,
         args.engines,
+        prompts,
+        stop,
+        args.select,
+        echo if live else None,
     )
+    if live:
+        sys.stdout.write(prompts[0])
     try:
         report = run(config)
     except (ConfigError, FileNotFoundError) as error:
-        parser.exit(2, f"error: {error}\n")
+        parser.exit(2, f"{chr(10) if live else ''}error: {error}\n")
     result = report.onnx
-    for row, tokens in enumerate(result.tokens):
-        print(f"sequence {row}: {report.prompt[row].tolist()} -> {tokens}")
+    if live:
+        print()
+    elif report.texts is not None:
+        for row, (prompt, generated) in enumerate(zip(prompts, report.texts, strict=True)):
+            print(f"--- sequence {row}\n{prompt}{generated}")
+    else:
+        for row, tokens in enumerate(result.tokens):
+            print(f"sequence {row}: {report.prompt[row]} -> {tokens}")
     print(f"-- {'TensorRT' if args.engines else 'onnxruntime, CPU'}")
     print(result.metrics.summary())
     if args.metrics_json:

@@ -40,6 +40,8 @@ class GraphDrafter:
             self._pending = (prompt, zeros, lengths - 1, None)
 
     def update(self, step_positions, emitted, num_emitted, hidden) -> None:
+        if self._pending is not None:  # a step without our drafts (online selection): catch up
+            self._call(*self._pending)
         # emitted is -1 past num_emitted: any valid id does there (those rows are never used)
         self._pending = (emitted.clamp(min=0), step_positions + 1, num_emitted - 1, hidden)
 
@@ -56,6 +58,7 @@ class GraphDrafter:
         tokens, positions, last_row, hidden = self._pending
         drafts = []
         if gamma > 0:
+            self._pending = None
             draft, hidden = self._call(tokens, positions, last_row, hidden)
             drafts.append(draft)
             position = positions + last_row + 1  # of the draft just made

@@ -1,18 +1,21 @@
-"""Generate with an export's graphs in onnxruntime, optionally checked token for token against
-the PyTorch modules it was exported from (same prompts, temperatures and seeds)."""
+"""Generate with an export's graphs in onnxruntime (or its TensorRT engines), from text prompts
+(the export's tokenizer) or random token ids, optionally checked token for token against the
+PyTorch modules it was exported from (same prompts, temperatures and seeds)."""
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from flashspec_export.config import ConfigError
 from flashspec_export.export import manifest as export_manifest
+from flashspec_export.models.ngram import NgramDrafter
 from flashspec_export.reference.noise import MAX_SEED
-from flashspec_export.runtime import sessions
+from flashspec_export.runtime import selection, sessions, text
 from flashspec_export.runtime.loop import GenerationResult, generate
 
 
@@ -20,29 +23,35 @@ from flashspec_export.runtime.loop import GenerationResult, generate
 class RunConfig:
     export_dir: str
     new_tokens: int = 32
-    prompt_len: int = 8  # random prompt tokens (presets have no tokenizer)
+    prompt_len: int = 8  # random prompt tokens when no text prompts are given
     temperature: float = 0.8
     seed: int = 0
     check: bool = False  # also run the PyTorch modules and compare tokens
     engines: bool = False  # run the TensorRT engines (<export>/engines) instead of onnxruntime
+    prompts: tuple[str, ...] = ()  # text prompts, one per sequence of the export's batch
+    stop: tuple[str, ...] = ()  # stop strings (text prompts only)
+    select: str | None = None  # ucb1 | thompson: choose (drafter, γ) every step
+    echo: Callable[[int, str], None] | None = None  # receives text as it is accepted
 
 
 @dataclass(frozen=True)
 class RunReport:
-    prompt: torch.Tensor  # [N, prompt_len] int64
+    prompt: list[list[int]]  # per sequence: its prompt's token ids
     onnx: GenerationResult
     seconds: float
     reference: GenerationResult | None  # with check=True
+    texts: list[str] | None  # the generated text per sequence (text prompts)
 
     @property
     def matches(self) -> bool | None:
+        """Same tokens (and, with a fixed drafter and γ, the same steps) as the reference."""
         if self.reference is None:
             return None
-        return self.onnx.tokens == self.reference.tokens and self.onnx.steps == self.reference.steps
+        same_steps = bool(self.onnx.metrics.arms) or self.onnx.steps == self.reference.steps
+        return self.onnx.tokens == self.reference.tokens and same_steps
 
 
-def run(config: RunConfig) -> RunReport:
-    """Generate ``new_tokens`` per sequence (the export's batch) from random prompts."""
+def _check(config: RunConfig) -> None:
     if config.prompt_len < 2:
         raise ConfigError(f"prompt_len: expected at least 2, got {config.prompt_len}")
     if config.new_tokens < 1:
@@ -51,23 +60,69 @@ def run(config: RunConfig) -> RunReport:
         raise ConfigError(f"temperature: expected a finite value >= 0, got {config.temperature}")
     if not 0 <= config.seed <= MAX_SEED:
         raise ConfigError(f"seed: expected 0 <= seed <= {MAX_SEED}, got {config.seed}")
+    if config.stop and not config.prompts:
+        raise ConfigError("stop: stop strings need text prompts (--prompt / --prompt-file)")
+
+
+def _prompts(config: RunConfig, manifest, batch: int):
+    """(token ids per sequence, tokenizer or None)."""
+    if not config.prompts:
+        g = torch.Generator().manual_seed(config.seed)
+        ids = torch.randint(0, manifest.vocab_size, (batch, config.prompt_len), generator=g)
+        return ids.tolist(), None
+    if len(config.prompts) != batch:
+        raise ConfigError(
+            f"prompt: the export's batch is {batch}; got {len(config.prompts)} prompt(s) (give "
+            f"{batch}, or export with --batch {len(config.prompts)})"
+        )
+    tokenizer = text.load_tokenizer(config.export_dir)
+    return text.encode_prompts(tokenizer, list(config.prompts)), tokenizer
+
+
+def _selecting(drafter, manifest, config: RunConfig):
+    if config.select is None:
+        return drafter
+    drafters = {manifest.drafter: drafter}
+    drafters.setdefault("ngram", NgramDrafter())
+    arms = selection.arms_for(manifest.drafter, manifest.gamma)
+    return selection.SelectingDrafter(
+        drafters, selection.make_policy(config.select, arms, seed=config.seed)
+    )
+
+
+def run(config: RunConfig) -> RunReport:
+    """Generate up to ``new_tokens`` per sequence (the export's batch)."""
+    _check(config)
+    if config.select is not None:
+        selection.make_policy(config.select, [selection.Arm("ngram", 1)])  # the name, early
     manifest = export_manifest.read(config.export_dir)
     if config.engines:
         target, drafter = sessions.from_engines(config.export_dir)
     else:
         target, drafter = sessions.from_export(config.export_dir)
-    g = torch.Generator().manual_seed(config.seed)
-    shape = (target.batch, config.prompt_len)
-    prompt = torch.randint(0, manifest.vocab_size, shape, generator=g)
+    prompt, tokenizer = _prompts(config, manifest, target.batch)
     temperature = torch.full((target.batch,), config.temperature)
     if config.seed + target.batch - 1 > MAX_SEED:  # sequence i uses seed + i
         raise ConfigError(f"seed: {config.seed} + batch {target.batch} - 1 exceeds {MAX_SEED}")
     seeds = torch.arange(target.batch, dtype=torch.int64) + config.seed
     args = (prompt, config.new_tokens, manifest.gamma, temperature, seeds)
+
+    def stream(echo=None):
+        return tokenizer and text.TextStream(tokenizer, target.batch, config.stop, echo)
+
+    drafting = _selecting(drafter, manifest, config)
+    streaming = stream(config.echo)
     start = time.perf_counter()
-    result = generate(target, drafter, *args)
+    result = generate(target, drafting, *args, stream=streaming)
     seconds = time.perf_counter() - start
+    if streaming is not None:
+        streaming.finish()
+    if isinstance(drafting, selection.SelectingDrafter):
+        result.metrics.arms = {f"{a.drafter}:{a.gamma}": n for a, n in drafting.chosen.items()}
     reference = None
     if config.check:
-        reference = generate(*sessions.reference_of(config.export_dir), *args)
-    return RunReport(prompt, result, seconds, reference)
+        ref_target, ref_drafter = sessions.reference_of(config.export_dir)
+        ref_drafting = _selecting(ref_drafter, manifest, config)
+        reference = generate(ref_target, ref_drafting, *args, stream=stream())
+    texts = streaming.texts if streaming is not None else None
+    return RunReport(prompt, result, seconds, reference, texts)

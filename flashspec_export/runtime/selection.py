@@ -19,7 +19,12 @@ from __future__ import annotations
 
 import math
 import random
+import time
 from typing import NamedTuple
+
+import torch
+
+from flashspec_export.config import ConfigError
 
 
 class Arm(NamedTuple):
@@ -121,3 +126,61 @@ class Thompson(_Statistics):
 
 
 POLICIES = {"ucb1": Ucb1, "thompson": Thompson}
+
+
+def make_policy(name: str, arms, seed: int = 0, discount: float = 0.98):
+    """The policy ``name`` (``POLICIES``) over ``arms``; ConfigError for an unknown name."""
+    if name not in POLICIES:
+        raise ConfigError(f"select: expected one of {', '.join(POLICIES)}, got {name!r}")
+    if name == "thompson":
+        return Thompson(arms, discount=discount, seed=seed)
+    return Ucb1(arms, discount=discount)
+
+
+class SelectingDrafter:
+    """A drafter for ``loop.generate`` that picks its (drafter, γ) arm every step with
+    ``policy`` and rewards it with the tokens emitted per second of that step (drafting, target
+    step and bookkeeping, from ``propose`` to ``update``). Every drafter sees every step, so the
+    graph drafters' caches stay current whichever arm runs.
+
+    ``cost(arm, seconds)``: the step time charged to an arm; default: the measured seconds
+    (tests pass a fixed cost model, so that their outcome does not depend on timings).
+    """
+
+    def __init__(self, drafters: dict, policy, cost=None, clock=time.perf_counter):
+        unknown = sorted({arm.drafter for arm in policy.arms} - set(drafters))
+        if unknown:
+            raise ConfigError(f"select: arms name drafters {unknown} that are not available")
+        self.drafters = drafters
+        self.policy = policy
+        self.cost = cost or (lambda arm, seconds: seconds)
+        self.clock = clock
+        self.chosen: dict[Arm, int] = {}
+        self._step = None  # (arm index, start time)
+
+    def start(self, prompt, hidden, lengths) -> None:
+        for drafter in self.drafters.values():
+            drafter.start(prompt, hidden, lengths)
+
+    def propose(self, sequences: list[list[int]], gamma: int) -> torch.Tensor:
+        index = self.policy.choose()
+        arm = self.policy.arms[index]
+        if arm.gamma > gamma:
+            raise ConfigError(f"select: arm {arm} drafts more than the loop's gamma {gamma}")
+        self.chosen[arm] = self.chosen.get(arm, 0) + 1
+        self._step = (index, self.clock())
+        return self.drafters[arm.drafter].propose(sequences, arm.gamma)
+
+    def update(self, step_positions, emitted, num_emitted, hidden) -> None:
+        index, start = self._step
+        seconds = self.cost(self.policy.arms[index], self.clock() - start)
+        self.policy.update(index, float(num_emitted.sum()) / max(seconds, 1e-9))
+        for drafter in self.drafters.values():
+            drafter.update(step_positions, emitted, num_emitted, hidden)
+
+
+def arms_for(drafter: str, gamma: int) -> list[Arm]:
+    """The arms of an export: its drafter and, besides a graph drafter, n-gram lookup (no
+    weights), each at γ = 1 .. ``gamma`` (the target step takes any γ)."""
+    names = [drafter] if drafter == "ngram" else [drafter, "ngram"]
+    return [Arm(name, g) for name in names for g in range(1, gamma + 1)]

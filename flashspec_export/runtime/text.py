@@ -1,0 +1,112 @@
+"""Text in, text out: an export's tokenizer, and the stream that decodes what the loop accepts.
+
+``load_tokenizer(export_dir)`` opens the tokenizer the exporter copied next to the graphs (the
+manifest names its directory; Hugging Face checkpoints bring their own). ``TextStream`` receives
+each sequence's accepted tokens (``loop.generate(stream=...)``), decodes them, hands finished
+text to ``echo`` as it becomes final, and stops a sequence at EOS or at a stop string (neither
+is part of the text).
+"""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import Callable
+
+from flashspec_export.config import ConfigError
+from flashspec_export.export import manifest as export_manifest
+
+INCOMPLETE = "\ufffd"  # what a byte-level decoder yields for a cut UTF-8 sequence
+
+
+def load_tokenizer(export_dir: str | pathlib.Path):
+    """The export's tokenizer (``transformers.AutoTokenizer``); ConfigError if it has none."""
+    manifest = export_manifest.read(export_dir)
+    if manifest.tokenizer is None:
+        raise ConfigError(
+            f"prompt: {export_dir} has no tokenizer (exported from {manifest.source}); text "
+            "prompts need a checkpoint with one (e.g. the stdlib-tiny preset)"
+        )
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(pathlib.Path(export_dir) / manifest.tokenizer)
+
+
+def encode_prompts(tokenizer, prompts: list[str]) -> list[list[int]]:
+    """Token ids of each prompt (no special tokens added); refuses prompts under 2 tokens."""
+    ids = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
+    for i, row in enumerate(ids):
+        if len(row) < 2:
+            raise ConfigError(f"prompt: prompt {i} has {len(row)} token(s); expected at least 2")
+    return ids
+
+
+class TextStream:
+    """Per-sequence incremental detokenisation with EOS and stop strings.
+
+    ``echo(row, text)`` receives each piece of final text once, in order; ``texts[row]`` is the
+    whole generated text when generation ends.
+    """
+
+    def __init__(
+        self,
+        tokenizer,
+        rows: int,
+        stop: tuple[str, ...] = (),
+        echo: Callable[[int, str], None] | None = None,
+    ):
+        if any(not s for s in stop):
+            raise ConfigError("stop: stop strings must not be empty")
+        self.tokenizer = tokenizer
+        self.eos = tokenizer.eos_token_id
+        self.stop = stop
+        self.echo = echo
+        self.tokens: list[list[int]] = [[] for _ in range(rows)]
+        self.texts = [""] * rows  # decoded text, final once stopped
+        self.shown = [0] * rows  # characters of texts[row] handed to echo
+
+    def _decode(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode(tokens, skip_special_tokens=False)
+
+    def _stop_at(self, text: str) -> int | None:
+        found = [i for i in (text.find(s) for s in self.stop) if i >= 0]
+        return min(found) if found else None
+
+    def push(self, row: int, tokens: list[int]) -> int | None:
+        """Take ``tokens`` of sequence ``row``; None to go on, or how many of them to keep."""
+        keep = None
+        if self.eos is not None and self.eos in tokens:
+            keep = tokens.index(self.eos)
+        before = len(self.tokens[row])
+        self.tokens[row].extend(tokens[:keep] if keep is not None else tokens)
+        text = self._decode(self.tokens[row])
+        cut = self._stop_at(text)
+        if cut is not None:  # keep the tokens up to the one completing the stop string
+            keep = next(
+                k
+                for k in range(1, len(self.tokens[row]) - before + 1)
+                if self._stop_at(self._decode(self.tokens[row][: before + k])) is not None
+            )
+            del self.tokens[row][before + keep :]
+            text = text[:cut]
+        self.texts[row] = text
+        self._show(row, final=keep is not None)
+        return keep
+
+    def _show(self, row: int, final: bool) -> None:
+        text = self.texts[row]
+        end = len(text)
+        if not final:  # hold back what may still change: a cut character, a stop string's start
+            end = len(text.rstrip(INCOMPLETE))
+            for s in self.stop:
+                for n in range(min(len(s) - 1, end), 0, -1):
+                    if text[end - n : end] == s[:n]:
+                        end -= n
+                        break
+        if self.echo is not None and end > self.shown[row]:
+            self.echo(row, text[self.shown[row] : end])
+        self.shown[row] = max(self.shown[row], end)
+
+    def finish(self) -> None:
+        """Hand the rest of every sequence's text to ``echo`` (generation ended)."""
+        for row in range(len(self.texts)):
+            self._show(row, final=True)
