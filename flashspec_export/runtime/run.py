@@ -62,6 +62,8 @@ def _check(config: RunConfig) -> None:
         raise ConfigError(f"seed: expected 0 <= seed <= {MAX_SEED}, got {config.seed}")
     if config.stop and not config.prompts:
         raise ConfigError("stop: stop strings need text prompts (--prompt / --prompt-file)")
+    if config.select is not None and config.select not in selection.POLICIES:
+        raise ConfigError(f"select: expected one of {', '.join(selection.POLICIES)}")
 
 
 def _prompts(config: RunConfig, manifest, batch: int):
@@ -93,8 +95,6 @@ def _selecting(drafter, manifest, config: RunConfig):
 def run(config: RunConfig) -> RunReport:
     """Generate up to ``new_tokens`` per sequence (the export's batch)."""
     _check(config)
-    if config.select is not None:
-        selection.make_policy(config.select, [selection.Arm("ngram", 1)])  # the name, early
     manifest = export_manifest.read(config.export_dir)
     if config.engines:
         target, drafter = sessions.from_engines(config.export_dir)
