@@ -23,14 +23,15 @@ import torch
 import triton
 import triton.language as tl
 
+from flashspec_export.kernels import hopper_tiles
 from flashspec_export.kernels.tiles import (
     KernelConfig,
     cached_workspace,
     check_device,
-    choose_config,
     dot_options,
     dot_tile,
     fold_best,
+    resolve_config,
 )
 
 # Rows per program of the split reduction (stage 2).
@@ -146,10 +147,7 @@ def tiled_argmax(
     """
     check_device(hidden)
     n, hidden_size = hidden.shape
-    if config is None:
-        config = choose_config(
-            "tiled_argmax", n, hidden_size, vocab_size, hidden.dtype, hidden.device
-        )
+    config = resolve_config("tiled_argmax", hidden, lm_head, n, vocab_size, config)
     splits = config.num_splits
     if workspace is None:
         workspace = cached_workspace(
@@ -165,29 +163,34 @@ def tiled_argmax(
 
     token = torch.empty(n, dtype=torch.int64, device=hidden.device)
     max_logit = torch.empty(n, dtype=torch.float32, device=hidden.device)
-    tiles_per_split = triton.cdiv(triton.cdiv(vocab_size, config.block_v), splits)
-    grid = (triton.cdiv(n, config.block_n), splits)
-    _argmax_tiles_kernel[grid](
-        hidden,
-        lm_head,
-        ws_max,
-        ws_index,
-        n,
-        vocab_size,
-        splits,
-        tiles_per_split,
-        hidden.stride(0),
-        hidden.stride(1),
-        lm_head.stride(0),
-        lm_head.stride(1),
-        HIDDEN_SIZE=hidden_size,
-        **dot_options(hidden),
-        BLOCK_N=config.block_n,
-        BLOCK_V=config.block_v,
-        BLOCK_H=config.block_h,
-        num_warps=config.num_warps,
-        num_stages=config.num_stages,
-    )
+    if config.hopper is not None:
+        hopper_tiles.launch(
+            hidden, lm_head, vocab_size, workspace, verify=False, config=config.hopper
+        )
+    else:
+        tiles_per_split = triton.cdiv(triton.cdiv(vocab_size, config.block_v), splits)
+        grid = (triton.cdiv(n, config.block_n), splits)
+        _argmax_tiles_kernel[grid](
+            hidden,
+            lm_head,
+            ws_max,
+            ws_index,
+            n,
+            vocab_size,
+            splits,
+            tiles_per_split,
+            hidden.stride(0),
+            hidden.stride(1),
+            lm_head.stride(0),
+            lm_head.stride(1),
+            HIDDEN_SIZE=hidden_size,
+            **dot_options(hidden),
+            BLOCK_N=config.block_n,
+            BLOCK_V=config.block_v,
+            BLOCK_H=config.block_h,
+            num_warps=config.num_warps,
+            num_stages=config.num_stages,
+        )
     _argmax_finalize_kernel[(triton.cdiv(n, FINALIZE_ROWS),)](
         ws_max,
         ws_index,

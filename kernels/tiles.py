@@ -14,13 +14,14 @@ changes within one row of ``TUNED`` reuses one compiled kernel.
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import numpy
 import torch
 import triton
 import triton.language as tl
+
+from flashspec_export.kernels.hopper_tiles import HopperConfig, runs_on, sm_count
 
 # Splits per SM: enough programs to fill the GPU about twice, so the whole LM head is in flight
 # in one or two waves and each program streams a long contiguous run of it.
@@ -38,6 +39,8 @@ class KernelConfig(NamedTuple):
     block_h : hidden-dimension chunk of one ``tl.dot``, power of two (>= 16)
     num_splits : vocabulary splits (the second grid axis); each owns a contiguous run of tiles
     num_warps, num_stages : Triton launch options
+    hopper : stage 1 runs ``kernels.hopper_tiles`` with this configuration (sm_90, 16-bit, from
+        64 rows): one split per ``block_v`` ids; the other fields restate its shape
     """
 
     block_n: int
@@ -46,11 +49,7 @@ class KernelConfig(NamedTuple):
     num_splits: int
     num_warps: int = 4
     num_stages: int = 3
-
-
-@functools.cache
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
+    hopper: HopperConfig | None = None
 
 
 # Tuned on an H100 (Llama-3-8B head, bf16; scripts/tune_kernels.py, docs/BENCHMARKS.md): per op,
@@ -79,6 +78,38 @@ TUNED = {
 }
 
 
+# Stage 1 on Hopper (sm_90, bf16 / fp16), per op: rows up to the key -> HopperConfig, None for
+# the portable kernel. Measured on an H100 (Llama-3 head; dev probe in docs/BENCHMARKS.md): the
+# warp-specialised kernel overlaps the verify epilogue with the next tile's wgmma and keeps the
+# tensor cores fed by TMA; the 64-row tile (4 MMA warps) wins at 64 rows, the 128-row tile above.
+# The plain argmax gains only from 128 rows on (its epilogue is a compare).
+HOPPER_TUNED = {
+    "verify_resample": (
+        (32, None),
+        (64, HopperConfig(block_n=64, epi_warps=8, epi_regs=120)),
+        (None, HopperConfig(epi_warps=8, epi_regs=104)),
+    ),
+    "tiled_argmax": (
+        (64, None),
+        (None, HopperConfig()),
+    ),
+}
+
+
+def hopper_row(op: str, rows: int) -> HopperConfig | None:
+    """``HOPPER_TUNED[op]``'s configuration for ``rows`` (None: the portable kernel)."""
+    return next(config for limit, config in HOPPER_TUNED[op] if limit is None or rows <= limit)
+
+
+def _on_hopper(dtype: torch.dtype, device: torch.device) -> bool:
+    return (
+        device.type == "cuda"
+        and not triton.knobs.runtime.interpret
+        and dtype in (torch.bfloat16, torch.float16)
+        and torch.cuda.get_device_capability(device)[0] == 9
+    )
+
+
 def choose_config(
     op: str,
     rows: int,
@@ -86,8 +117,11 @@ def choose_config(
     vocab_size: int,
     dtype: torch.dtype,
     device: torch.device,
+    *,
+    hopper: bool = True,
 ) -> KernelConfig:
-    """Launch configuration from the tuned table (never autotuned inline).
+    """Launch configuration from the tuned tables (never autotuned inline): ``HOPPER_TUNED``
+    where it names a Hopper kernel for this GPU, dtype and row count, else ``TUNED``.
 
     Parameters
     ----------
@@ -97,11 +131,18 @@ def choose_config(
     vocab_size : logical vocabulary (tiles past it are never visited)
     dtype : dtype of ``hidden`` / ``lm_head``
     device : where the kernels run (its SM count sets the number of splits)
+    hopper : allow the Hopper kernel (False: the portable kernel's configuration)
 
     Returns
     -------
     KernelConfig
     """
+    fast = hopper_row(op, rows) if hopper and _on_hopper(dtype, device) else None
+    if fast is not None:
+        splits = triton.cdiv(vocab_size, fast.block_v)
+        return KernelConfig(
+            fast.block_n, fast.block_v, fast.block_k, splits, fast.block_n // 16, fast.stages, fast
+        )
     if device.type != "cuda" or triton.knobs.runtime.interpret:
         block_n = min(64, max(16, triton.next_power_of_2(rows)))
         block_v, num_warps, waves, sms = 512, 4, WAVES_PER_SM, _INTERPRETER_SMS
@@ -110,7 +151,7 @@ def choose_config(
     else:
         block_n, block_v, num_warps, waves, num_stages = tuned_row(op, rows)
         block_h = block_h_of(dtype)
-        sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+        sms = sm_count(device.index if device.index is not None else torch.cuda.current_device())
     splits = num_splits(rows, vocab_size, block_n, block_v, waves, sms)
     return KernelConfig(block_n, block_v, block_h, splits, num_warps, num_stages)
 
@@ -134,6 +175,27 @@ def num_splits(rows: int, vocab_size: int, block_n: int, block_v: int, waves: in
     splits = tiles if waves == 0 else max(1, min(tiles, triton.cdiv(waves * sms, row_blocks)))
     # Even out the runs of tiles so that no split is empty.
     return triton.cdiv(tiles, triton.cdiv(tiles, splits))
+
+
+def resolve_config(
+    op: str,
+    hidden2d: torch.Tensor | None,
+    lm_head: torch.Tensor,
+    rows: int,
+    vocab_size: int,
+    config: KernelConfig | None,
+) -> KernelConfig:
+    """The launch configuration of a call: ``config``, or ``choose_config``'s; a Hopper
+    configuration falls back to the portable kernel's where the operands are not TMA-able
+    (``hidden2d``: the ``[R, H]`` rows as one view, None where the rows are not one view)."""
+    hidden_size = lm_head.shape[1]
+    if config is None:
+        config = choose_config(op, rows, hidden_size, vocab_size, lm_head.dtype, lm_head.device)
+    if config.hopper is not None and not (hidden2d is not None and runs_on(hidden2d, lm_head)):
+        config = choose_config(
+            op, rows, hidden_size, vocab_size, lm_head.dtype, lm_head.device, hopper=False
+        )
+    return config
 
 
 def check_device(hidden: torch.Tensor) -> None:

@@ -38,6 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
+from flashspec_export.kernels import hopper_tiles
 from flashspec_export.kernels.noise import (
     STREAM_GUMBEL,
     gumbel_from_bits,
@@ -51,10 +52,10 @@ from flashspec_export.kernels.tiles import (
     KernelConfig,
     cached_workspace,
     check_device,
-    choose_config,
     dot_options,
     dot_tile,
     fold_best,
+    resolve_config,
 )
 from flashspec_export.reference.verify_resample import VerifyResult
 
@@ -284,10 +285,9 @@ def verify_resample(
     gamma = width - 1
     rows = n * width
     device = hidden.device
-    if config is None:
-        config = choose_config(
-            "verify_resample", rows, hidden_size, vocab_size, hidden.dtype, device
-        )
+    # The [R, H] rows as one view (row r = n · (γ + 1) + i), for the Hopper kernel's TMA.
+    hidden2d = hidden.view(rows, hidden_size) if hidden.is_contiguous() else None
+    config = resolve_config("verify_resample", hidden2d, lm_head, rows, vocab_size, config)
     splits = config.num_splits
     if workspace is None:
         workspace = cached_workspace(
@@ -313,32 +313,49 @@ def verify_resample(
         torch.empty((n, width), dtype=torch.float32, device=device) if return_logprobs else None
     )
 
-    tiles_per_split = triton.cdiv(triton.cdiv(vocab_size, config.block_v), splits)
-    _verify_tiles_kernel[(triton.cdiv(rows, config.block_n), splits)](
-        hidden,
-        lm_head,
-        temperature,
-        seed,
-        positions,
-        workspace.floats,
-        workspace.index,
-        rows,
-        gamma,
-        vocab_size,
-        splits,
-        tiles_per_split,
-        *hidden.stride(),
-        *lm_head.stride(),
-        HIDDEN_SIZE=hidden_size,
-        **dot_options(hidden),
-        LIBDEVICE=libdevice,
-        RETURN_LOGPROBS=return_logprobs,
-        BLOCK_N=config.block_n,
-        BLOCK_V=config.block_v,
-        BLOCK_H=config.block_h,
-        num_warps=config.num_warps,
-        num_stages=config.num_stages,
-    )
+    if config.hopper is not None:
+        floats = workspace.floats
+        summaries = (floats[_BEST_SCORE], workspace.index, *floats[_BEST_LOGIT : _SUM_EXP + 1])
+        hopper_tiles.launch(
+            hidden2d,
+            lm_head,
+            vocab_size,
+            summaries,
+            verify=True,
+            return_logprobs=return_logprobs,
+            temperature=temperature,
+            seed=seed,
+            positions=positions,
+            gamma=gamma,
+            config=config.hopper,
+        )
+    else:
+        tiles_per_split = triton.cdiv(triton.cdiv(vocab_size, config.block_v), splits)
+        _verify_tiles_kernel[(triton.cdiv(rows, config.block_n), splits)](
+            hidden,
+            lm_head,
+            temperature,
+            seed,
+            positions,
+            workspace.floats,
+            workspace.index,
+            rows,
+            gamma,
+            vocab_size,
+            splits,
+            tiles_per_split,
+            *hidden.stride(),
+            *lm_head.stride(),
+            HIDDEN_SIZE=hidden_size,
+            **dot_options(hidden),
+            LIBDEVICE=libdevice,
+            RETURN_LOGPROBS=return_logprobs,
+            BLOCK_N=config.block_n,
+            BLOCK_V=config.block_v,
+            BLOCK_H=config.block_h,
+            num_warps=config.num_warps,
+            num_stages=config.num_stages,
+        )
     _verify_finalize_kernel[(n,)](
         workspace.floats,
         workspace.index,
