@@ -42,6 +42,9 @@ import triton.testing
 
 from flashspec_export import ops
 from flashspec_export.config import HeadShape
+from flashspec_export.kernels.tiled_argmax import tiled_argmax as triton_argmax
+from flashspec_export.kernels.tiles import choose_config
+from flashspec_export.kernels.verify_resample import verify_resample as triton_verify
 from flashspec_export.reference.sampled_verify import select_emitted
 from flashspec_export.reference.verify_resample import count_accepted
 
@@ -49,6 +52,8 @@ PROVIDERS = (
     "verify_resample",
     "verify_resample+logprobs",
     "tiled_argmax",
+    "verify_resample[portable]",
+    "tiled_argmax[portable]",
     "verify_resample[cuda]",
     "verify_resample[cuda]+logprobs",
     "tiled_argmax[cuda]",
@@ -205,7 +210,19 @@ def _providers(shape: HeadShape, rows: int, config: BenchConfig, lm_head: torch.
             return cuda.kernel_path(op, hidden, lm_head, drafts, temps, seeds, positions, vocab)
         return cuda.kernel_path(op, flat, lm_head, vocab)
 
+    def portable_config(op):  # the Triton kernels without the Hopper stage 1
+        return choose_config(op, rows, shape.hidden_size, vocab, dtype, hidden.device, hopper=False)
+
+    def triton_path(op):  # which stage 1 the triton backend runs: "hopper" or "portable"
+        chosen = choose_config(op, rows, shape.hidden_size, vocab, dtype, hidden.device)
+        return "hopper" if chosen.hopper is not None else "portable"
+
+    verify_portable = portable_config("verify_resample")
+    argmax_portable = portable_config("tiled_argmax")
     paths = {
+        "verify_resample": lambda: triton_path("verify_resample"),
+        "verify_resample+logprobs": lambda: triton_path("verify_resample"),
+        "tiled_argmax": lambda: triton_path("tiled_argmax"),
         "verify_resample[cuda]": lambda: cuda_path("verify_resample"),
         "verify_resample[cuda]+logprobs": lambda: cuda_path("verify_resample"),
         "tiled_argmax[cuda]": lambda: cuda_path("tiled_argmax"),
@@ -214,6 +231,12 @@ def _providers(shape: HeadShape, rows: int, config: BenchConfig, lm_head: torch.
         "verify_resample": verify("triton"),
         "verify_resample+logprobs": verify("triton", logprobs=True),
         "tiled_argmax": argmax("triton"),
+        "verify_resample[portable]": lambda: triton_verify(
+            hidden, lm_head, drafts, temps, seeds, positions, vocab, config=verify_portable
+        ),
+        "tiled_argmax[portable]": lambda: triton_argmax(
+            flat, lm_head, vocab, config=argmax_portable
+        ),
         "verify_resample[cuda]": verify("cuda"),
         "verify_resample[cuda]+logprobs": verify("cuda", logprobs=True),
         "tiled_argmax[cuda]": argmax("cuda"),
