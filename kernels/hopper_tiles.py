@@ -42,7 +42,22 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from flashspec_export.kernels.noise import STREAM_GUMBEL, gumbel_from_bits, row_keys, token_bits
+from flashspec_export.kernels.noise import (
+    GUMBEL_APPROX_ERROR,
+    STREAM_GUMBEL,
+    gumbel_approx_from_bits,
+    gumbel_from_bits,
+    row_keys,
+    token_bits,
+)
+
+# The ranking bound of `_sampled_chunk_best`: a ranking score r is within
+# RANK_REL · (|r| + RANK_OFFSET) + GUMBEL_APPROX_ERROR of the exact score (RANK_REL = 2**-20
+# covers the ~6 fp32 roundings of 2**-24 it needs with 2.5x slack, RANK_OFFSET the largest
+# |Gumbel| 21.5), for scores below RANK_LIMIT in magnitude.
+RANK_REL: gl.constexpr = gl.constexpr(2.0**-20)
+RANK_OFFSET: gl.constexpr = gl.constexpr(24.0)
+RANK_LIMIT: gl.constexpr = gl.constexpr(2.0**64)
 
 
 @gluon.jit
@@ -50,6 +65,90 @@ def _argmax_combine(value_a, index_a, value_b, index_b):
     """(max, its id) with ties to the lowest id — ``tl.max(..., return_indices=True)``'s rule."""
     take_a = (value_a > value_b) | ((value_a == value_b) & (index_a < index_b))
     return gl.where(take_a, value_a, value_b), gl.where(take_a, index_a, index_b)
+
+
+@gluon.jit
+def _top2_combine(s1_a, id_a, acc_a, s2_a, s1_b, id_b, acc_b, s2_b):
+    """Reduce (best, its id, its dot, second best): the best with the lowest id on ties, and the
+    largest of the rest (the loser's best included)."""
+    a_wins = (s1_a > s1_b) | ((s1_a == s1_b) & (id_a < id_b))
+    s2 = gl.maximum(gl.maximum(s2_a, s2_b), gl.where(a_wins, s1_b, s1_a))
+    return (
+        gl.where(a_wins, s1_a, s1_b),
+        gl.where(a_wins, id_a, id_b),
+        gl.where(a_wins, acc_a, acc_b),
+        s2,
+    )
+
+
+@gluon.jit
+def _opaque(x):
+    """``x`` (uint32) through a move the compiler cannot see through (no value reuse)."""
+    return gl.inline_asm_elementwise(
+        "mov.b32 $0, $1;", "=r,r", [x], dtype=gl.uint32, is_pure=True, pack=1
+    )
+
+
+@gluon.jit
+def _sampled_chunk_best(acc, ids, col_ok, row_ok, scale, greedy, key_a, key_b):
+    """Per row of a chunk: the best exact score ``max_v fl(fl(dot_v / T) + g_v)`` (greedy rows:
+    ``dot_v``), its id (lowest on ties) and its logit ``fl(dot_v / T)`` — bit for bit what
+    scoring every element exactly gives, at about half the ALU work per element.
+
+    ``acc [CHUNK, BLOCK_V]`` the dots, ``ids`` their vocabulary ids, ``col_ok`` id < vocab_size,
+    ``row_ok``, ``scale`` (T, or 1 for greedy rows), ``greedy``, ``key_a, key_b`` the rows' noise
+    keys.
+
+    Rank, then recompute the winner. Every element gets a ranking score
+    ``r_v = fl(fl(dot_v · fl(1/T)) + g~_v)`` with ``g~ = gumbel_approx_from_bits`` (two MUFU
+    instructions instead of libdevice's ``log1pf`` and two ``logf``, a multiply instead of an IEEE
+    division). One reduction gives per row the best ranking score ``r1`` at id ``v1`` (lowest on
+    ties), the dot there and the best ranking score ``r2`` of the other ids; only ``v1``'s exact
+    score is computed, from its dot and its own hash.
+
+    Why that is the exact winner. With u = 2**-24: ``|fl(1/T) - 1/T| <= u/T``, so the ranking
+    logit is within ``3u·|dot/T|`` of the exact ``fl(dot/T)``; each of the two additions rounds by
+    at most ``u`` of its result, and ``|dot/T| <= (1 + 4u)(|r| + 21.5)`` since ``g~ <= 21.5``.
+    Hence every element's exact score ``s_v`` satisfies ``|s_v - r_v| <= e(r_v)`` with
+    ``e(r) = RANK_REL · (|r| + RANK_OFFSET) + GUMBEL_APPROX_ERROR`` (about 6u·(|r| + 22) is needed;
+    subnormal products add at most 2**-148, inside the slack) while ``|r| < RANK_LIMIT``.
+    ``r + e(r)`` grows with ``r``, so if ``r2 + e(r2) < r1 - e(r1)`` then every other id has
+    ``s_v <= r_v + e(r_v) <= r2 + e(r2) < r1 - e(r1) <= s_v1``: ``v1`` is the unique exact
+    maximum. A row where the test fails (a near-tie within ~1e-5, a score past RANK_LIMIT, a NaN)
+    sends the whole chunk down the exact path — every element scored as the reference does — in
+    a branch uniform over the partition. Greedy rows rank by ``dot · 1 = dot``, the exact score,
+    and always pass; so do rows past ``num_rows`` (never stored) and fully padded tiles.
+    """
+    inv_scale = gl.div_rn(gl.full_like(scale, 1.0), scale)  # ranking only
+    rank_logit = acc * gl.expand_dims(inv_scale, 1)
+    bits = token_bits(gl.expand_dims(key_a, 1), gl.expand_dims(key_b, 1), ids)
+    noise = gumbel_approx_from_bits(bits, True)
+    rank = gl.where(gl.expand_dims(greedy, 1), rank_logit, rank_logit + noise)
+    rank = gl.where(gl.expand_dims(col_ok, 0), rank, float("-inf"))
+    none = gl.full_like(rank, float("-inf"))
+    r1, best_id, dot1, r2 = gl.reduce((rank, ids, acc, none), 1, _top2_combine)
+
+    # The winner's exact score, as the reference computes it.
+    logit = gl.div_rn(dot1, scale)
+    exact_noise = gumbel_from_bits(token_bits(key_a, key_b, best_id), True)
+    best = gl.where(greedy, logit, logit + exact_noise)
+    best = gl.where(r1 == float("-inf"), float("-inf"), best)
+
+    e1 = RANK_REL * (gl.abs(r1) + RANK_OFFSET) + GUMBEL_APPROX_ERROR
+    e2 = gl.where(r2 == float("-inf"), 0.0, RANK_REL * (gl.abs(r2) + RANK_OFFSET))
+    separated = (r2 + (e2 + GUMBEL_APPROX_ERROR) < r1 - e1) & (gl.abs(r1) < RANK_LIMIT)
+    clear = greedy | (not row_ok) | (r1 == float("-inf")) | separated
+    if gl.min(clear.to(gl.int32), 0) == 0:
+        # Exact path for the whole chunk: score every element as the reference does. The hash
+        # again, not kept from the ranking pass (registers for the rare case): an opaque copy of
+        # the key stops the compiler from reusing those values.
+        logits = gl.div_rn(acc, gl.expand_dims(scale, 1))
+        logits = gl.where(gl.expand_dims(col_ok, 0), logits, float("-inf"))
+        bits = token_bits(gl.expand_dims(_opaque(key_a), 1), gl.expand_dims(key_b, 1), ids)
+        exact = gl.where(gl.expand_dims(greedy, 1), logits, logits + gumbel_from_bits(bits, True))
+        best, best_id = gl.reduce((exact, ids), 1, _argmax_combine)
+        logit = gl.sum(gl.where(ids == gl.expand_dims(best_id, 1), logits, 0.0), 1)
+    return best, best_id, logit
 
 
 @gluon.jit
@@ -64,8 +163,6 @@ def _load_partition(
     acc_ready,
     acc_empty,
     params,
-    VERIFY: gl.constexpr,
-    RETURN_LOGPROBS: gl.constexpr,
 ):
     """TMA producer: for every K chunk of every tile of this CTA, one ring slot."""
     num_tiles, row_blocks = params[0], params[1]
@@ -102,12 +199,12 @@ def _mma_partition(
     acc_ready,
     acc_empty,
     num_tiles,
-    BLOCK_N: gl.constexpr,
-    BLOCK_V: gl.constexpr,
 ):
     """wgmma consumer: one fp32 accumulator tile per output tile, handed over in shared memory."""
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = acc_buf.type.shape[0]
+    BLOCK_V: gl.constexpr = acc_buf.type.shape[1]
     layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[BLOCK_N // 16, 1], instr_shape=[16, BLOCK_V, 16]
     )
@@ -170,9 +267,16 @@ def _epilogue_partition(
     CHUNK: gl.constexpr = acc_buf.type.shape[1]
     BLOCK_V: gl.constexpr = acc_buf.type.shape[2]
     BLOCK_N: gl.constexpr = NUM_CHUNKS * CHUNK
-    keys_ptr = params[13] + gl.program_id(0) * (2 * BLOCK_N)  # this CTA's [2, BLOCK_N] uint32
+    keys_ptr = params[13] + gl.program_id(0) * (3 * BLOCK_N)  # this CTA's [3, BLOCK_N] scratch
     EPI_WARPS: gl.constexpr = gl.num_warps()
-    layout: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [EPI_WARPS, 1], [1, 0])
+    # A chunk [CHUNK, BLOCK_V] over the partition: each warp CHUNK / EPI_WARPS whole rows, each
+    # lane a run of one row's ids. The per-row work (the winner's exact score, the keys) is
+    # repeated by every lane of a row, so fewer lanes per row (more ids per lane) amortise it.
+    ROWS_PER_WARP: gl.constexpr = CHUNK // EPI_WARPS
+    LANES_PER_ROW: gl.constexpr = 32 // ROWS_PER_WARP
+    layout: gl.constexpr = gl.BlockedLayout(
+        [1, BLOCK_V // LANES_PER_ROW], [ROWS_PER_WARP, LANES_PER_ROW], [EPI_WARPS, 1], [1, 0]
+    )
     row_layout: gl.constexpr = gl.SliceLayout(1, layout)
     col_layout: gl.constexpr = gl.SliceLayout(0, layout)
     block_layout: gl.constexpr = gl.BlockedLayout([1], [32], [EPI_WARPS], [0])
@@ -182,17 +286,22 @@ def _epilogue_partition(
         v_tile = tile // row_blocks
         row_block = tile - v_tile * row_blocks
         if VERIFY:
-            # The noise keys of the block's rows, once per tile, shared through the CTA's scratch.
-            rows = row_block * BLOCK_N + gl.arange(0, BLOCK_N, layout=block_layout)
-            row_ok = rows < num_rows
-            seq = rows // (gamma + 1)
-            seed = gl.load(seed_ptr + seq, mask=row_ok, other=0)
-            position = gl.load(positions_ptr + seq, mask=row_ok, other=0)
-            position += rows - seq * (gamma + 1)
-            key_a, key_b = row_keys(seed, position, STREAM_GUMBEL)
-            gl.thread_barrier()  # the previous tile's reads of this CTA's keys are done
-            gl.store(keys_ptr + gl.arange(0, BLOCK_N, layout=block_layout), key_a)
-            gl.store(keys_ptr + BLOCK_N + gl.arange(0, BLOCK_N, layout=block_layout), key_b)
+            # The block's rows: noise keys and temperature, once per tile, shared through the
+            # CTA's scratch (per chunk, an L1 hit instead of a dependent global load).
+            block_rows = row_block * BLOCK_N + gl.arange(0, BLOCK_N, layout=block_layout)
+            block_ok = block_rows < num_rows
+            block_seq = block_rows // (gamma + 1)
+            seed = gl.load(seed_ptr + block_seq, mask=block_ok, other=0)
+            position = gl.load(positions_ptr + block_seq, mask=block_ok, other=0)
+            position += block_rows - block_seq * (gamma + 1)
+            block_t = gl.load(temperature_ptr + block_seq, mask=block_ok, other=0.0)
+            any_sampled = gl.max(gl.where(block_t != 0.0, 1, 0), 0) > 0
+            block_a, block_b = row_keys(seed, position, STREAM_GUMBEL)
+            gl.thread_barrier()  # the previous tile's reads of this CTA's scratch are done
+            in_block = gl.arange(0, BLOCK_N, layout=block_layout)
+            gl.store(keys_ptr + in_block, block_a.to(gl.int32, bitcast=True))
+            gl.store(keys_ptr + BLOCK_N + in_block, block_b.to(gl.int32, bitcast=True))
+            gl.store(keys_ptr + 2 * BLOCK_N + in_block, block_t.to(gl.int32, bitcast=True))
             gl.thread_barrier()
         mbarrier.wait(acc_ready, count & 1)
         cols = v_tile * BLOCK_V + gl.arange(0, BLOCK_V, layout=col_layout)
@@ -201,37 +310,33 @@ def _epilogue_partition(
             rows = row_block * BLOCK_N + chunk * CHUNK + gl.arange(0, CHUNK, layout=row_layout)
             row_ok = rows < num_rows
             acc = acc_buf.index(chunk).load(layout)  # [CHUNK, BLOCK_V] fp32
+            ids = gl.expand_dims(cols, 0) + gl.zeros([CHUNK, BLOCK_V], gl.int32, layout)
             if VERIFY:
-                seq = rows // (gamma + 1)
-                temperature = gl.load(temperature_ptr + seq, mask=row_ok, other=1.0)
+                in_chunk = chunk * CHUNK + gl.arange(0, CHUNK, layout=row_layout)
+                temperature = gl.load(keys_ptr + 2 * BLOCK_N + in_chunk)
+                temperature = temperature.to(gl.float32, bitcast=True)
                 greedy = temperature == 0.0
                 scale = gl.where(greedy, 1.0, temperature)
-                logits = gl.div_rn(acc, gl.expand_dims(scale, 1))
-                logits = gl.where(gl.expand_dims(col_ok, 0), logits, float("-inf"))
-                any_sampled = gl.max(gl.where(row_ok & (temperature != 0.0), 1, 0), 0) > 0
                 if any_sampled:
-                    in_block = chunk * CHUNK + gl.arange(0, CHUNK, layout=row_layout)
-                    key_a = gl.load(keys_ptr + in_block)
-                    key_b = gl.load(keys_ptr + BLOCK_N + in_block)
-                    bits = token_bits(
-                        gl.expand_dims(key_a, 1), gl.expand_dims(key_b, 1), gl.expand_dims(cols, 0)
+                    key_a = gl.load(keys_ptr + in_chunk).to(gl.uint32, bitcast=True)
+                    key_b = gl.load(keys_ptr + BLOCK_N + in_chunk).to(gl.uint32, bitcast=True)
+                    best, best_id, best_logit = _sampled_chunk_best(
+                        acc, ids, col_ok, row_ok, scale, greedy, key_a, key_b
                     )
-                    score = gl.where(
-                        gl.expand_dims(greedy, 1), logits, logits + gumbel_from_bits(bits, True)
-                    )
-                else:
-                    score = logits
+                else:  # greedy rows only: the scores are the logits, dot / 1
+                    score = gl.where(gl.expand_dims(col_ok, 0), acc, float("-inf"))
+                    best, best_id = gl.reduce((score, ids), 1, _argmax_combine)
+                    best_logit = best
             else:
-                logits = gl.where(gl.expand_dims(col_ok, 0), acc, float("-inf"))
-                score = logits
-            ids = gl.expand_dims(cols, 0) + gl.zeros([CHUNK, BLOCK_V], gl.int32, layout)
-            best, best_id = gl.reduce((score, ids), 1, _argmax_combine)
+                score = gl.where(gl.expand_dims(col_ok, 0), acc, float("-inf"))
+                best, best_id = gl.reduce((score, ids), 1, _argmax_combine)
             ws_off = rows * num_splits + v_tile
             gl.store(best_score_ptr + ws_off, best, mask=row_ok)
             gl.store(best_index_ptr + ws_off, best_id, mask=row_ok)
             if RETURN_LOGPROBS:
-                hit = ids == gl.expand_dims(best_id, 1)
-                best_logit = gl.sum(gl.where(hit, logits, 0.0), 1)
+                # IEEE division, as the reference's `logits / scale`; padded ids: exp = 0.
+                logits = gl.div_rn(acc, gl.expand_dims(scale, 1))
+                logits = gl.where(gl.expand_dims(col_ok, 0), logits, float("-inf"))
                 m = gl.max(logits, 1)
                 m_ref = gl.where(m == float("-inf"), 0.0, m)
                 s = gl.sum(gl.exp(logits - gl.expand_dims(m_ref, 1)), 1)
@@ -240,6 +345,70 @@ def _epilogue_partition(
                 gl.store(sum_exp_ptr + ws_off, s, mask=row_ok)
         gl.thread_barrier()  # every read of acc_buf is done
         mbarrier.arrive(acc_empty)
+
+
+@gluon.jit
+def verify_epilogue(
+    a_desc, b_desc, a_bufs, b_bufs, ready, empty, acc_buf, acc_ready, acc_empty, params
+):
+    """The VerifyResample epilogue partition (best noisy score and its id per row and tile)."""
+    _epilogue_partition(
+        a_desc,
+        b_desc,
+        a_bufs,
+        b_bufs,
+        ready,
+        empty,
+        acc_buf,
+        acc_ready,
+        acc_empty,
+        params,
+        True,
+        False,
+    )
+
+
+@gluon.jit
+def verify_logprobs_epilogue(
+    a_desc, b_desc, a_bufs, b_bufs, ready, empty, acc_buf, acc_ready, acc_empty, params
+):
+    """The VerifyResample epilogue partition with log-probabilities (also the id's logit and the
+    tile's max and sum-exp)."""
+    _epilogue_partition(
+        a_desc,
+        b_desc,
+        a_bufs,
+        b_bufs,
+        ready,
+        empty,
+        acc_buf,
+        acc_ready,
+        acc_empty,
+        params,
+        True,
+        True,
+    )
+
+
+@gluon.jit
+def argmax_epilogue(
+    a_desc, b_desc, a_bufs, b_bufs, ready, empty, acc_buf, acc_ready, acc_empty, params
+):
+    """The TiledArgmax epilogue partition (max logit and its id per row and tile)."""
+    _epilogue_partition(
+        a_desc,
+        b_desc,
+        a_bufs,
+        b_bufs,
+        ready,
+        empty,
+        acc_buf,
+        acc_ready,
+        acc_empty,
+        params,
+        False,
+        False,
+    )
 
 
 @gluon.jit
@@ -254,12 +423,12 @@ def hopper_tiles_kernel(
     best_logit_ptr,  # [R, S] float32: its logit (log-probabilities only)
     max_ptr,  # [R, S] float32: the tile's max logit (log-probabilities only)
     sum_exp_ptr,  # [R, S] float32: Σ exp(logit - max) over the tile (log-probabilities only)
-    keys_ptr,  # [grid, 2, BLOCK_N] uint32 scratch: the noise keys of a CTA's current row block
+    keys_ptr,  # [grid, 3, BLOCK_N] int32 scratch: a CTA's current rows' keys and temperatures
     num_rows,
     gamma,
     vocab_size,
-    VERIFY: gl.constexpr,
-    RETURN_LOGPROBS: gl.constexpr,
+    VERIFY: gl.constexpr,  # VerifyResample (else TiledArgmax)
+    RETURN_LOGPROBS: gl.constexpr,  # VerifyResample's log-probability summaries too
     STAGES: gl.constexpr,
     CHUNK: gl.constexpr,
     EPI_WARPS: gl.constexpr,
@@ -317,33 +486,40 @@ def hopper_tiles_kernel(
         acc_ready,
         acc_empty,
         params,
-        VERIFY,
-        RETURN_LOGPROBS,
     )
-    gl.warp_specialize(
-        [
-            (
-                _mma_partition,
-                (
-                    a_desc,
-                    a_bufs,
-                    b_bufs,
-                    ready,
-                    empty,
-                    acc_buf,
-                    acc_ready,
-                    acc_empty,
-                    num_tiles,
-                    BLOCK_N,
-                    BLOCK_V,
-                ),
-            ),
-            (_epilogue_partition, worker_args),
-            (_load_partition, worker_args),
-        ],
-        [EPI_WARPS, 1],
-        [EPI_REGS, 24],
-    )
+    mma_args = (a_desc, a_bufs, b_bufs, ready, empty, acc_buf, acc_ready, acc_empty, num_tiles)
+    # One call per epilogue: a partition's function is named in the call itself (neither a
+    # constexpr argument nor a local can carry it).
+    if not VERIFY:
+        gl.warp_specialize(
+            [
+                (_mma_partition, mma_args),
+                (argmax_epilogue, worker_args),
+                (_load_partition, worker_args),
+            ],
+            [EPI_WARPS, 1],
+            [EPI_REGS, 24],
+        )
+    elif RETURN_LOGPROBS:
+        gl.warp_specialize(
+            [
+                (_mma_partition, mma_args),
+                (verify_logprobs_epilogue, worker_args),
+                (_load_partition, worker_args),
+            ],
+            [EPI_WARPS, 1],
+            [EPI_REGS, 24],
+        )
+    else:
+        gl.warp_specialize(
+            [
+                (_mma_partition, mma_args),
+                (verify_epilogue, worker_args),
+                (_load_partition, worker_args),
+            ],
+            [EPI_WARPS, 1],
+            [EPI_REGS, 24],
+        )
 
 
 class HopperConfig(NamedTuple):
@@ -376,7 +552,8 @@ _SCRATCH: dict[tuple, torch.Tensor] = {}
 
 
 def _keys_scratch(device: torch.device, numel: int) -> torch.Tensor:
-    """The keys scratch (uint32 as int32), allocated once per (device, size): CUDA-graph safe."""
+    """The rows' scratch (keys and temperatures as int32 bits), allocated once per (device, size):
+    CUDA-graph safe."""
     key = (device, numel)
     if key not in _SCRATCH:
         _SCRATCH[key] = torch.empty(numel, dtype=torch.int32, device=device)
@@ -433,7 +610,7 @@ def launch(
     device = hidden2d.device
     index = device.index if device.index is not None else torch.cuda.current_device()
     grid = (min(num_tiles, sm_count(index)),)
-    keys = _keys_scratch(device, grid[0] * 2 * config.block_n)
+    keys = _keys_scratch(device, grid[0] * 3 * config.block_n)
     hopper_tiles_kernel[grid](
         a_desc,
         b_desc,
