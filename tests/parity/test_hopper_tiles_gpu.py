@@ -18,7 +18,7 @@ from flashspec_export.config import HeadShape
 from flashspec_export.kernels.tiled_argmax import tiled_argmax
 from flashspec_export.kernels.tiles import choose_config
 from flashspec_export.kernels.verify_resample import verify_resample
-from tests.parity.test_llm_shapes_gpu import _case
+from tests.parity.test_llm_shapes_gpu import _argmax_case, _case
 
 
 def _on_hopper() -> bool:
@@ -64,12 +64,7 @@ def test_verify_equals_the_portable_kernel(rows, head, dtype):
 @pytest.mark.parametrize("rows", (129, 256, 300, 512))
 def test_argmax_equals_the_portable_kernel(rows, head, dtype):
     shape = HeadShape.from_name(head)
-    g = torch.Generator(device="cuda").manual_seed(rows)
-    hidden = torch.randn(rows, shape.hidden_size, device="cuda", generator=g).to(dtype)
-    lm_head = (
-        torch.randn(shape.padded_vocab, shape.hidden_size, device="cuda", generator=g)
-        * shape.hidden_size**-0.5
-    ).to(dtype)
+    hidden, lm_head = _argmax_case(shape, rows, dtype)
     fast, portable = _configs("tiled_argmax", rows, shape, dtype)
     assert fast.hopper is not None
     m_tok, m_max = tiled_argmax(hidden, lm_head, shape.vocab_size, config=fast)

@@ -34,6 +34,17 @@ def _case(shape: HeadShape, n: int, gamma: int, dtype, seed: int):
     return hidden, lm_head, drafts, temps, seeds, positions, shape.vocab_size
 
 
+def _argmax_case(shape: HeadShape, rows: int, dtype):
+    """``hidden [rows, H]`` and a unit-variance-logit LM head ``[padded V, H]`` for TiledArgmax."""
+    g = torch.Generator(device="cuda").manual_seed(rows)
+    hidden = torch.randn(rows, shape.hidden_size, device="cuda", generator=g).to(dtype)
+    lm_head = (
+        torch.randn(shape.padded_vocab, shape.hidden_size, device="cuda", generator=g)
+        * shape.hidden_size**-0.5
+    ).to(dtype)
+    return hidden, lm_head
+
+
 @pytest.fixture(params=["triton", pytest.param("cuda", marks=pytest.mark.cuda_kernels)])
 def backend(request):
     return request.param

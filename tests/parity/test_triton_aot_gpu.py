@@ -20,7 +20,7 @@ from flashspec_export.kernels.tiled_argmax import tiled_argmax
 from flashspec_export.kernels.tiles import TUNED, choose_config
 from flashspec_export.kernels.verify_resample import verify_resample
 from flashspec_export.ops import cuda
-from tests.parity.test_llm_shapes_gpu import MAX_BF16_MISMATCH_RATE, _case
+from tests.parity.test_llm_shapes_gpu import MAX_BF16_MISMATCH_RATE, _argmax_case, _case
 
 pytestmark = pytest.mark.cuda_kernels
 
@@ -103,12 +103,7 @@ def test_verify_equals_triton_through_the_compiled_kernels(rows, head, dtype):
 @pytest.mark.parametrize("rows", ROWS)
 def test_argmax_equals_triton_through_the_compiled_kernels(rows, head, dtype):
     shape = HeadShape.from_name(head)
-    g = torch.Generator(device="cuda").manual_seed(rows)
-    hidden = torch.randn(rows, shape.hidden_size, device="cuda", generator=g).to(dtype)
-    lm_head = (
-        torch.randn(shape.padded_vocab, shape.hidden_size, device="cuda", generator=g)
-        * shape.hidden_size**-0.5
-    ).to(dtype)
+    hidden, lm_head = _argmax_case(shape, rows, dtype)
     assert cuda.kernel_path("tiled_argmax", hidden, lm_head, shape.vocab_size) == "triton_aot"
     config = choose_config(
         "tiled_argmax",
