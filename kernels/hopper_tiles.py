@@ -20,9 +20,18 @@ partitions connected by mbarriers:
   the tile's max / sum-exp; TiledArgmax: max logit and its id), so the portable stage 2
   (``_verify_finalize_kernel`` / ``_argmax_finalize_kernel``) finishes unchanged.
 
-The arithmetic per logit is the portable kernels' (``kernels/noise.py``; IEEE division by the
-temperature, ``libdevice`` logs), so the tokens are bit-equal to them. TMA zero-fills rows past
-``R`` and LM-head rows past ``V``; ids at or past ``vocab_size`` are masked to ``-inf``.
+The VerifyResample epilogue ranks every logit with a cheap score and recomputes each row's
+winner with the portable kernels' exact arithmetic (``kernels/noise.py``; IEEE division by the
+temperature, ``libdevice`` logs), falling back to exact scoring of a whole chunk on a near-tie
+(``_sampled_chunk_best`` proves the bound), so its summaries are bit-equal to the portable
+kernels'. The rows' noise keys and temperatures are computed once per tile into a per-CTA
+scratch. TMA zero-fills rows past ``R`` and LM-head rows past ``V``; ids at or past
+``vocab_size`` are masked to ``-inf``.
+
+Gluon (Triton 3.6) constraints that shape the code: a worker partition's constexpr arguments
+arrive as runtime values, so the op's flags select one epilogue function per op in the kernel
+body; the epilogue's chunk loop is a runtime loop (unrolled, its code overflowed the
+instruction cache: docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
