@@ -161,19 +161,10 @@ def _sampled_chunk_best(acc, ids, col_ok, row_ok, scale, greedy, key_a, key_b):
 
 
 @gluon.jit
-def _load_partition(
-    a_desc,
-    b_desc,
-    a_bufs,
-    b_bufs,
-    ready,
-    empty,
-    acc_buf,
-    acc_ready,
-    acc_empty,
-    params,
-):
+def _load_partition(shared):
     """TMA producer: for every K chunk of every tile of this CTA, one ring slot."""
+    a_desc, b_desc, a_bufs, b_bufs, ready, empty = shared[:6]
+    params = shared[9]
     num_tiles, row_blocks = params[0], params[1]
     BLOCK_N: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
@@ -244,21 +235,9 @@ def _mma_partition(
 
 
 @gluon.jit
-def _epilogue_partition(
-    a_desc,
-    b_desc,
-    a_bufs,
-    b_bufs,
-    ready,
-    empty,
-    acc_buf,
-    acc_ready,
-    acc_empty,
-    params,
-    VERIFY: gl.constexpr,
-    RETURN_LOGPROBS: gl.constexpr,
-):
+def _epilogue_partition(shared, VERIFY: gl.constexpr, RETURN_LOGPROBS: gl.constexpr):
     """Per tile: the op's reduction of the accumulator into per-(row, tile) summaries."""
+    acc_buf, acc_ready, acc_empty, params = shared[6:]
     num_tiles = params[0]
     row_blocks = params[1]
     num_rows = params[2]
@@ -357,67 +336,22 @@ def _epilogue_partition(
 
 
 @gluon.jit
-def verify_epilogue(
-    a_desc, b_desc, a_bufs, b_bufs, ready, empty, acc_buf, acc_ready, acc_empty, params
-):
+def verify_epilogue(shared):
     """The VerifyResample epilogue partition (best noisy score and its id per row and tile)."""
-    _epilogue_partition(
-        a_desc,
-        b_desc,
-        a_bufs,
-        b_bufs,
-        ready,
-        empty,
-        acc_buf,
-        acc_ready,
-        acc_empty,
-        params,
-        True,
-        False,
-    )
+    _epilogue_partition(shared, True, False)
 
 
 @gluon.jit
-def verify_logprobs_epilogue(
-    a_desc, b_desc, a_bufs, b_bufs, ready, empty, acc_buf, acc_ready, acc_empty, params
-):
+def verify_logprobs_epilogue(shared):
     """The VerifyResample epilogue partition with log-probabilities (also the id's logit and the
     tile's max and sum-exp)."""
-    _epilogue_partition(
-        a_desc,
-        b_desc,
-        a_bufs,
-        b_bufs,
-        ready,
-        empty,
-        acc_buf,
-        acc_ready,
-        acc_empty,
-        params,
-        True,
-        True,
-    )
+    _epilogue_partition(shared, True, True)
 
 
 @gluon.jit
-def argmax_epilogue(
-    a_desc, b_desc, a_bufs, b_bufs, ready, empty, acc_buf, acc_ready, acc_empty, params
-):
+def argmax_epilogue(shared):
     """The TiledArgmax epilogue partition (max logit and its id per row and tile)."""
-    _epilogue_partition(
-        a_desc,
-        b_desc,
-        a_bufs,
-        b_bufs,
-        ready,
-        empty,
-        acc_buf,
-        acc_ready,
-        acc_empty,
-        params,
-        False,
-        False,
-    )
+    _epilogue_partition(shared, False, False)
 
 
 @gluon.jit
@@ -484,7 +418,9 @@ def hopper_tiles_kernel(
         sum_exp_ptr,
         keys_ptr,
     )
-    worker_args = (
+    # The worker partitions' one argument (partitions must share a signature): the loader reads
+    # its first six fields, the epilogue its last four.
+    shared = (
         a_desc,
         b_desc,
         a_bufs,
@@ -496,6 +432,7 @@ def hopper_tiles_kernel(
         acc_empty,
         params,
     )
+    worker_args = (shared,)
     mma_args = (a_desc, a_bufs, b_bufs, ready, empty, acc_buf, acc_ready, acc_empty, num_tiles)
     # One call per epilogue: a partition's function is named in the call itself (neither a
     # constexpr argument nor a local can carry it).
