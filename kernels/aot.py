@@ -4,15 +4,15 @@
         [--hidden-sizes 3840 4096] [--arch 90] [--jobs N]
 
 compiles, for one GPU architecture, the stage-1 (tile) kernels of ``verify_resample`` (with and
-without log-probabilities) and ``tiled_argmax`` for every row of the launch table ``TUNED``
-(``kernels/tiles.py``) and every (dtype, hidden size) asked for, plus their stage-2 (finalize)
-kernels for a few block sizes, and writes
+without log-probabilities) and ``tiled_argmax`` for every row of the launch tables ``TUNED`` and,
+on sm_90, ``HOPPER_TUNED`` (``kernels/tiles.py``) and every (dtype, hidden size) asked for, plus
+their stage-2 (finalize) kernels for a few block sizes, and writes
 
 - ``OUTDIR/cubin/<kernel>.cubin``: the compiled kernels;
 - ``OUTDIR/tritonAotKernels.cpp``: the cubins embedded with ``.incbin`` and the table
   ``flashspec::aot::kTable`` (``plugins/common/tritonAot.h``): per tile kernel its op, dtype,
-  hidden size, row bound and block sizes (from ``TUNED``, so the two launch tables cannot drift),
-  per finalize kernel its block sizes, and per kernel its name, warps and shared memory.
+  hidden size, row bound and block sizes (from the launch tables, so the two backends cannot
+  drift), per finalize kernel its block sizes, and per kernel its name, warps and shared memory.
 
 No GPU or driver is needed: ``triton.compile`` targets ``GPUTarget("cuda", arch, 32)``.
 
@@ -22,7 +22,10 @@ scratch; both null: kernels that need scratch are refused here). The compiled sp
 the one Triton's JIT picks for contiguous tensors from the torch allocator: unit inner strides are
 constants, the other strides of ``hidden`` / ``lm_head`` and the two matrix pointers are
 16-divisible (the launcher checks H % 16 and the pointers' alignment before taking this path);
-arguments that change with the batch are not specialised on, as in the JIT.
+arguments that change with the batch are not specialised on, as in the JIT. The Hopper kernel
+(``hopper_tiles``, Gluon) takes its two matrices as TMA descriptors, which the launcher encodes
+(``cuTensorMapEncodeTiled``) with the box and swizzle recorded in the table; ``_check_descriptors``
+holds the compiled kernel to them.
 """
 
 from __future__ import annotations
@@ -37,14 +40,28 @@ import pathlib
 import torch
 import triton
 from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon._runtime import GluonASTSource
 
-from flashspec_export.kernels import tiled_argmax, verify_resample
-from flashspec_export.kernels.tiles import TUNED, block_h_of, dot_options_of
+from flashspec_export.kernels import hopper_tiles, tiled_argmax, verify_resample
+from flashspec_export.kernels.tiles import (
+    HOPPER_TUNED,
+    TUNED,
+    block_h_of,
+    dot_options_of,
+    hopper_row,
+    tuned_row,
+)
 
 logger = logging.getLogger(__name__)
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 _POINTER_TYPE = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32"}
+_GLUON_DTYPE = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+# CUtensorMapDataType of a dtype, and of the element type Triton records for a tensor
+# descriptor (its device-side enum: triton/backends/nvidia/driver.py TMA_DTYPE_DEVICE_TO_HOST).
+_TMA_HOST_DTYPE = {torch.bfloat16: 9, torch.float16: 6}
+_TMA_DEVICE_TO_HOST = {**{i: i for i in range(16)}, 8: 10, 9: 8, 10: 9}
 # The generated table names the ABI's codes (plugins/common/flashspecAbi.h).
 _ABI_DTYPE = {name: f"FLASHSPEC_{name.upper()}" for name in DTYPES}
 _ABI_OP = {op: f"FLASHSPEC_OP_{op.upper()}" for op in ("tiled_argmax", "verify_resample")}
@@ -99,6 +116,22 @@ RUNTIME_ARGS = {
         ("stride_hn", "i32"),
         ("stride_vv", "i32"),
     ),
+    "hopper_tiles": (
+        ("a_desc", "tensordesc"),  # CUtensorMap, then shape (2 x i32) and strides (2 x i64)
+        ("b_desc", "tensordesc"),
+        ("temperature_ptr", "*fp32"),
+        ("seed_ptr", "*i64"),
+        ("positions_ptr", "*i64"),
+        ("best_score_ptr", "*fp32"),
+        ("best_index_ptr", "*i32"),
+        ("best_logit_ptr", "*fp32"),
+        ("max_ptr", "*fp32"),
+        ("sum_exp_ptr", "*fp32"),
+        ("keys_ptr", "*i32"),
+        ("num_rows", "i32"),
+        ("gamma", "i32"),
+        ("vocab_size", "i32"),
+    ),
     "argmax_finalize": (
         ("ws_max_ptr", "*fp32"),
         ("ws_index_ptr", "*i32"),
@@ -113,6 +146,7 @@ _FUNCTIONS = {
     "verify_finalize": verify_resample._verify_finalize_kernel,
     "argmax_tiles": tiled_argmax._argmax_tiles_kernel,
     "argmax_finalize": tiled_argmax._argmax_finalize_kernel,
+    "hopper_tiles": hopper_tiles.hopper_tiles_kernel,
 }
 # 16-divisible in the compiled specialisation (checked by the launcher).
 _DIVISIBLE = ("hidden_ptr", "lm_head_ptr", "stride_hn", "stride_hi", "stride_vv")
@@ -121,7 +155,8 @@ _DIVISIBLE = ("hidden_ptr", "lm_head_ptr", "stride_hn", "stride_hi", "stride_vv"
 @dataclasses.dataclass(frozen=True)
 class KernelSpec:
     """One kernel to compile: ``kind`` (a key of ``RUNTIME_ARGS``), its constexprs, its pointer
-    element type (tile kernels) and launch options; ``symbol`` names it in the generated C++."""
+    element type (tile kernels), the block shapes of its tensor-descriptor arguments (the Hopper
+    kernel) and launch options; ``symbol`` names it in the generated C++."""
 
     symbol: str
     kind: str
@@ -129,11 +164,15 @@ class KernelSpec:
     element: str = "*fp32"
     num_warps: int = 4
     num_stages: int = 3
+    descriptor_blocks: tuple[tuple[int, int], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
 class TileRow:
-    """A row of the generated tile table: the kernels of one ``TUNED`` row for (op, dtype, H)."""
+    """A row of the generated tile table: the stage-1 kernels serving (op, dtype, H) up to
+    ``max_rows`` rows: the portable kernel of a ``TUNED`` row or the Hopper kernel of a
+    ``HOPPER_TUNED`` row (``block_k > 0``: TMA boxes of ``block_k`` hidden elements, swizzled by
+    ``tma_swizzle``, a CUtensorMapSwizzle)."""
 
     op: str
     dtype: str
@@ -144,6 +183,8 @@ class TileRow:
     waves: int
     kernel: str
     logprobs_kernel: str | None
+    block_k: int = 0
+    tma_swizzle: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,61 +196,129 @@ class FinalizeRow:
     kernel: str
 
 
-def tile_kernels(dtypes, hidden_sizes) -> tuple[list[KernelSpec], list[TileRow]]:
-    """The tile kernels of every ``TUNED`` row for each (dtype, H), and their table rows."""
-    specs, rows = [], []
+def _row_bounds(op: str) -> list[int | None]:
+    """The row bounds where either launch table of ``op`` changes, ascending, None last."""
+    limits = {limit for table in (TUNED, HOPPER_TUNED) for limit, _ in table[op]}
+    return [*sorted(limits - {None}), None]
+
+
+def _tma_swizzle(layout) -> int:
+    """The CUtensorMapSwizzle of an NVMMA shared layout (NONE, 32B, 64B, 128B = 0 .. 3)."""
+    return {0: 0, 32: 1, 64: 2, 128: 3}[layout.swizzle_byte_width]
+
+
+def _hopper_layout(dtype: torch.dtype, block: tuple[int, int]):
+    # hopper_tiles.launch's choice for its TensorDescriptors.
+    return gl.NVMMASharedLayout.get_default_for(list(block), _GLUON_DTYPE[dtype])
+
+
+def tile_kernels(dtypes, hidden_sizes, arch: int = 90) -> tuple[list[KernelSpec], list[TileRow]]:
+    """The stage-1 kernels for each (dtype, H) and their table rows: per op, one row per segment
+    of ``_row_bounds``, the Hopper kernel where ``HOPPER_TUNED`` names one (sm_90, 16-bit dtypes;
+    one kernel per dtype and configuration, as it takes H at run time), else the portable kernel
+    of the ``TUNED`` row."""
+    specs: dict[str, KernelSpec] = {}
+    rows = []
     for dtype_name in dtypes:
         dtype = DTYPES[dtype_name]
         for hidden_size in hidden_sizes:
             if hidden_size % 16:
                 raise ValueError(f"hidden_sizes: {hidden_size} is not a multiple of 16")
-            common = {
-                "stride_vh": 1,
-                "HIDDEN_SIZE": hidden_size,
-                **dot_options_of(dtype, compiled=True),
-                "BLOCK_H": block_h_of(dtype),
-            }
             for op, kind in (("verify_resample", "verify_tiles"), ("tiled_argmax", "argmax_tiles")):
-                for index, (limit, config) in enumerate(TUNED[op]):
-                    block_n, block_v, num_warps, waves, num_stages = config
-                    base = f"fsAot_{kind}_{dtype_name}_h{hidden_size}_r{index}"
-                    variants = (False, True) if op == "verify_resample" else (None,)
-                    symbols = {}
-                    for logprobs in variants:
-                        constexprs = {
-                            **common,
-                            "stride_hh": 1,
-                            "BLOCK_N": block_n,
-                            "BLOCK_V": block_v,
-                        }
-                        if logprobs is not None:
-                            constexprs |= {"LIBDEVICE": True, "RETURN_LOGPROBS": logprobs}
-                        symbol = base + ("_lp" if logprobs else "")
-                        symbols[logprobs] = symbol
-                        specs.append(
-                            KernelSpec(
-                                symbol,
-                                kind,
-                                tuple(constexprs.items()),
-                                _POINTER_TYPE[dtype],
-                                num_warps,
-                                num_stages,
-                            )
-                        )
-                    rows.append(
-                        TileRow(
-                            op,
-                            dtype_name,
-                            hidden_size,
-                            -1 if limit is None else limit,
-                            block_n,
-                            block_v,
-                            waves,
-                            symbols[False if op == "verify_resample" else None],
-                            symbols.get(True),
-                        )
-                    )
-    return specs, rows
+                for bound in _row_bounds(op):
+                    at = bound if bound is not None else 1 << 30
+                    on_hopper = arch == 90 and dtype in _GLUON_DTYPE
+                    hopper = hopper_row(op, at) if on_hopper else None
+                    if hopper is not None:
+                        row = _hopper_row(specs, op, dtype_name, hidden_size, bound, hopper)
+                    else:
+                        row = _portable_row(specs, op, kind, dtype_name, hidden_size, bound)
+                    rows.append(row)
+    return list(specs.values()), rows
+
+
+def _portable_row(specs, op, kind, dtype_name, hidden_size, bound) -> TileRow:
+    dtype = DTYPES[dtype_name]
+    at = bound if bound is not None else 1 << 30
+    index = next(i for i, (limit, _) in enumerate(TUNED[op]) if limit is None or at <= limit)
+    block_n, block_v, num_warps, waves, num_stages = tuned_row(op, at)
+    base = f"fsAot_{kind}_{dtype_name}_h{hidden_size}_r{index}"
+    constexprs = {
+        "stride_vh": 1,
+        "HIDDEN_SIZE": hidden_size,
+        **dot_options_of(dtype, compiled=True),
+        "BLOCK_H": block_h_of(dtype),
+        "stride_hh": 1,
+        "BLOCK_N": block_n,
+        "BLOCK_V": block_v,
+    }
+    variants = (False, True) if op == "verify_resample" else (None,)
+    symbols = {}
+    for logprobs in variants:
+        extra = {} if logprobs is None else {"LIBDEVICE": True, "RETURN_LOGPROBS": logprobs}
+        symbol = symbols[logprobs] = base + ("_lp" if logprobs else "")
+        specs[symbol] = KernelSpec(
+            symbol,
+            kind,
+            tuple((constexprs | extra).items()),
+            _POINTER_TYPE[dtype],
+            num_warps,
+            num_stages,
+        )
+    return TileRow(
+        op,
+        dtype_name,
+        hidden_size,
+        -1 if bound is None else bound,
+        block_n,
+        block_v,
+        waves,
+        symbols[False if op == "verify_resample" else None],
+        symbols.get(True),
+    )
+
+
+def _hopper_row(specs, op, dtype_name, hidden_size, bound, config) -> TileRow:
+    dtype = DTYPES[dtype_name]
+    blocks = ((config.block_n, config.block_k), (config.block_v, config.block_k))
+    swizzles = {_tma_swizzle(_hopper_layout(dtype, block)) for block in blocks}
+    if len(swizzles) != 1:
+        raise RuntimeError(f"{config}: the two TMA boxes need different swizzles")
+    shape = "_".join(str(v) for v in config)
+    verify = op == "verify_resample"
+    symbols = {}
+    for logprobs in (False, True) if verify else (False,):
+        symbol = f"fsAot_hopper_{op}_{dtype_name}_{shape}" + ("_lp" if logprobs else "")
+        symbols[logprobs] = symbol
+        constexprs = {
+            "VERIFY": verify,
+            "RETURN_LOGPROBS": logprobs,
+            "STAGES": config.stages,
+            "CHUNK": config.chunk,
+            "EPI_WARPS": config.epi_warps,
+            "EPI_REGS": config.epi_regs,
+        }
+        specs[symbol] = KernelSpec(
+            symbol,
+            "hopper_tiles",
+            tuple(constexprs.items()),
+            _POINTER_TYPE[dtype],
+            config.block_n // 16,
+            descriptor_blocks=blocks,
+        )
+    return TileRow(
+        op,
+        dtype_name,
+        hidden_size,
+        -1 if bound is None else bound,
+        config.block_n,
+        config.block_v,
+        0,  # one split per BLOCK_V ids
+        symbols[False],
+        symbols.get(True),
+        config.block_k,
+        swizzles.pop(),
+    )
 
 
 def finalize_kernels() -> tuple[list[KernelSpec], list[FinalizeRow]]:
@@ -249,12 +358,20 @@ def _signature(spec: KernelSpec) -> tuple[dict, dict, dict]:
             f"{fn.__name__}: runtime parameters {runtime} differ from RUNTIME_ARGS[{spec.kind!r}] "
             f"{expected}; update kernels/aot.py and plugins/common/tritonAot.cu together"
         )
-    types = {name: ty.replace("*T", spec.element) for name, ty in RUNTIME_ARGS[spec.kind]}
+    dtype = next(d for d, pointer in _POINTER_TYPE.items() if pointer == spec.element)
+    blocks = iter(spec.descriptor_blocks)
+    types = {}
+    for name, ty in RUNTIME_ARGS[spec.kind]:
+        if ty == "tensordesc":
+            block = next(blocks)
+            layout = _hopper_layout(dtype, block)
+            ty = f"tensordesc<{spec.element[1:]}[{block[0]}, {block[1]}],{layout!r}>"
+        types[name] = ty.replace("*T", spec.element)
     signature = {name: types.get(name, "constexpr") for name in fn.arg_names}
     attrs = {
         (fn.arg_names.index(name),): [["tt.divisibility", 16]]
         for name in _DIVISIBLE
-        if name in types
+        if name in types and spec.kind != "hopper_tiles"
     }
     return signature, constexprs, attrs
 
@@ -264,7 +381,12 @@ def compile_kernel(spec: KernelSpec, arch: int) -> tuple[bytes, str, int, int]:
     if triton.knobs.runtime.interpret:
         raise RuntimeError("kernels.aot: TRITON_INTERPRET is set; the kernels cannot be compiled")
     signature, constexprs, attrs = _signature(spec)
-    source = triton.compiler.ASTSource(_FUNCTIONS[spec.kind], signature, constexprs, attrs)
+    if spec.kind == "hopper_tiles":
+        if arch // 10 != 9:
+            raise ValueError(f"{spec.symbol}: the Hopper kernel compiles for sm_90, not sm_{arch}")
+        source = GluonASTSource(_FUNCTIONS[spec.kind], signature, constexprs, attrs)
+    else:
+        source = triton.compiler.ASTSource(_FUNCTIONS[spec.kind], signature, constexprs, attrs)
     compiled = triton.compile(
         source,
         target=GPUTarget("cuda", arch, 32),
@@ -278,7 +400,38 @@ def compile_kernel(spec: KernelSpec, arch: int) -> tuple[bytes, str, int, int]:
         )
     if meta.num_ctas != 1 or meta.launch_cooperative_grid or meta.launch_pdl:
         raise RuntimeError(f"{spec.symbol}: cluster, cooperative or PDL launches: not supported")
+    _check_descriptors(spec, meta.tensordesc_meta or [])
+    # num_warps: all warps of the CTA (a warp-specialised kernel's partitions included)
     return compiled.asm["cubin"], meta.name, meta.shared, meta.num_warps
+
+
+def _check_descriptors(spec: KernelSpec, metas: list[dict]) -> None:
+    """The compiled kernel reads its tensor descriptors as the launcher encodes them
+    (``tritonAot.cu``: the dtype's CUtensorMapDataType, the row's box and swizzle)."""
+    dtype = next(d for d, pointer in _POINTER_TYPE.items() if pointer == spec.element)
+    expected = [
+        {
+            "swizzle": _tma_swizzle(_hopper_layout(dtype, block)),
+            "elem_type": _TMA_HOST_DTYPE[dtype],
+            "block_size": list(block),
+            "fp4_padded": False,
+        }
+        for block in spec.descriptor_blocks
+    ]
+    found = [
+        {
+            "swizzle": m["swizzle"],
+            "elem_type": _TMA_DEVICE_TO_HOST[m["elem_type"]],
+            "block_size": list(m["block_size"]),
+            "fp4_padded": m["fp4_padded"],
+        }
+        for m in metas
+    ]
+    if found != expected:
+        raise RuntimeError(
+            f"{spec.symbol}: tensor descriptors {found} differ from what the launcher encodes "
+            f"{expected}"
+        )
 
 
 def _cpp_string(text: str) -> str:
@@ -313,13 +466,15 @@ def render_cpp(
     for symbol, (_path, name, size, warps, shared) in kernels.items():
         lines.append(f"    {{{_cpp_string(name)}, {symbol}, {size}, {warps}, {shared}}},")
     lines += ["};", "", "// op, dtype, hidden size, max rows (-1: any), BLOCK_N, BLOCK_V, waves,"]
-    lines += ["// kernel, kernel with log-probabilities (-1: none): kernels/tiles.py TUNED"]
+    lines += ["// kernel, kernel with log-probabilities (-1: none), BLOCK_K and TMA swizzle of the"]
+    lines += ["// Hopper kernel (0: portable): kernels/tiles.py TUNED and HOPPER_TUNED"]
     lines.append("TileConfig const kTiles[] = {")
     for r in tile_rows:
         lp = index[r.logprobs_kernel] if r.logprobs_kernel else -1
         lines.append(
             f"    {{{_ABI_OP[r.op]}, {_ABI_DTYPE[r.dtype]}, {r.hidden_size}, {r.max_rows}, "
-            f"{r.block_n}, {r.block_v}, {r.waves}, {index[r.kernel]}, {lp}}},"
+            f"{r.block_n}, {r.block_v}, {r.waves}, {index[r.kernel]}, {lp}, {r.block_k}, "
+            f"{r.tma_swizzle}}},"
         )
     lines += ["};", "", "// op, log-probabilities, BLOCK_R (argmax: rows per program), BLOCK_S,"]
     lines += ["// kernel"]
@@ -349,7 +504,7 @@ def generate(out_dir: pathlib.Path, dtypes, hidden_sizes, arch: int = 90, jobs: 
     for name in dtypes:
         if name not in DTYPES:
             raise ValueError(f"dtypes: {name!r} is not one of {', '.join(DTYPES)}")
-    tile_specs, tile_rows = tile_kernels(dtypes, hidden_sizes)
+    tile_specs, tile_rows = tile_kernels(dtypes, hidden_sizes, arch)
     finalize_specs, finalize_rows = finalize_kernels()
     specs = tile_specs + finalize_specs
     cubin_dir = out_dir / "cubin"

@@ -40,7 +40,10 @@ def test_abi_version_and_workspace_sizes():
         assert lib.flashspecResolveNumSplits(op, 20, 4096, 128256, 2, 7) == 7  # requested is kept
     # per (row, split): max + index for the argmax, five floats + an index for the verify
     assert lib.flashspecTiledArgmaxWorkspaceSize(20, 7) == 20 * 7 * 8
-    assert lib.flashspecVerifyResampleWorkspaceSize(20, 7) == 20 * 7 * 20  # 4 floats + 1 int
+    # 4 floats + 1 int, 16-byte aligned, then the Hopper kernel's row scratch: 256 CTAs x 3 x 128
+    # int32 (plugins/common/tritonAot.h kRowScratchBytes)
+    assert lib.flashspecVerifyResampleWorkspaceSize(20, 7) == 2800 + 256 * 3 * 128 * 4
+    assert lib.flashspecVerifyResampleWorkspaceSize(3, 7) == 432 + 256 * 3 * 128 * 4  # 420 aligned
     assert lib.flashspecParamsLayout(5, (ctypes.c_size_t * 32)(), 32) == -1
     assert lib.flashspecErrorString(1) == b"invalid argument"
 

@@ -14,27 +14,52 @@ import pytest
 pytest.importorskip("triton", reason="needs triton (pip install -e '.[triton]')")
 
 from flashspec_export.kernels import aot
-from flashspec_export.kernels.tiles import TUNED
+from flashspec_export.kernels.tiles import HOPPER_TUNED, TUNED, hopper_row, tuned_row
 
 
 def test_tile_table_is_the_triton_launch_table():
+    """Per (op, dtype, H) one row per bound of either launch table, each with the kernel the
+    Triton backend runs there on an sm_90 GPU: the Hopper kernel where HOPPER_TUNED names one,
+    else the portable kernel of the TUNED row, with its warps and stages."""
     specs, rows = aot.tile_kernels(["bfloat16", "float16"], [3840, 4096])
-    for op, table in TUNED.items():
+    by_symbol = {s.symbol: s for s in specs}
+    for op in TUNED:
+        bounds = sorted({lim for t in (TUNED, HOPPER_TUNED) for lim, _ in t[op]} - {None})
         for dtype in ("bfloat16", "float16"):
             for hidden in (3840, 4096):
                 mine = [r for r in rows if (r.op, r.dtype, r.hidden_size) == (op, dtype, hidden)]
-                expected = [
-                    (-1 if limit is None else limit, block_n, block_v, waves)
-                    for limit, (block_n, block_v, _warps, waves, _stages) in table
-                ]
-                assert [(r.max_rows, r.block_n, r.block_v, r.waves) for r in mine] == expected
-    by_symbol = {s.symbol: s for s in specs}
-    for r in rows:  # warps and stages of the compiled kernel are the table's too
-        _, (_, _, warps, _, stages) = next(
-            row for row in TUNED[r.op] if (-1 if row[0] is None else row[0]) == r.max_rows
-        )
-        assert (by_symbol[r.kernel].num_warps, by_symbol[r.kernel].num_stages) == (warps, stages)
-        assert (r.logprobs_kernel is not None) == (r.op == "verify_resample")
+                assert [r.max_rows for r in mine] == [*bounds, -1]
+                for r in mine:
+                    at = r.max_rows if r.max_rows > 0 else 1 << 20
+                    spec = by_symbol[r.kernel]
+                    hopper = hopper_row(op, at)
+                    if hopper is not None:
+                        assert spec.kind == "hopper_tiles" and r.waves == 0
+                        assert (r.block_n, r.block_v, r.block_k) == hopper[:3]
+                        assert spec.descriptor_blocks == (
+                            (hopper.block_n, hopper.block_k),
+                            (hopper.block_v, hopper.block_k),
+                        )
+                        assert spec.num_warps == hopper.block_n // 16
+                        continue
+                    block_n, block_v, warps, waves, stages = tuned_row(op, at)
+                    assert (r.block_n, r.block_v, r.waves, r.block_k) == (
+                        block_n,
+                        block_v,
+                        waves,
+                        0,
+                    )
+                    assert (spec.num_warps, spec.num_stages) == (warps, stages)
+                assert all(
+                    (r.logprobs_kernel is not None) == (op == "verify_resample") for r in mine
+                )
+    assert any(by_symbol[r.kernel].kind == "hopper_tiles" for r in rows)
+
+
+def test_other_architectures_get_only_the_portable_kernels():
+    specs, rows = aot.tile_kernels(["bfloat16"], [4096], arch=80)
+    assert {s.kind for s in specs} == {"verify_tiles", "argmax_tiles"}
+    assert all(r.block_k == 0 for r in rows)
 
 
 def test_hidden_sizes_must_be_16_divisible():
@@ -65,15 +90,21 @@ def test_kernel_signatures_match_the_launcher():
         assert set(constexprs) == {name for name, ty in signature.items() if ty == "constexpr"}
 
 
-def test_one_kernel_compiles_for_sm90_without_a_driver():
-    """In a process of its own: the parity tests' conftest may have switched this one to the
-    Triton interpreter, whose kernels cannot be compiled."""
+def test_kernels_compile_for_sm90_without_a_driver():
+    """A finalize kernel and the Hopper kernel (whose TMA descriptors must be the ones the
+    launcher encodes: aot._check_descriptors), in a process of its own: the parity tests'
+    conftest may have switched this one to the Triton interpreter, whose kernels cannot be
+    compiled."""
     code = (
         "from flashspec_export.kernels import aot\n"
         "finals, _ = aot.finalize_kernels()\n"
         "spec = next(s for s in finals if s.kind == 'argmax_finalize')\n"
         "cubin, name, shared, warps = aot.compile_kernel(spec, 90)\n"
         "assert cubin[:4] == b'\\x7fELF' and name == '_argmax_finalize_kernel' and warps == 4\n"
+        "tiles, _ = aot.tile_kernels(['bfloat16'], [4096])\n"
+        "spec = next(s for s in tiles if s.kind == 'hopper_tiles')\n"
+        "cubin, name, shared, warps = aot.compile_kernel(spec, 90)\n"
+        "assert name == 'hopper_tiles_kernel' and warps == 16 and shared > 96 * 1024\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     result = subprocess.run(

@@ -6,8 +6,9 @@
 #       (with TensorRT headers in $TRT_INCLUDE — the public TensorRT OSS include/, never committed —
 #        the plugin library and its self-test are built and run too, under compute-sanitizer)
 #   bash docs/bench/gpu_checks.sh bench [BEFORE]     # kernel sweep; BEFORE: an older tree, timed first
-#   bash docs/bench/gpu_checks.sh aot                # the library's compiled-in Triton kernels:
-#       their GPU tests, then CUDA (compiled Triton) vs Triton JIT on the Llama-3 head, R = 1..512
+#   bash docs/bench/gpu_checks.sh aot                # the library's compiled-in Triton kernels
+#       (the Hopper kernel from 33 / 129 rows): their GPU tests, then CUDA (compiled Triton) vs
+#       Triton JIT on the three heads, R = 1..512
 set -uo pipefail
 out="${OUT:-gpu_out}"
 mkdir -p "$out"
@@ -85,11 +86,12 @@ aot)
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >> "$log"
     python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$log"
     python3 -m pytest -q tests/parity/test_triton_aot_gpu.py tests/parity/test_llm_shapes_gpu.py \
-        tests/test_cuda_abi.py tests/test_triton_aot.py >> "$log" 2>&1
+        tests/parity/test_hopper_tiles_gpu.py tests/test_cuda_abi.py tests/test_triton_aot.py \
+        >> "$log" 2>&1
     echo "tests rc=$?" >> "$log"
-    python3 scripts/bench_kernels.py --heads llama3-8b --rows 1 2 4 8 16 32 64 128 256 512 \
+    python3 scripts/bench_kernels.py --heads llama3-8b qwen3-8b gemma3-12b --rows $rows \
         --providers verify_resample "verify_resample[cuda]" tiled_argmax "tiled_argmax[cuda]" matmul \
-        --rep-ms 50 --out "$out/bench_aot.json" > "$out/bench_aot.log" 2>&1
+        --rep-ms 20 --out "$out/bench_aot.json" --plot "$out/bench_aot.png" > "$out/bench_aot.log" 2>&1
     echo "bench rc=$?" >> "$out/bench_aot.log"
     ;;
 esac

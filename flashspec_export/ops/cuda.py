@@ -23,10 +23,10 @@ from flashspec_export.reference.verify_resample import VerifyResult
 
 # The ABI this mirror of the params structs is written for (FLASHSPEC_ABI_VERSION in
 # plugins/common/flashspecAbi.h, checked when the library loads; the dtype codes are read from it).
-ABI_VERSION = 3
+ABI_VERSION = 4
 # FlashspecOp and FlashspecKernelPath codes (plugins/common/flashspecAbi.h).
 OPS = {"tiled_argmax": 0, "verify_resample": 1, "noise": 2}
-PATHS = {0: "native", 1: "triton_aot"}
+PATHS = {0: "native", 1: "triton_aot", 2: "triton_aot_hopper"}
 LIBRARY_ENV = "FLASHSPEC_KERNELS_LIB"
 DEFAULT_LIBRARY = pathlib.Path(__file__).parents[2] / "plugins/build/libflashspec_kernels.so"
 

@@ -7,7 +7,7 @@
 #pragma once
 
 //! Bumped on any change of the params structs or the entry points' signatures.
-#define FLASHSPEC_ABI_VERSION 3
+#define FLASHSPEC_ABI_VERSION 4
 
 //! Element type of hidden / lm_head.
 enum FlashspecDtype
@@ -30,4 +30,5 @@ enum FlashspecKernelPath
 {
     FLASHSPEC_PATH_NATIVE = 0,     //!< the CUDA kernels of plugins/ (any GPU, any shape)
     FLASHSPEC_PATH_TRITON_AOT = 1, //!< the Triton kernels of kernels/, compiled into the library
+    FLASHSPEC_PATH_TRITON_AOT_HOPPER = 2, //!< those, stage 1 by the Hopper kernel (hopper_tiles.py)
 };

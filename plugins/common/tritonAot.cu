@@ -6,7 +6,9 @@
  *
  * Argument order per kernel: kernels/aot.py RUNTIME_ARGS (checked there against the kernels'
  * signatures), then the global and profile scratch pointers Triton 3.x appends (null: the
- * generator refuses kernels that need scratch).
+ * generator refuses kernels that need scratch). A tensor-descriptor argument of the Hopper kernel
+ * is its CUtensorMap (by value), then the tensor's shape (2 x int32) and strides (2 x int64, in
+ * elements), as Triton's own launcher passes it.
  */
 #include "launch.cuh"
 #include "tritonAot.h"
@@ -33,6 +35,7 @@ struct Driver
     decltype(&::cuModuleGetFunction) moduleGetFunction = nullptr;
     decltype(&::cuFuncSetAttribute) funcSetAttribute = nullptr;
     decltype(&::cuLaunchKernel) launchKernel = nullptr;
+    decltype(&::cuTensorMapEncodeTiled) tensorMapEncodeTiled = nullptr; // CUDA 12 drivers on: the Hopper kernel
 
     bool loaded() const
     {
@@ -55,6 +58,7 @@ Driver const& driver()
         resolve(d.moduleGetFunction, "cuModuleGetFunction");
         resolve(d.funcSetAttribute, "cuFuncSetAttribute");
         resolve(d.launchKernel, "cuLaunchKernel");
+        resolve(d.tensorMapEncodeTiled, "cuTensorMapEncodeTiled");
         return d;
     }();
     return instance;
@@ -124,8 +128,8 @@ cudaError_t function(int32_t index, CUfunction& out)
     return cudaSuccess;
 }
 
-//! Launch kernel `index` on grid (gridX, gridY); args: its runtime arguments, the two scratch
-//! pointers not included.
+//! Launch kernel `index` on grid (gridX, gridY); args: the addresses of its runtime arguments, the
+//! two scratch pointers not included.
 template <size_t N>
 cudaError_t launch(int32_t index, unsigned gridX, unsigned gridY, void* (&&args)[N], cudaStream_t stream)
 {
@@ -225,11 +229,88 @@ FinalizeConfig const* findFinalize(int32_t op, int32_t splits, int32_t width, bo
 }
 
 //! The common conditions of a plan: the compiled specialisation (16-byte aligned matrices), and
-//! the kernels' int32 workspace offsets (4 planes of numRows x splits floats).
-bool fitsSpecialisation(void const* hidden, void const* lmHead, int32_t numRows, int32_t splits)
+//! the kernels' int32 workspace offsets (4 planes of numRows x splits floats). The Hopper kernel
+//! splits the vocabulary into its tiles (no other split count) and needs the driver's TMA
+//! descriptor encoder.
+bool fitsSpecialisation(
+    TileConfig const& tile, void const* hidden, void const* lmHead, int32_t numRows, int32_t vocabSize, int32_t splits)
 {
-    return aligned16(hidden) && aligned16(lmHead) && splits > 0
+    bool const fitsHopper = tile.blockK == 0
+        || (splits == cdiv(vocabSize, tile.blockV) && driver().tensorMapEncodeTiled != nullptr);
+    return fitsHopper && aligned16(hidden) && aligned16(lmHead) && splits > 0
         && 4 * static_cast<int64_t>(numRows) * splits < (int64_t{1} << 31);
+}
+
+//! A TMA-described operand of the Hopper kernel: the descriptor of a row-major [rows, H] matrix,
+//! read in boxes of [boxRows, blockK], then the shape and strides that follow it as arguments.
+struct TmaOperand
+{
+    CUtensorMap map;
+    int32_t shape[2];
+    int64_t strides[2];
+};
+
+cudaError_t encodeOperand(
+    TmaOperand& out, void const* base, int32_t rows, int32_t hiddenSize, int32_t boxRows, TileConfig const& t)
+{
+    cuuint64_t const dims[2] = {static_cast<cuuint64_t>(hiddenSize), static_cast<cuuint64_t>(rows)}; // innermost first
+    cuuint64_t const rowBytes[1] = {static_cast<cuuint64_t>(hiddenSize) * 2};                        // 16-bit elements
+    cuuint32_t const box[2] = {static_cast<cuuint32_t>(t.blockK), static_cast<cuuint32_t>(boxRows)};
+    cuuint32_t const elementStrides[2] = {1, 1};
+    CUtensorMapDataType const type
+        = t.dtype == FLASHSPEC_BFLOAT16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    out.shape[0] = rows;
+    out.shape[1] = hiddenSize;
+    out.strides[0] = hiddenSize;
+    out.strides[1] = 1;
+    return toCudaError(driver().tensorMapEncodeTiled(&out.map, type, 2, const_cast<void*>(base), dims, rowBytes, box,
+        elementStrides, CU_TENSOR_MAP_INTERLEAVE_NONE, static_cast<CUtensorMapSwizzle>(t.tmaSwizzle),
+        CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
+}
+
+//! The Hopper kernel's arguments past the two matrices (kernels/hopper_tiles.py
+//! hopper_tiles_kernel): the op's row inputs (any pointer for the argmax: never read), the
+//! summaries (best score and index; with log-probabilities also the logit, max and sum-exp) and
+//! the row scratch.
+struct HopperArgs
+{
+    float const* temperature;
+    int64_t const* seed;
+    int64_t const* positions;
+    float* bestScore;
+    int32_t* bestIndex;
+    float* bestLogit;
+    float* max;
+    float* sumExp;
+    int32_t* rowScratch;
+    int32_t gamma;
+};
+
+//! Stage 1 by the Hopper kernel `kernel` over hidden [numRows, H] and lm_head [vocabSize, H]: one
+//! persistent CTA per SM (at most kMaxPersistentCtas, the row scratch's capacity).
+cudaError_t launchHopper(Plan const& plan, int32_t kernel, void const* hidden, void const* lmHead, int32_t numRows,
+    int32_t hiddenSize, int32_t vocabSize, HopperArgs a, cudaStream_t stream)
+{
+    TileConfig const& t = *plan.tile;
+    TmaOperand rowsOperand;
+    TmaOperand headOperand;
+    cudaError_t status = encodeOperand(rowsOperand, hidden, numRows, hiddenSize, t.blockN, t);
+    if (status == cudaSuccess)
+    {
+        status = encodeOperand(headOperand, lmHead, vocabSize, hiddenSize, t.blockV, t);
+    }
+    if (status != cudaSuccess)
+    {
+        return status;
+    }
+    int64_t const tiles = static_cast<int64_t>(cdiv(vocabSize, t.blockV)) * cdiv(numRows, t.blockN);
+    auto const ctas = static_cast<unsigned>(std::min<int64_t>({tiles, plan.sms, kMaxPersistentCtas}));
+    return launch(kernel, ctas, 1,
+        {&rowsOperand.map, &rowsOperand.shape[0], &rowsOperand.shape[1], &rowsOperand.strides[0],
+            &rowsOperand.strides[1], &headOperand.map, &headOperand.shape[0], &headOperand.shape[1],
+            &headOperand.strides[0], &headOperand.strides[1], &a.temperature, &a.seed, &a.positions, &a.bestScore,
+            &a.bestIndex, &a.bestLogit, &a.max, &a.sumExp, &a.rowScratch, &numRows, &a.gamma, &vocabSize},
+        stream);
 }
 
 } // namespace
@@ -257,11 +338,11 @@ bool planTiledArgmax(TiledArgmaxParams const& p, Plan& plan)
     }
     int32_t const splits = p.numSplits > 0 ? p.numSplits : numSplits(*tile, p.numRows, p.vocabSize, sms);
     FinalizeConfig const* finalize = findFinalize(FLASHSPEC_OP_TILED_ARGMAX, splits, 1, false);
-    if (finalize == nullptr || !fitsSpecialisation(p.hidden, p.lmHead, p.numRows, splits))
+    if (finalize == nullptr || !fitsSpecialisation(*tile, p.hidden, p.lmHead, p.numRows, p.vocabSize, splits))
     {
         return false;
     }
-    plan = {tile, finalize, splits};
+    plan = {tile, finalize, splits, sms};
     return true;
 }
 
@@ -283,11 +364,11 @@ bool planVerifyResample(VerifyResampleParams const& p, Plan& plan)
     int32_t const splits = p.numSplits > 0 ? p.numSplits : numSplits(*tile, rows, p.vocabSize, sms);
     FinalizeConfig const* finalize
         = findFinalize(FLASHSPEC_OP_VERIFY_RESAMPLE, splits, p.gamma + 1, p.logprobs != nullptr);
-    if (finalize == nullptr || !fitsSpecialisation(p.hidden, p.lmHead, rows, splits))
+    if (finalize == nullptr || !fitsSpecialisation(*tile, p.hidden, p.lmHead, rows, p.vocabSize, splits))
     {
         return false;
     }
-    plan = {tile, finalize, splits};
+    plan = {tile, finalize, splits, sms};
     return true;
 }
 
@@ -304,9 +385,12 @@ cudaError_t launchTiledArgmax(TiledArgmaxParams const& p, Plan const& plan, cuda
     void const* lmHead = p.lmHead;
     float* wsMax = static_cast<float*>(p.workspace); // [numRows, splits] each, as the native kernels
     int32_t* wsIndex = reinterpret_cast<int32_t*>(wsMax + static_cast<size_t>(numRows) * splits);
-    cudaError_t status = launch(t.kernel, cdiv(numRows, t.blockN), splits,
-        {&hidden, &lmHead, &wsMax, &wsIndex, &numRows, &vocabSize, &splits, &tilesPerSplit, &strideHn, &strideVv},
-        stream);
+    cudaError_t status = t.blockK > 0
+        ? launchHopper(plan, t.kernel, hidden, lmHead, numRows, p.hiddenSize, vocabSize,
+            {wsMax, nullptr, nullptr, wsMax, wsIndex, wsMax, wsMax, wsMax, wsIndex, 0}, stream)
+        : launch(t.kernel, cdiv(numRows, t.blockN), splits,
+            {&hidden, &lmHead, &wsMax, &wsIndex, &numRows, &vocabSize, &splits, &tilesPerSplit, &strideHn, &strideVv},
+            stream);
     if (status != cudaSuccess)
     {
         return status;
@@ -336,12 +420,27 @@ cudaError_t launchVerifyResample(VerifyResampleParams const& p, Plan const& plan
     // [4, numRows, splits] floats (best score, best logit, max, sum-exp), then [numRows, splits]
     // int32 indices: the native kernels' layout.
     float* wsFloat = static_cast<float*>(p.workspace);
-    int32_t* wsIndex = reinterpret_cast<int32_t*>(wsFloat + 4 * static_cast<size_t>(numRows) * splits);
+    size_t const plane = static_cast<size_t>(numRows) * splits;
+    int32_t* wsIndex = reinterpret_cast<int32_t*>(wsFloat + 4 * plane);
     bool const logprobs = p.logprobs != nullptr;
-    cudaError_t status = launch(logprobs ? t.logprobsKernel : t.kernel, cdiv(numRows, t.blockN), splits,
-        {&hidden, &lmHead, &temperature, &seed, &positions, &wsFloat, &wsIndex, &numRows, &gamma, &vocabSize,
-            &splits, &tilesPerSplit, &strideHn, &strideHi, &strideVv},
-        stream);
+    int32_t const kernel = logprobs ? t.logprobsKernel : t.kernel;
+    cudaError_t status = cudaSuccess;
+    if (t.blockK > 0)
+    {
+        auto* rowScratch
+            = reinterpret_cast<int32_t*>(static_cast<char*>(p.workspace) + rowScratchOffset(numRows, splits));
+        status = launchHopper(plan, kernel, hidden, lmHead, numRows, p.hiddenSize, vocabSize,
+            {temperature, seed, positions, wsFloat, wsIndex, wsFloat + plane, wsFloat + 2 * plane, wsFloat + 3 * plane,
+                rowScratch, gamma},
+            stream);
+    }
+    else
+    {
+        status = launch(kernel, cdiv(numRows, t.blockN), splits,
+            {&hidden, &lmHead, &temperature, &seed, &positions, &wsFloat, &wsIndex, &numRows, &gamma, &vocabSize,
+                &splits, &tilesPerSplit, &strideHn, &strideHi, &strideVv},
+            stream);
+    }
     if (status != cudaSuccess)
     {
         return status;

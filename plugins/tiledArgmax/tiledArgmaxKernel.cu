@@ -115,7 +115,7 @@ bool validParams(TiledArgmaxParams const& p)
 int32_t tiledArgmaxPath(TiledArgmaxParams const& p)
 {
     aot::Plan plan;
-    return validParams(p) && aot::planTiledArgmax(p, plan) ? FLASHSPEC_PATH_TRITON_AOT : FLASHSPEC_PATH_NATIVE;
+    return validParams(p) && aot::planTiledArgmax(p, plan) ? aot::pathOf(plan) : FLASHSPEC_PATH_NATIVE;
 }
 
 size_t getTiledArgmaxWorkspaceSize(int32_t numRows, int32_t numSplits)

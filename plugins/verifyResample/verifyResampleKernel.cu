@@ -239,12 +239,12 @@ bool validParams(VerifyResampleParams const& p)
 int32_t verifyResamplePath(VerifyResampleParams const& p)
 {
     aot::Plan plan;
-    return validParams(p) && aot::planVerifyResample(p, plan) ? FLASHSPEC_PATH_TRITON_AOT : FLASHSPEC_PATH_NATIVE;
+    return validParams(p) && aot::planVerifyResample(p, plan) ? aot::pathOf(plan) : FLASHSPEC_PATH_NATIVE;
 }
 
 size_t getVerifyResampleWorkspaceSize(int32_t numRows, int32_t numSplits)
 {
-    return static_cast<size_t>(numRows) * numSplits * (4 * sizeof(float) + sizeof(int32_t));
+    return aot::rowScratchOffset(numRows, numSplits) + aot::kRowScratchBytes;
 }
 
 cudaError_t invokeVerifyResample(VerifyResampleParams const& p, cudaStream_t stream)

@@ -1,12 +1,13 @@
 """The CUDA library's compiled-in Triton kernels (CMake FLASHSPEC_TRITON_AOT, ``kernels/aot.py``)
 against the Triton JIT and the reference, on a GPU of the compiled architecture.
 
-The library runs the portable Triton kernels (not the Hopper kernel the Triton backend runs from
-64 rows on sm_90: ``test_hopper_tiles_gpu``), with the same launch table and split count, so its
-tokens, counts, log-probabilities and max logits must equal those kernels' bit for bit;
-against the reference the bf16 near-tie bound of ``test_llm_shapes_gpu`` applies. Every case
-asserts the path taken (``flashspecKernelPath``), and the cases where the library must fall back
-to its native kernels are checked too.
+The library runs the kernels the Triton backend runs, with the same launch tables and split
+count: the portable kernels, and on sm_90 from 33 (verify) or 129 (argmax) rows the Hopper kernel
+(``kernels/hopper_tiles.py``) with its TMA descriptors encoded by the library. So its tokens,
+counts, log-probabilities and max logits must equal the Triton backend's bit for bit; against the
+reference the bf16 near-tie bound of ``test_llm_shapes_gpu`` applies. Every case asserts the path
+taken (``flashspecKernelPath``), and the cases where the library must fall back to its native
+kernels are checked too.
 """
 
 from __future__ import annotations
@@ -57,6 +58,10 @@ def _layout(rows: int) -> tuple[int, int]:
     return (rows // 4, 3) if rows % 4 == 0 else (1, rows - 1)
 
 
+def _path_of(config) -> str:
+    return "triton_aot_hopper" if config.hopper is not None else "triton_aot"
+
+
 def _splits(op: str, rows: int, shape: HeadShape, dtype: torch.dtype) -> int:
     code = cuda.dtype_codes()[dtype]
     return cuda.library().flashspecResolveNumSplits(
@@ -73,18 +78,12 @@ def test_verify_equals_triton_through_the_compiled_kernels(rows, head, dtype):
     n, gamma = _layout(rows)
     case = _case(shape, n=n, gamma=gamma, dtype=dtype, seed=rows)
     config = choose_config(
-        "verify_resample",
-        rows,
-        shape.hidden_size,
-        shape.vocab_size,
-        dtype,
-        case[0].device,
-        hopper=False,
+        "verify_resample", rows, shape.hidden_size, shape.vocab_size, dtype, case[0].device
     )
     assert _splits("verify_resample", rows, shape, dtype) == config.num_splits
     for logprobs in (False, True):
         path = cuda.kernel_path("verify_resample", *case, return_logprobs=logprobs)
-        assert path == "triton_aot", f"{head} {dtype} R={rows}: the library ran {path}"
+        assert path == _path_of(config), f"{head} {dtype} R={rows}: the library ran {path}"
         # (tokens, num_emitted[, logprobs]): the logprobs too, as the same kernels and splits ran
         triton = tuple(
             t
@@ -104,16 +103,11 @@ def test_verify_equals_triton_through_the_compiled_kernels(rows, head, dtype):
 def test_argmax_equals_triton_through_the_compiled_kernels(rows, head, dtype):
     shape = HeadShape.from_name(head)
     hidden, lm_head = _argmax_case(shape, rows, dtype)
-    assert cuda.kernel_path("tiled_argmax", hidden, lm_head, shape.vocab_size) == "triton_aot"
     config = choose_config(
-        "tiled_argmax",
-        rows,
-        shape.hidden_size,
-        shape.vocab_size,
-        dtype,
-        hidden.device,
-        hopper=False,
+        "tiled_argmax", rows, shape.hidden_size, shape.vocab_size, dtype, hidden.device
     )
+    path = cuda.kernel_path("tiled_argmax", hidden, lm_head, shape.vocab_size)
+    assert path == _path_of(config), f"{head} {dtype} R={rows}: the library ran {path}"
     assert _splits("tiled_argmax", rows, shape, dtype) == config.num_splits
     t_tok, t_max = tiled_argmax(hidden, lm_head, shape.vocab_size, config=config)
     c_tok, c_max = ops.tiled_argmax(hidden, lm_head, shape.vocab_size, backend="cuda")
@@ -127,9 +121,9 @@ def test_compiled_kernels_match_the_reference(head):
     tokens against the reference, up to fp32 accumulation-order near-ties."""
     shape = HeadShape.from_name(head)
     mismatched = total = 0
-    for n in (16, 128):
+    for n, path in ((16, "triton_aot"), (128, "triton_aot_hopper")):
         case = _case(shape, n=n, gamma=3, dtype=torch.bfloat16, seed=n)
-        assert cuda.kernel_path("verify_resample", *case) == "triton_aot"
+        assert cuda.kernel_path("verify_resample", *case) == path
         r_tokens, r_num = ops.verify_resample(*case, backend="reference")
         c_tokens, c_num = ops.verify_resample(*case, backend="cuda")
         differs = (r_tokens != c_tokens).any(dim=1) | (r_num != c_num)
@@ -140,10 +134,12 @@ def test_compiled_kernels_match_the_reference(head):
 
 
 @requires_aot
-def test_compiled_kernels_in_a_cuda_graph():
-    """Loaded once (a first eager call), the compiled kernels replay from a captured graph."""
+@pytest.mark.parametrize("n", [8, 64])  # 32 rows: the portable kernel; 256: the Hopper kernel
+def test_compiled_kernels_in_a_cuda_graph(n):
+    """Loaded once (a first eager call), the compiled kernels replay from a captured graph (the
+    Hopper kernel's TMA descriptors are launch arguments, captured by value)."""
     shape = HeadShape.from_name("llama3-8b")
-    case = _case(shape, n=8, gamma=3, dtype=torch.bfloat16, seed=3)
+    case = _case(shape, n=n, gamma=3, dtype=torch.bfloat16, seed=3)
     eager = ops.verify_resample(*case, return_logprobs=True, backend="cuda")
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -162,7 +158,8 @@ def test_compiled_kernels_in_a_cuda_graph():
 @requires_aot
 def test_native_fallback_where_nothing_is_compiled():
     """The native kernels run, and the path query says so, for a hidden size not compiled in,
-    fp32, γ + 1 above the finalize kernels' 8 positions, and an unaligned hidden."""
+    fp32, γ + 1 above the finalize kernels' 8 positions, an unaligned hidden, and a split count
+    the Hopper kernel cannot take."""
     shape = HeadShape.from_name("llama3-8b")
     case = _case(shape, n=4, gamma=3, dtype=torch.bfloat16, seed=5)
     assert cuda.kernel_path("verify_resample", *case) == "triton_aot"
@@ -172,6 +169,9 @@ def test_native_fallback_where_nothing_is_compiled():
     assert cuda.kernel_path("verify_resample", *fp32) == "native"
     wide = _case(shape, n=2, gamma=8, dtype=torch.bfloat16, seed=6)
     assert cuda.kernel_path("verify_resample", *wide) == "native"
+    large = _case(shape, n=64, gamma=3, dtype=torch.bfloat16, seed=7)
+    assert cuda.kernel_path("verify_resample", *large) == "triton_aot_hopper"
+    assert cuda.kernel_path("verify_resample", *large, num_splits=7) == "native"
     hidden = case[0]
     storage = torch.empty(hidden.numel() + 1, dtype=hidden.dtype, device=hidden.device)
     unaligned = storage[1:].view(hidden.shape).copy_(hidden)  # 2 bytes off the allocation
