@@ -26,7 +26,7 @@ temperature, ``libdevice`` logs), falling back to exact scoring of a whole chunk
 (``_sampled_chunk_best`` proves the bound), so its summaries are bit-equal to the portable
 kernels'. The rows' noise keys and temperatures are computed once per tile into a per-CTA
 scratch. TMA zero-fills rows past ``R`` and LM-head rows past ``V``; ids at or past
-``vocab_size`` are masked to ``-inf``.
+``vocab_size`` score ``-inf``: the MMA partition sets their dots to it.
 
 Gluon (Triton 3.6) constraints that shape the code: a worker partition's constexpr arguments
 arrive as runtime values, so the op's flags select one epilogue function per op in the kernel
@@ -99,14 +99,14 @@ def _opaque(x):
 
 
 @gluon.jit
-def _sampled_chunk_best(acc, ids, col_ok, row_ok, scale, greedy, key_a, key_b):
+def _sampled_chunk_best(acc, ids, row_ok, scale, greedy, key_a, key_b):
     """Per row of a chunk: the best exact score ``max_v fl(fl(dot_v / T) + g_v)`` (greedy rows:
     ``dot_v``), its id (lowest on ties) and its logit ``fl(dot_v / T)`` — bit for bit what
     scoring every element exactly gives, at about half the ALU work per element.
 
-    ``acc [CHUNK, BLOCK_V]`` the dots, ``ids`` their vocabulary ids, ``col_ok`` id < vocab_size,
-    ``row_ok``, ``scale`` (T, or 1 for greedy rows), ``greedy``, ``key_a, key_b`` the rows' noise
-    keys.
+    ``acc [CHUNK, BLOCK_V]`` the dots (-inf at ids past the vocabulary), ``ids`` their vocabulary
+    ids, ``row_ok``, ``scale`` (T, or 1 for greedy rows), ``greedy``, ``key_a, key_b`` the rows'
+    noise keys.
 
     Rank, then recompute the winner. Every element gets a ranking score
     ``r_v = fl(fl(dot_v · fl(1/T)) + g~_v)`` with ``g~ = gumbel_approx_from_bits`` (two MUFU
@@ -132,8 +132,9 @@ def _sampled_chunk_best(acc, ids, col_ok, row_ok, scale, greedy, key_a, key_b):
     rank_logit = acc * gl.expand_dims(inv_scale, 1)
     bits = token_bits(gl.expand_dims(key_a, 1), gl.expand_dims(key_b, 1), ids)
     noise = gumbel_approx_from_bits(bits, True)
-    rank = gl.where(gl.expand_dims(greedy, 1), rank_logit, rank_logit + noise)
-    rank = gl.where(gl.expand_dims(col_ok, 0), rank, float("-inf"))
+    # rank_logit + noise, or rank_logit for greedy rows (x 0: the noise is finite), one FMA
+    sampled = gl.where(greedy, 0.0, 1.0)
+    rank = rank_logit + noise * gl.expand_dims(sampled, 1)
     none = gl.full_like(rank, float("-inf"))
     r1, best_id, dot1, r2 = gl.reduce((rank, ids, acc, none), 1, _top2_combine)
 
@@ -152,7 +153,6 @@ def _sampled_chunk_best(acc, ids, col_ok, row_ok, scale, greedy, key_a, key_b):
         # again, not kept from the ranking pass (registers for the rare case): an opaque copy of
         # the key stops the compiler from reusing those values.
         logits = gl.div_rn(acc, gl.expand_dims(scale, 1))
-        logits = gl.where(gl.expand_dims(col_ok, 0), logits, float("-inf"))
         bits = token_bits(gl.expand_dims(_opaque(key_a), 1), gl.expand_dims(key_b, 1), ids)
         exact = gl.where(gl.expand_dims(greedy, 1), logits, logits + gumbel_from_bits(bits, True))
         best, best_id = gl.reduce((exact, ids), 1, _argmax_combine)
@@ -199,8 +199,12 @@ def _mma_partition(
     acc_ready,
     acc_empty,
     num_tiles,
+    row_blocks,
+    vocab_size,
 ):
-    """wgmma consumer: one fp32 accumulator tile per output tile, handed over in shared memory."""
+    """wgmma consumer: one fp32 accumulator tile per output tile, handed over in shared memory,
+    with -inf at the ids past ``vocab_size`` (the last vocabulary tile's padding), so that no
+    op's epilogue masks per element."""
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = acc_buf.type.shape[0]
@@ -228,6 +232,10 @@ def _mma_partition(
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         gl.thread_barrier()
         mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
+        v_tile = tile // row_blocks
+        if (v_tile + 1) * BLOCK_V > vocab_size:  # the last tile, partial
+            cols = v_tile * BLOCK_V + gl.arange(0, BLOCK_V, layout=gl.SliceLayout(0, layout))
+            acc = gl.where(gl.expand_dims(cols < vocab_size, 0), acc, float("-inf"))
         mbarrier.wait(acc_empty, (count & 1) ^ 1)
         acc_buf.store(acc)
         gl.thread_barrier()
@@ -293,7 +301,6 @@ def _epilogue_partition(shared, VERIFY: gl.constexpr, RETURN_LOGPROBS: gl.conste
             gl.thread_barrier()
         mbarrier.wait(acc_ready, count & 1)
         cols = v_tile * BLOCK_V + gl.arange(0, BLOCK_V, layout=col_layout)
-        col_ok = cols < vocab_size
         for chunk in range(NUM_CHUNKS):
             rows = row_block * BLOCK_N + chunk * CHUNK + gl.arange(0, CHUNK, layout=row_layout)
             row_ok = rows < num_rows
@@ -309,22 +316,19 @@ def _epilogue_partition(shared, VERIFY: gl.constexpr, RETURN_LOGPROBS: gl.conste
                     key_a = gl.load(keys_ptr + in_chunk).to(gl.uint32, bitcast=True)
                     key_b = gl.load(keys_ptr + BLOCK_N + in_chunk).to(gl.uint32, bitcast=True)
                     best, best_id, best_logit = _sampled_chunk_best(
-                        acc, ids, col_ok, row_ok, scale, greedy, key_a, key_b
+                        acc, ids, row_ok, scale, greedy, key_a, key_b
                     )
                 else:  # greedy rows only: the scores are the logits, dot / 1
-                    score = gl.where(gl.expand_dims(col_ok, 0), acc, float("-inf"))
-                    best, best_id = gl.reduce((score, ids), 1, _argmax_combine)
+                    best, best_id = gl.reduce((acc, ids), 1, _argmax_combine)
                     best_logit = best
             else:
-                score = gl.where(gl.expand_dims(col_ok, 0), acc, float("-inf"))
-                best, best_id = gl.reduce((score, ids), 1, _argmax_combine)
+                best, best_id = gl.reduce((acc, ids), 1, _argmax_combine)
             ws_off = rows * num_splits + v_tile
             gl.store(best_score_ptr + ws_off, best, mask=row_ok)
             gl.store(best_index_ptr + ws_off, best_id, mask=row_ok)
             if RETURN_LOGPROBS:
                 # IEEE division, as the reference's `logits / scale`; padded ids: exp = 0.
                 logits = gl.div_rn(acc, gl.expand_dims(scale, 1))
-                logits = gl.where(gl.expand_dims(col_ok, 0), logits, float("-inf"))
                 m = gl.max(logits, 1)
                 m_ref = gl.where(m == float("-inf"), 0.0, m)
                 s = gl.sum(gl.exp(logits - gl.expand_dims(m_ref, 1)), 1)
@@ -433,7 +437,19 @@ def hopper_tiles_kernel(
         params,
     )
     worker_args = (shared,)
-    mma_args = (a_desc, a_bufs, b_bufs, ready, empty, acc_buf, acc_ready, acc_empty, num_tiles)
+    mma_args = (
+        a_desc,
+        a_bufs,
+        b_bufs,
+        ready,
+        empty,
+        acc_buf,
+        acc_ready,
+        acc_empty,
+        num_tiles,
+        row_blocks,
+        vocab_size,
+    )
     # One call per epilogue: a partition's function is named in the call itself (neither a
     # constexpr argument nor a local can carry it).
     if not VERIFY:
