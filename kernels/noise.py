@@ -185,11 +185,13 @@ def gumbel_from_bits(x, LIBDEVICE: tl.constexpr):
 
 @triton.jit
 def _log2_approx(x, LIBDEVICE: tl.constexpr):
-    """fp32 ``log2``: the special-function unit's ``lg2.approx`` when compiled (one MUFU
-    instruction, absolute error ~2**-22 on the mantissa), NumPy's under the interpreter."""
+    """fp32 ``log2`` of a normal ``x``: the special-function unit's ``lg2.approx`` when compiled
+    (one MUFU instruction, absolute error ~2**-22 on the mantissa; ``.ftz``: without the
+    rescaling of subnormal inputs, which ``gumbel_approx_from_bits`` never passes), NumPy's under
+    the interpreter."""
     if LIBDEVICE:
         return tl.inline_asm_elementwise(
-            "lg2.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
+            "lg2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
         )
     else:
         return tl.log2(x)
@@ -202,7 +204,8 @@ def gumbel_approx_from_bits(x, LIBDEVICE: tl.constexpr):
     ``E = -log(1 - W)`` with ``1 - W = (P - x) * 2**-31``: for ``W < 2**-4`` (``x + 1 < 2**27``) the
     series ``W + W²/2 + ... + W⁷/7`` (truncation below ``W**7 / 8 < 2**-31`` relative), else
     ``ln 2 · (31 - lg2(fp32(P - x)))`` (absolute error ~2**-22, relative at most ~2**-18 as
-    ``E >= 2**-4``); then ``g = -ln 2 · lg2(E)``. Two MUFU instructions and ~12 others, against
+    ``E >= 2**-4``); then ``g = -ln 2 · lg2(E)``. Both ``lg2`` inputs are normal floats
+    (``P - x >= 1``, ``E >= 2**-31``). Two MUFU instructions and ~12 others, against
     the exact form's libdevice ``log1pf`` and two ``logf`` (both branches of its select run).
     Never used for an emitted value: the Hopper verify epilogue ranks with it and recomputes the
     winner exactly (``kernels/hopper_tiles.py: _sampled_chunk_best``).

@@ -2,6 +2,10 @@
 count (the table ``choose_config`` encodes). Timing as in ``scripts/kernel_bench.py``.
 
     python scripts/tune_kernels.py --head llama3-8b --rows 4 32 128 512 --out tune.json
+
+``--hopper`` sweeps the Hopper kernel instead (sm_90, ``kernels/hopper_tiles.py``): the
+``HOPPER_TUNED`` row's configuration with each ring depth and accumulator-buffer count asked for
+(``--stages``, ``--acc-buffers``; those past the 227 KB of shared memory are skipped).
 """
 
 from __future__ import annotations
@@ -17,8 +21,9 @@ from kernel_bench import time_graph
 
 from flashspec_export import cli
 from flashspec_export.config import HEAD_SHAPES, HeadShape
+from flashspec_export.kernels.hopper_tiles import HopperConfig
 from flashspec_export.kernels.tiled_argmax import tiled_argmax as triton_argmax
-from flashspec_export.kernels.tiles import KernelConfig
+from flashspec_export.kernels.tiles import KernelConfig, hopper_row
 from flashspec_export.kernels.verify_resample import verify_resample as triton_verify
 
 
@@ -44,6 +49,27 @@ def candidates(
         yield KernelConfig(block_n, block_v, block_h, splits, warps, stages)
 
 
+def hopper_candidates(op: str, rows: int, vocab: int, stages_options, acc_buffers_options):
+    """The ``HOPPER_TUNED`` row of ``op`` at ``rows`` (the 128-row tile below it) with each ring
+    depth and accumulator-buffer count, where they fit in shared memory."""
+    base = hopper_row(op, rows) or HopperConfig()
+    for stages, buffers in itertools.product(stages_options, acc_buffers_options):
+        config = base._replace(stages=stages, acc_buffers=buffers)
+        ring = stages * (config.block_n + config.block_v) * config.block_k * 2
+        if ring + buffers * config.block_n * config.block_v * 4 > 227 * 1024 - 1024:
+            continue
+        splits = triton.cdiv(vocab, config.block_v)
+        yield KernelConfig(
+            config.block_n,
+            config.block_v,
+            config.block_k,
+            splits,
+            config.block_n // 16,
+            stages,
+            config,
+        )
+
+
 def main() -> None:
     parser = cli.parser(__doc__)
     add = parser.add_argument
@@ -60,6 +86,8 @@ def main() -> None:
     add("--block-n", nargs="+", type=int, default=[], help="row blocks (default: from R)")
     add("--stages", nargs="+", type=int, default=[3, 4], help="num_stages")
     add("--block-h", type=int, default=64, choices=[32, 64, 128], help="hidden chunk per dot")
+    add("--hopper", action="store_true", help="sweep the Hopper kernel (sm_90)")
+    add("--acc-buffers", nargs="+", type=int, default=[1, 2], help="Hopper accumulator buffers")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         parser.exit(2, "error: needs a CUDA GPU (torch.cuda.is_available() is False)\n")
@@ -82,37 +110,33 @@ def main() -> None:
         pos = torch.zeros(n, dtype=torch.int64, device="cuda")
         matmul = functools.partial(torch.matmul, flat, lm_head.T)
         matmul_us[rows] = statistics.median(time_graph(matmul, 50))
-        for config in candidates(
-            rows, shape.vocab_size, sms, args.warps, args.block_n, args.stages, args.block_h
-        ):
-            for op in args.ops:
-                if op == "verify_resample":
-                    fn = functools.partial(
-                        triton_verify,
-                        hidden,
-                        lm_head,
-                        drafts,
-                        temps,
-                        seeds,
-                        pos,
-                        shape.vocab_size,
-                        config=config,
-                    )
-                else:
-                    fn = functools.partial(
-                        triton_argmax, flat, lm_head, shape.vocab_size, config=config
-                    )
-                try:
-                    us = statistics.median(time_graph(fn, 50))
-                except Exception as e:  # a config the compiler rejects (e.g. out of shared memory)
-                    print(f"R={rows} {op} {config}: failed {type(e).__name__}: {e}"[:200])
-                    continue
-                results.append(dict(rows=rows, op=op, config=config._asdict(), us=us))
-                print(
-                    f"R={rows:<4} {op:>15} {tuple(config)} {us:8.1f} us "
-                    f"(matmul {matmul_us[rows]:.1f})",
-                    flush=True,
+        for op, config in _sweep(args, rows, shape.vocab_size, sms):
+            if op == "verify_resample":
+                fn = functools.partial(
+                    triton_verify,
+                    hidden,
+                    lm_head,
+                    drafts,
+                    temps,
+                    seeds,
+                    pos,
+                    shape.vocab_size,
+                    config=config,
                 )
+            else:
+                fn = functools.partial(
+                    triton_argmax, flat, lm_head, shape.vocab_size, config=config
+                )
+            try:
+                us = statistics.median(time_graph(fn, 50))
+            except Exception as e:  # a config the compiler rejects (e.g. out of shared memory)
+                print(f"R={rows} {op} {config}: failed {type(e).__name__}: {e}"[:200])
+                continue
+            results.append(dict(rows=rows, op=op, config=config._asdict(), us=us))
+            print(
+                f"R={rows:<4} {op:>15} {tuple(config)} {us:8.1f} us (matmul {matmul_us[rows]:.1f})",
+                flush=True,
+            )
     with open(args.out, "w") as f:
         json.dump(dict(head=args.head, matmul_us=matmul_us, results=results), f, indent=1)
     print("\nbest per row count:")
@@ -125,6 +149,19 @@ def main() -> None:
                     f"R={rows:<4} {op:>15}: {best['us']:8.1f} us vs matmul "
                     f"{matmul_us[rows]:7.1f}  {best['config']}"
                 )
+
+
+def _sweep(args, rows: int, vocab: int, sms: int):
+    """(op, config) pairs to time at ``rows``."""
+    for op in args.ops:
+        if args.hopper:
+            for config in hopper_candidates(op, rows, vocab, args.stages, args.acc_buffers):
+                yield op, config
+        else:
+            for config in candidates(
+                rows, vocab, sms, args.warps, args.block_n, args.stages, args.block_h
+            ):
+                yield op, config
 
 
 if __name__ == "__main__":
