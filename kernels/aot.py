@@ -294,7 +294,6 @@ def _hopper_row(specs, op, dtype_name, hidden_size, bound, config) -> TileRow:
             "VERIFY": verify,
             "RETURN_LOGPROBS": logprobs,
             "STAGES": config.stages,
-            "ACC_BUFFERS": config.acc_buffers,
             "CHUNK": config.chunk,
             "EPI_WARPS": config.epi_warps,
             "EPI_REGS": config.epi_regs,

@@ -207,9 +207,8 @@ def _mma_partition(
     op's epilogue masks per element."""
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
-    ACC_BUFFERS: gl.constexpr = acc_buf.type.shape[0]
-    BLOCK_N: gl.constexpr = acc_buf.type.shape[1]
-    BLOCK_V: gl.constexpr = acc_buf.type.shape[2]
+    BLOCK_N: gl.constexpr = acc_buf.type.shape[0]
+    BLOCK_V: gl.constexpr = acc_buf.type.shape[1]
     layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[BLOCK_N // 16, 1], instr_shape=[16, BLOCK_V, 16]
     )
@@ -237,11 +236,10 @@ def _mma_partition(
         if (v_tile + 1) * BLOCK_V > vocab_size:  # the last tile, partial
             cols = v_tile * BLOCK_V + gl.arange(0, BLOCK_V, layout=gl.SliceLayout(0, layout))
             acc = gl.where(gl.expand_dims(cols < vocab_size, 0), acc, float("-inf"))
-        buf = count % ACC_BUFFERS
-        mbarrier.wait(acc_empty.index(buf), ((count // ACC_BUFFERS) & 1) ^ 1)
-        acc_buf.index(buf).store(acc)
+        mbarrier.wait(acc_empty, (count & 1) ^ 1)
+        acc_buf.store(acc)
         gl.thread_barrier()
-        mbarrier.arrive(acc_ready.index(buf))
+        mbarrier.arrive(acc_ready)
 
 
 @gluon.jit
@@ -261,8 +259,7 @@ def _epilogue_partition(shared, VERIFY: gl.constexpr, RETURN_LOGPROBS: gl.conste
     best_logit_ptr = params[10]
     max_ptr = params[11]
     sum_exp_ptr = params[12]
-    ACC_BUFFERS: gl.constexpr = acc_ready.type.shape[0]
-    NUM_CHUNKS: gl.constexpr = acc_buf.type.shape[0] // ACC_BUFFERS
+    NUM_CHUNKS: gl.constexpr = acc_buf.type.shape[0]
     CHUNK: gl.constexpr = acc_buf.type.shape[1]
     BLOCK_V: gl.constexpr = acc_buf.type.shape[2]
     BLOCK_N: gl.constexpr = NUM_CHUNKS * CHUNK
@@ -302,13 +299,12 @@ def _epilogue_partition(shared, VERIFY: gl.constexpr, RETURN_LOGPROBS: gl.conste
             gl.store(keys_ptr + BLOCK_N + in_block, block_b.to(gl.int32, bitcast=True))
             gl.store(keys_ptr + 2 * BLOCK_N + in_block, block_t.to(gl.int32, bitcast=True))
             gl.thread_barrier()
-        buf = count % ACC_BUFFERS
-        mbarrier.wait(acc_ready.index(buf), (count // ACC_BUFFERS) & 1)
+        mbarrier.wait(acc_ready, count & 1)
         cols = v_tile * BLOCK_V + gl.arange(0, BLOCK_V, layout=col_layout)
         for chunk in range(NUM_CHUNKS):
             rows = row_block * BLOCK_N + chunk * CHUNK + gl.arange(0, CHUNK, layout=row_layout)
             row_ok = rows < num_rows
-            acc = acc_buf.index(buf * NUM_CHUNKS + chunk).load(layout)  # [CHUNK, BLOCK_V] fp32
+            acc = acc_buf.index(chunk).load(layout)  # [CHUNK, BLOCK_V] fp32
             ids = gl.expand_dims(cols, 0) + gl.zeros([CHUNK, BLOCK_V], gl.int32, layout)
             if VERIFY:
                 in_chunk = chunk * CHUNK + gl.arange(0, CHUNK, layout=row_layout)
@@ -339,8 +335,8 @@ def _epilogue_partition(shared, VERIFY: gl.constexpr, RETURN_LOGPROBS: gl.conste
                 gl.store(best_logit_ptr + ws_off, best_logit, mask=row_ok)
                 gl.store(max_ptr + ws_off, m, mask=row_ok)
                 gl.store(sum_exp_ptr + ws_off, s, mask=row_ok)
-        gl.thread_barrier()  # every read of this accumulator buffer is done
-        mbarrier.arrive(acc_empty.index(buf))
+        gl.thread_barrier()  # every read of acc_buf is done
+        mbarrier.arrive(acc_empty)
 
 
 @gluon.jit
@@ -381,7 +377,6 @@ def hopper_tiles_kernel(
     VERIFY: gl.constexpr,  # VerifyResample (else TiledArgmax)
     RETURN_LOGPROBS: gl.constexpr,  # VerifyResample's log-probability summaries too
     STAGES: gl.constexpr,
-    ACC_BUFFERS: gl.constexpr,
     CHUNK: gl.constexpr,
     EPI_WARPS: gl.constexpr,
     EPI_REGS: gl.constexpr,
@@ -397,24 +392,19 @@ def hopper_tiles_kernel(
     acc_layout: gl.constexpr = gl.SwizzledSharedLayout(
         vec=4, per_phase=1, max_phase=8, order=[1, 0]
     )
-    # ACC_BUFFERS accumulator tiles: with two, the MMA warps store tile k + 1 while the epilogue
-    # still reads tile k.
-    acc_buf = gl.allocate_shared_memory(gl.float32, [ACC_BUFFERS, BLOCK_N, BLOCK_V], acc_layout)
+    acc_buf = gl.allocate_shared_memory(gl.float32, [BLOCK_N, BLOCK_V], acc_layout)
     # The epilogue's view: chunks of CHUNK rows (a multiple of the swizzle's 8-row period, so
-    # both views address every element alike), buffer b's chunks at b · BLOCK_N / CHUNK.
-    acc_chunks = acc_buf._reinterpret(
-        gl.float32, [ACC_BUFFERS * BLOCK_N // CHUNK, CHUNK, BLOCK_V], acc_layout
-    )
+    # both views address every element alike).
+    acc_chunks = acc_buf._reinterpret(gl.float32, [BLOCK_N // CHUNK, CHUNK, BLOCK_V], acc_layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    acc_ready = gl.allocate_shared_memory(gl.int64, [ACC_BUFFERS, 1], mbarrier.MBarrierLayout())
-    acc_empty = gl.allocate_shared_memory(gl.int64, [ACC_BUFFERS, 1], mbarrier.MBarrierLayout())
+    acc_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    acc_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
-    for i in gl.static_range(ACC_BUFFERS):
-        mbarrier.init(acc_ready.index(i), count=1)
-        mbarrier.init(acc_empty.index(i), count=1)
+    mbarrier.init(acc_ready, count=1)
+    mbarrier.init(acc_empty, count=1)
 
     params = (
         num_tiles,
@@ -501,8 +491,6 @@ class HopperConfig(NamedTuple):
     block_v : vocabulary ids per output tile (the wgmma N)
     block_k : hidden-dimension chunk of one TMA copy / wgmma group
     stages : shared-memory ring slots
-    acc_buffers : fp32 accumulator tiles in shared memory (2: the MMA warps store the next tile
-        while the epilogue reads this one; 227 KB of shared memory holds 3 ring slots then)
     chunk : accumulator rows the epilogue reduces at a time (a multiple of 8, the swizzle period)
     epi_warps, epi_regs : the epilogue partition's warps and registers per thread
     """
@@ -510,8 +498,7 @@ class HopperConfig(NamedTuple):
     block_n: int = 128
     block_v: int = 128
     block_k: int = 64
-    stages: int = 3
-    acc_buffers: int = 2
+    stages: int = 4
     chunk: int = 16
     epi_warps: int = 4
     epi_regs: int = 152
@@ -600,7 +587,6 @@ def launch(
         VERIFY=verify,
         RETURN_LOGPROBS=return_logprobs,
         STAGES=config.stages,
-        ACC_BUFFERS=config.acc_buffers,
         CHUNK=config.chunk,
         EPI_WARPS=config.epi_warps,
         EPI_REGS=config.epi_regs,

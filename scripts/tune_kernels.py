@@ -4,8 +4,8 @@ count (the table ``choose_config`` encodes). Timing as in ``scripts/kernel_bench
     python scripts/tune_kernels.py --head llama3-8b --rows 4 32 128 512 --out tune.json
 
 ``--hopper`` sweeps the Hopper kernel instead (sm_90, ``kernels/hopper_tiles.py``): the
-``HOPPER_TUNED`` row's configuration with each ring depth and accumulator-buffer count asked for
-(``--stages``, ``--acc-buffers``; those past the 227 KB of shared memory are skipped).
+``HOPPER_TUNED`` row's configuration with each ring depth asked for (``--stages``; those past the
+227 KB of shared memory are skipped).
 """
 
 from __future__ import annotations
@@ -49,14 +49,14 @@ def candidates(
         yield KernelConfig(block_n, block_v, block_h, splits, warps, stages)
 
 
-def hopper_candidates(op: str, rows: int, vocab: int, stages_options, acc_buffers_options):
+def hopper_candidates(op: str, rows: int, vocab: int, stages_options):
     """The ``HOPPER_TUNED`` row of ``op`` at ``rows`` (the 128-row tile below it) with each ring
-    depth and accumulator-buffer count, where they fit in shared memory."""
+    depth that fits in shared memory (the ring and the fp32 accumulator tile)."""
     base = hopper_row(op, rows) or HopperConfig()
-    for stages, buffers in itertools.product(stages_options, acc_buffers_options):
-        config = base._replace(stages=stages, acc_buffers=buffers)
+    for stages in stages_options:
+        config = base._replace(stages=stages)
         ring = stages * (config.block_n + config.block_v) * config.block_k * 2
-        if ring + buffers * config.block_n * config.block_v * 4 > 227 * 1024 - 1024:
+        if ring + config.block_n * config.block_v * 4 > 227 * 1024 - 1024:
             continue
         splits = triton.cdiv(vocab, config.block_v)
         yield KernelConfig(
@@ -87,7 +87,6 @@ def main() -> None:
     add("--stages", nargs="+", type=int, default=[3, 4], help="num_stages")
     add("--block-h", type=int, default=64, choices=[32, 64, 128], help="hidden chunk per dot")
     add("--hopper", action="store_true", help="sweep the Hopper kernel (sm_90)")
-    add("--acc-buffers", nargs="+", type=int, default=[1, 2], help="Hopper accumulator buffers")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         parser.exit(2, "error: needs a CUDA GPU (torch.cuda.is_available() is False)\n")
@@ -155,7 +154,7 @@ def _sweep(args, rows: int, vocab: int, sms: int):
     """(op, config) pairs to time at ``rows``."""
     for op in args.ops:
         if args.hopper:
-            for config in hopper_candidates(op, rows, vocab, args.stages, args.acc_buffers):
+            for config in hopper_candidates(op, rows, vocab, args.stages):
                 yield op, config
         else:
             for config in candidates(
