@@ -5,11 +5,16 @@ count (the table ``choose_config`` encodes). Timing as in ``scripts/kernel_bench
 
 ``--hopper`` sweeps the Hopper kernel instead (sm_90, ``kernels/hopper_tiles.py``): the
 ``HOPPER_TUNED`` row's configuration with each ring depth asked for (``--stages``; those past the
-227 KB of shared memory are skipped).
+227 KB of shared memory are skipped) and each epilogue shape (``--epilogues CHUNKxWARPSxREGS``:
+accumulator rows per step, warps, registers per thread; default the row's own).
+
+    python scripts/tune_kernels.py --hopper --ops verify_resample --rows 256 512 --stages 4 \
+        --epilogues 16x4x152 16x8x112 32x8x112
 """
 
 from __future__ import annotations
 
+import argparse
 import functools
 import itertools
 import json
@@ -49,12 +54,14 @@ def candidates(
         yield KernelConfig(block_n, block_v, block_h, splits, warps, stages)
 
 
-def hopper_candidates(op: str, rows: int, vocab: int, stages_options):
+def hopper_candidates(op: str, rows: int, vocab: int, stages_options, epilogues):
     """The ``HOPPER_TUNED`` row of ``op`` at ``rows`` (the 128-row tile below it) with each ring
-    depth that fits in shared memory (the ring and the fp32 accumulator tile)."""
+    depth that fits in shared memory (the ring and the fp32 accumulator tile) and each epilogue
+    ``(chunk, warps, regs)`` (none: the row's own)."""
     base = hopper_row(op, rows) or HopperConfig()
-    for stages in stages_options:
-        config = base._replace(stages=stages)
+    epilogues = epilogues or [(base.chunk, base.epi_warps, base.epi_regs)]
+    for stages, (chunk, warps, regs) in itertools.product(stages_options, epilogues):
+        config = base._replace(stages=stages, chunk=chunk, epi_warps=warps, epi_regs=regs)
         ring = stages * (config.block_n + config.block_v) * config.block_k * 2
         if ring + config.block_n * config.block_v * 4 > 227 * 1024 - 1024:
             continue
@@ -87,6 +94,13 @@ def main() -> None:
     add("--stages", nargs="+", type=int, default=[3, 4], help="num_stages")
     add("--block-h", type=int, default=64, choices=[32, 64, 128], help="hidden chunk per dot")
     add("--hopper", action="store_true", help="sweep the Hopper kernel (sm_90)")
+    add(
+        "--epilogues",
+        nargs="+",
+        type=_epilogue,
+        default=[],
+        help="Hopper epilogue shapes CHUNKxWARPSxREGS (default: the table's)",
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         parser.exit(2, "error: needs a CUDA GPU (torch.cuda.is_available() is False)\n")
@@ -150,11 +164,28 @@ def main() -> None:
                 )
 
 
+def _epilogue(text: str) -> tuple[int, int, int]:
+    """``CHUNKxWARPSxREGS`` -> (chunk, warps, regs): the Hopper epilogue's accumulator rows per
+    step (a multiple of 8 and of the warps), warps (4 or 8) and registers per thread (a multiple
+    of 8, 24 .. 256)."""
+    try:
+        chunk, warps, regs = (int(part) for part in text.split("x"))
+    except ValueError:
+        message = f"expected CHUNKxWARPSxREGS, e.g. 16x4x152; got {text!r}"
+        raise argparse.ArgumentTypeError(message) from None
+    if warps not in (4, 8) or chunk % 8 or chunk % warps or regs % 8 or not 24 <= regs <= 256:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: CHUNK a multiple of 8 and of WARPS, WARPS 4 or 8, REGS a multiple of 8 "
+            "in 24..256"
+        )
+    return chunk, warps, regs
+
+
 def _sweep(args, rows: int, vocab: int, sms: int):
     """(op, config) pairs to time at ``rows``."""
     for op in args.ops:
         if args.hopper:
-            for config in hopper_candidates(op, rows, vocab, args.stages):
+            for config in hopper_candidates(op, rows, vocab, args.stages, args.epilogues):
                 yield op, config
         else:
             for config in candidates(

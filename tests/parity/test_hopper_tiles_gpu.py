@@ -15,9 +15,12 @@ import pytest
 import torch
 
 from flashspec_export.config import HeadShape
+from flashspec_export.kernels import hopper_tiles
 from flashspec_export.kernels.tiled_argmax import tiled_argmax
-from flashspec_export.kernels.tiles import choose_config
+from flashspec_export.kernels.tiles import choose_config, hopper_row
 from flashspec_export.kernels.verify_resample import verify_resample
+from flashspec_export.reference import noise
+from flashspec_export.reference.verify_resample import tile_summaries
 from tests.parity.test_llm_shapes_gpu import _argmax_case, _case
 
 
@@ -109,3 +112,86 @@ def test_hopper_kernel_in_a_cuda_graph():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(captured.tokens, eager.tokens)
+
+
+def _exact_bf16_rows(values: torch.Tensor):
+    """``values [rows, V]`` rounded to 22 significant bits, as ``hidden [rows, H]`` and
+    ``lm_head [V, H]`` (bf16) whose products are exactly those values: row r's hidden is one at
+    columns 3r .. 3r + 2, where the LM head holds the value's three bf16 parts. Every partial
+    sum of the parts is an fp32 number, so any accumulation order gives the value exactly."""
+    mantissa, exponent = torch.frexp(values)
+    rest = torch.ldexp(torch.round(mantissa * 2.0**22) * 2.0**-22, exponent)
+    rows, vocab = values.shape
+    hidden_size = -(-3 * rows // 64) * 64
+    lm_head = torch.zeros(vocab, hidden_size, device="cuda", dtype=torch.bfloat16)
+    hidden = torch.zeros(rows, hidden_size, device="cuda", dtype=torch.bfloat16)
+    for j in range(3):
+        part = rest.to(torch.bfloat16)
+        lm_head[:, j : 3 * rows : 3] = part.T
+        hidden[torch.arange(rows), 3 * torch.arange(rows) + j] = 1.0
+        rest = rest - part.double()
+    assert not rest.any()
+    return hidden, lm_head
+
+
+def _near_tie_case(n: int, gamma: int, vocab: int, gap: float):
+    """A near-tie on top of every (row, 128-id tile): two random ids of the tile score about 12
+    and ``12 - δ`` (``|δ| <= gap``, plus the dots' rounding, ~8e-6), every other id below -1;
+    on greedy rows (``T = 0``) the two dots are equal. Returns the case and the two ids."""
+    g = torch.Generator(device="cuda").manual_seed(11)
+    rows, tiles = n * (gamma + 1), vocab // 128
+    temps = torch.tensor([1.0, 0.7, 0.0, 1.3], device="cuda").repeat(n // 4 + 1)[:n]
+    seeds = torch.randint(0, 2**62, (n,), device="cuda", generator=g)
+    positions = torch.randint(0, 100_000, (n,), device="cuda", generator=g)
+    row_pos = positions[:, None] + torch.arange(gamma + 1, device="cuda")
+    a, b = noise.row_keys(seeds[:, None], row_pos, noise.STREAM_GUMBEL)
+    token = torch.arange(vocab, device="cuda")
+    gumbel = noise.gumbel_from_bits(noise.token_bits(a[..., None], b[..., None], token))
+    gumbel = gumbel.reshape(rows, vocab).double()
+    score = torch.rand(rows, vocab, device="cuda", generator=g, dtype=torch.float64) - 25.0
+    top = torch.rand(rows, tiles, 128, device="cuda", generator=g).argsort(dim=-1)[..., :2]
+    top = top + 128 * torch.arange(tiles, device="cuda")[:, None]
+    delta = torch.rand(rows, tiles, device="cuda", generator=g, dtype=torch.float64) * 2 - 1
+    score.scatter_(1, top[..., 0], 12.0)
+    score.scatter_(1, top[..., 1], 12.0 - delta * gap)
+    temp = temps.repeat_interleave(gamma + 1)[:, None].double()
+    dots = torch.where(temp == 0, score.scatter(1, top[..., 1], 12.0), (score - gumbel) * temp)
+    hidden, lm_head = _exact_bf16_rows(dots)
+    return (hidden, lm_head, temps, seeds, positions), top
+
+
+@pytest.mark.parametrize("gap", [4e-6, 4e-5])
+def test_near_ties_are_settled_exactly(gap):
+    """Every (row, tile) summary of the Hopper kernel equals the reference's bit for bit when the
+    top two scores of every tile lie within the ranking's error (its approximate Gumbel is off
+    by up to ~2e-5): the rows ranking cannot settle are reduced exactly, ties to the lowest id."""
+    n, gamma, vocab = 32, 3, 1024
+    (hidden, lm_head, temps, seeds, positions), top = _near_tie_case(n, gamma, vocab, gap)
+    rows, tiles = hidden.shape[0], vocab // 128
+    for logprobs in (False, True):
+        summaries = [torch.empty(rows, tiles, device="cuda") for _ in range(5)]
+        summaries[1] = torch.empty(rows, tiles, device="cuda", dtype=torch.int32)
+        hopper_tiles.launch(
+            hidden,
+            lm_head,
+            vocab,
+            tuple(summaries),
+            verify=True,
+            return_logprobs=logprobs,
+            temperature=temps,
+            seed=seeds,
+            positions=positions,
+            gamma=gamma,
+            config=hopper_row("verify_resample", rows),
+        )
+        expected = tile_summaries(
+            hidden.view(n, gamma + 1, -1), lm_head, temps, seeds, positions, vocab, 128, logprobs
+        )
+        winners = expected.best_index.reshape(rows, tiles)
+        assert torch.equal(summaries[1].long(), winners)
+        assert torch.equal(summaries[0], expected.best_score.reshape(rows, tiles))
+        if logprobs:
+            assert torch.equal(summaries[2], expected.best_logit.reshape(rows, tiles))
+    # The case is what it claims: one of the two ids wins every tile, and each of them some.
+    assert ((winners == top[..., 0]) | (winners == top[..., 1])).all()
+    assert (winners == top[..., 0]).any() and (winners == top[..., 1]).any()
