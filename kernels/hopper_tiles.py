@@ -249,6 +249,20 @@ def _chunk_keys(keys_ptr, in_block, BLOCK_N: gl.constexpr):
 
 
 @gluon.jit
+def _store_argmax(acc, cols, ws_off, row_ok, summaries, RETURN_LOGPROBS: gl.constexpr):
+    """Per row of a chunk: the max of ``acc [CHUNK, BLOCK_V]`` and its id (``cols`` the tile's
+    ids; lowest on ties) into the summaries at ``ws_off`` (with log-probabilities, the max is
+    also the id's logit: greedy rows)."""
+    best_score_ptr, best_index_ptr, best_logit_ptr = summaries
+    ids = gl.expand_dims(cols, 0) + gl.zeros_like(acc).to(gl.int32)
+    best, best_id = gl.reduce((acc, ids), 1, _argmax_combine)
+    gl.store(best_score_ptr + ws_off, best, mask=row_ok)
+    gl.store(best_index_ptr + ws_off, best_id, mask=row_ok)
+    if RETURN_LOGPROBS:
+        gl.store(best_logit_ptr + ws_off, best, mask=row_ok)
+
+
+@gluon.jit
 def _epilogue_partition(shared, VERIFY: gl.constexpr, RETURN_LOGPROBS: gl.constexpr):
     """Per tile: the op's reduction of the accumulator into per-(row, tile) summaries.
 
@@ -271,6 +285,7 @@ def _epilogue_partition(shared, VERIFY: gl.constexpr, RETURN_LOGPROBS: gl.conste
     best_logit_ptr = params[10]
     max_ptr = params[11]
     sum_exp_ptr = params[12]
+    summaries = (best_score_ptr, best_index_ptr, best_logit_ptr)
     NUM_CHUNKS: gl.constexpr = acc_buf.type.shape[0]
     CHUNK: gl.constexpr = acc_buf.type.shape[1]
     BLOCK_V: gl.constexpr = acc_buf.type.shape[2]
@@ -299,7 +314,6 @@ def _epilogue_partition(shared, VERIFY: gl.constexpr, RETURN_LOGPROBS: gl.conste
         v_tile = tile // row_blocks
         row_block = tile - v_tile * row_blocks
         first_id = v_tile * BLOCK_V
-        any_sampled = False
         if VERIFY:
             # The block's rows, one per thread: noise keys and temperature, once per tile, also
             # shared through the CTA's scratch (per chunk, an L1 hit instead of a dependent
@@ -328,18 +342,17 @@ def _epilogue_partition(shared, VERIFY: gl.constexpr, RETURN_LOGPROBS: gl.conste
             acc = acc_buf.index(chunk).load(layout)  # [CHUNK, BLOCK_V] fp32
             if VERIFY:
                 scale, greedy = _chunk_temperatures(keys_ptr, in_chunk, BLOCK_N)
-            if any_sampled:
-                key_a, key_b = _chunk_keys(keys_ptr, in_chunk, BLOCK_N)
-                hits, dot = _rank_chunk(acc, offsets, first_id, scale, greedy, key_a, key_b)
-                row_hits.index(chunk).store(gl.expand_dims(hits, 1))
-                row_dots.index(chunk).store(gl.expand_dims(dot, 1))
-            else:  # TiledArgmax, or greedy rows only (the scores are the logits, dot / 1)
-                ids = gl.expand_dims(first_id + offsets, 0) + gl.zeros_like(acc).to(gl.int32)
-                best, best_id = gl.reduce((acc, ids), 1, _argmax_combine)
-                gl.store(best_score_ptr + ws_off, best, mask=row_ok)
-                gl.store(best_index_ptr + ws_off, best_id, mask=row_ok)
-                if RETURN_LOGPROBS:
-                    gl.store(best_logit_ptr + ws_off, best, mask=row_ok)
+                if any_sampled:
+                    key_a, key_b = _chunk_keys(keys_ptr, in_chunk, BLOCK_N)
+                    hits, dot = _rank_chunk(acc, offsets, first_id, scale, greedy, key_a, key_b)
+                    row_hits.index(chunk).store(gl.expand_dims(hits, 1))
+                    row_dots.index(chunk).store(gl.expand_dims(dot, 1))
+                else:  # greedy rows only: the scores are the logits, dot / 1
+                    _store_argmax(
+                        acc, first_id + offsets, ws_off, row_ok, summaries, RETURN_LOGPROBS
+                    )
+            else:
+                _store_argmax(acc, first_id + offsets, ws_off, row_ok, summaries, RETURN_LOGPROBS)
             if RETURN_LOGPROBS:
                 # IEEE division, as the reference's `logits / scale`; padded ids: exp = 0.
                 logits = gl.div_rn(acc, gl.expand_dims(scale, 1))
@@ -348,44 +361,45 @@ def _epilogue_partition(shared, VERIFY: gl.constexpr, RETURN_LOGPROBS: gl.conste
                 s = gl.sum(gl.exp(logits - gl.expand_dims(m_ref, 1)), 1)
                 gl.store(max_ptr + ws_off, m, mask=row_ok)
                 gl.store(sum_exp_ptr + ws_off, s, mask=row_ok)
-        if any_sampled:
-            # One row per thread: the winner's exact score, as the reference computes it.
-            gl.thread_barrier()  # every chunk's row_hits / row_dots are stored
-            hits = gl.sum(block_hits.load(block_2d), 1)
-            best_id = first_id + hits % HIT
-            block_greedy = block_t == 0.0
-            dot = gl.sum(block_dots.load(block_2d), 1)
-            logit = gl.div_rn(dot, gl.where(block_greedy, 1.0, block_t))
-            noise = gumbel_from_bits(token_bits(block_a, block_b, best_id), True)
-            best = gl.where(block_greedy, logit, logit + noise)
-            settled = hits // HIT == 1
-            ws_off = block_rows * num_splits + v_tile
-            gl.store(best_score_ptr + ws_off, best, mask=block_ok & settled)
-            gl.store(best_index_ptr + ws_off, best_id, mask=block_ok & settled)
-            if RETURN_LOGPROBS:
-                gl.store(best_logit_ptr + ws_off, logit, mask=block_ok & settled)
-            unsettled = (block_ok & (not settled)).to(gl.int32)
-            if gl.max(unsettled, 0) > 0:
-                gl.thread_barrier()  # every thread has read row_hits: it now flags these rows
-                block_hits.store(gl.expand_dims(unsettled, 1))
-                gl.thread_barrier()
-                for chunk in range(NUM_CHUNKS):
-                    redo = gl.sum(row_hits.index(chunk).load(layout), 1) != 0
-                    if gl.max(redo.to(gl.int32), 0) > 0:
-                        acc = acc_buf.index(chunk).load(layout)
-                        in_chunk = chunk * CHUNK + gl.arange(0, CHUNK, layout=row_layout)
-                        scale, greedy = _chunk_temperatures(keys_ptr, in_chunk, BLOCK_N)
-                        key_a, key_b = _chunk_keys(keys_ptr, in_chunk, BLOCK_N)
-                        ids = gl.expand_dims(first_id + offsets, 0)
-                        ids += gl.zeros_like(acc).to(gl.int32)
-                        exact, exact_id, exact_logit = _exact_chunk_best(
-                            acc, ids, scale, greedy, key_a, key_b
-                        )
-                        at = (row_block * BLOCK_N + in_chunk) * num_splits + v_tile
-                        gl.store(best_score_ptr + at, exact, mask=redo)
-                        gl.store(best_index_ptr + at, exact_id, mask=redo)
-                        if RETURN_LOGPROBS:
-                            gl.store(best_logit_ptr + at, exact_logit, mask=redo)
+        if VERIFY:  # noqa: SIM102 (any_sampled exists only under the constexpr VERIFY)
+            if any_sampled:
+                # One row per thread: the winner's exact score, as the reference computes it.
+                gl.thread_barrier()  # every chunk's row_hits / row_dots are stored
+                hits = gl.sum(block_hits.load(block_2d), 1)
+                best_id = first_id + hits % HIT
+                block_greedy = block_t == 0.0
+                dot = gl.sum(block_dots.load(block_2d), 1)
+                logit = gl.div_rn(dot, gl.where(block_greedy, 1.0, block_t))
+                noise = gumbel_from_bits(token_bits(block_a, block_b, best_id), True)
+                best = gl.where(block_greedy, logit, logit + noise)
+                settled = hits // HIT == 1
+                ws_off = block_rows * num_splits + v_tile
+                gl.store(best_score_ptr + ws_off, best, mask=block_ok & settled)
+                gl.store(best_index_ptr + ws_off, best_id, mask=block_ok & settled)
+                if RETURN_LOGPROBS:
+                    gl.store(best_logit_ptr + ws_off, logit, mask=block_ok & settled)
+                unsettled = (block_ok & (not settled)).to(gl.int32)
+                if gl.max(unsettled, 0) > 0:
+                    gl.thread_barrier()  # every thread has read row_hits: it now flags these rows
+                    block_hits.store(gl.expand_dims(unsettled, 1))
+                    gl.thread_barrier()
+                    for chunk in range(NUM_CHUNKS):
+                        redo = gl.sum(row_hits.index(chunk).load(layout), 1) != 0
+                        if gl.max(redo.to(gl.int32), 0) > 0:
+                            acc = acc_buf.index(chunk).load(layout)
+                            in_chunk = chunk * CHUNK + gl.arange(0, CHUNK, layout=row_layout)
+                            scale, greedy = _chunk_temperatures(keys_ptr, in_chunk, BLOCK_N)
+                            key_a, key_b = _chunk_keys(keys_ptr, in_chunk, BLOCK_N)
+                            ids = gl.expand_dims(first_id + offsets, 0)
+                            ids += gl.zeros_like(acc).to(gl.int32)
+                            exact, exact_id, exact_logit = _exact_chunk_best(
+                                acc, ids, scale, greedy, key_a, key_b
+                            )
+                            at = (row_block * BLOCK_N + in_chunk) * num_splits + v_tile
+                            gl.store(best_score_ptr + at, exact, mask=redo)
+                            gl.store(best_index_ptr + at, exact_id, mask=redo)
+                            if RETURN_LOGPROBS:
+                                gl.store(best_logit_ptr + at, exact_logit, mask=redo)
         gl.thread_barrier()  # every read of acc_buf, row_hits and row_dots is done
         mbarrier.arrive(acc_empty)
 
