@@ -20,12 +20,11 @@ partitions connected by mbarriers:
   the tile's max / sum-exp; TiledArgmax: max logit and its id), so the portable stage 2
   (``_verify_finalize_kernel`` / ``_argmax_finalize_kernel``) finishes unchanged.
 
-The VerifyResample epilogue ranks every logit with a cheap score, keeping per row the ids the
-ranking's error bound leaves in contention (``_rank_chunk`` proves the bound); then, one row per
-thread, it scores each row's winner with the portable kernels' exact arithmetic
-(``kernels/noise.py``; IEEE division by the temperature, ``libdevice`` logs), and reduces the
-rows left with a near-tie by scoring their chunk exactly, so its summaries are bit-equal to the
-portable kernels'. The rows' noise keys and temperatures are computed once per tile into a per-CTA
+The VerifyResample epilogue ranks every logit with a cheap score and recomputes each row's
+winner with the portable kernels' exact arithmetic (``kernels/noise.py``; IEEE division by the
+temperature, ``libdevice`` logs), falling back to exact scoring of a whole chunk on a near-tie
+(``_sampled_chunk_best`` proves the bound), so its summaries are bit-equal to the portable
+kernels'. The rows' noise keys and temperatures are computed once per tile into a per-CTA
 scratch. TMA zero-fills rows past ``R`` and LM-head rows past ``V``; ids at or past
 ``vocab_size`` score ``-inf``: the MMA partition sets their dots to it.
 
@@ -61,16 +60,13 @@ from flashspec_export.kernels.noise import (
     token_bits,
 )
 
-# The ranking bound of `_rank_chunk`: a ranking score r is within
+# The ranking bound of `_sampled_chunk_best`: a ranking score r is within
 # RANK_REL · (|r| + RANK_OFFSET) + GUMBEL_APPROX_ERROR of the exact score (RANK_REL = 2**-20
 # covers the ~6 fp32 roundings of 2**-24 it needs with 2.5x slack, RANK_OFFSET the largest
 # |Gumbel| 21.5), for scores below RANK_LIMIT in magnitude.
 RANK_REL: gl.constexpr = gl.constexpr(2.0**-20)
 RANK_OFFSET: gl.constexpr = gl.constexpr(24.0)
 RANK_LIMIT: gl.constexpr = gl.constexpr(2.0**64)
-# `_rank_chunk` counts the ids at or above a row's bar in units of HIT and sums their offsets in
-# the tile (< BLOCK_V <= 256) below it.
-HIT: gl.constexpr = gl.constexpr(1 << 16)
 
 
 @gluon.jit
@@ -78,6 +74,20 @@ def _argmax_combine(value_a, index_a, value_b, index_b):
     """(max, its id) with ties to the lowest id — ``tl.max(..., return_indices=True)``'s rule."""
     take_a = (value_a > value_b) | ((value_a == value_b) & (index_a < index_b))
     return gl.where(take_a, value_a, value_b), gl.where(take_a, index_a, index_b)
+
+
+@gluon.jit
+def _top2_combine(s1_a, id_a, acc_a, s2_a, s1_b, id_b, acc_b, s2_b):
+    """Reduce (best, its id, its dot, second best): the best with the lowest id on ties, and the
+    largest of the rest (the loser's best included)."""
+    a_wins = (s1_a > s1_b) | ((s1_a == s1_b) & (id_a < id_b))
+    s2 = gl.maximum(gl.maximum(s2_a, s2_b), gl.where(a_wins, s1_b, s1_a))
+    return (
+        gl.where(a_wins, s1_a, s1_b),
+        gl.where(a_wins, id_a, id_b),
+        gl.where(a_wins, acc_a, acc_b),
+        s2,
+    )
 
 
 @gluon.jit
@@ -89,64 +99,64 @@ def _opaque(x):
 
 
 @gluon.jit
-def _rank_chunk(acc, offsets, first_id, scale, greedy, key_a, key_b):
-    """Per row of a chunk: which ids can hold the row's best exact score, at about half the ALU
-    work per element of scoring each exactly.
+def _sampled_chunk_best(acc, ids, row_ok, scale, greedy, key_a, key_b):
+    """Per row of a chunk: the best exact score ``max_v fl(fl(dot_v / T) + g_v)`` (greedy rows:
+    ``dot_v``), its id (lowest on ties) and its logit ``fl(dot_v / T)`` — bit for bit what
+    scoring every element exactly gives, at about half the ALU work per element.
 
-    ``acc [CHUNK, BLOCK_V]`` the dots (-inf at ids past the vocabulary) of ids ``first_id +
-    offsets`` (``offsets``: 0 .. BLOCK_V - 1), ``scale`` (T, or 1 for greedy rows), ``greedy``,
-    ``key_a, key_b`` the rows' noise keys. Returns per row ``hits = count · HIT + Σ offset`` over
-    the ids ranked at or above the row's bar (or NaN), and the largest dot among them.
+    ``acc [CHUNK, BLOCK_V]`` the dots (-inf at ids past the vocabulary), ``ids`` their vocabulary
+    ids, ``row_ok``, ``scale`` (T, or 1 for greedy rows), ``greedy``, ``key_a, key_b`` the rows'
+    noise keys.
 
-    Every element gets a ranking score ``r_v = fl(fl(dot_v · fl(1/T)) + g~_v)`` with
-    ``g~ = gumbel_approx_from_bits`` (two MUFU instructions instead of libdevice's ``log1pf`` and
-    two ``logf``, a multiply instead of an IEEE division); greedy rows rank by ``dot · 1 + 0 =
-    dot``, the exact score. The exact score is ``s_v = fl(fl(dot_v / T) + g_v)`` (greedy:
-    ``dot_v``). With ``r1`` the row's best ranking score, the bar is ``t = r1 - 3·e(r1)``
-    (greedy rows: ``r1``; ``-inf`` where ``|r1| >= RANK_LIMIT``), and one id at or above it
-    (``hits // HIT == 1``; the epilogue checks it) is the row's unique exact maximum.
+    Rank, then recompute the winner. Every element gets a ranking score
+    ``r_v = fl(fl(dot_v · fl(1/T)) + g~_v)`` with ``g~ = gumbel_approx_from_bits`` (two MUFU
+    instructions instead of libdevice's ``log1pf`` and two ``logf``, a multiply instead of an IEEE
+    division). One reduction gives per row the best ranking score ``r1`` at id ``v1`` (lowest on
+    ties), the dot there and the best ranking score ``r2`` of the other ids; only ``v1``'s exact
+    score is computed, from its dot and its own hash.
 
-    Why. With u = 2**-24: ``|fl(1/T) - 1/T| <= u/T``, so the ranking logit is within
-    ``3u·|dot/T|`` of the exact ``fl(dot/T)``; each of the two additions rounds by at most ``u``
-    of its result, and ``|dot/T| <= (1 + 4u)(|r| + 21.5)`` since ``g~ <= 21.5``. Hence
-    ``|s_v - r_v| <= e(r_v)`` with ``e(r) = RANK_REL · (|r| + RANK_OFFSET) + GUMBEL_APPROX_ERROR``
-    (about 6u·(|r| + 22) is needed; subnormal products add at most 2**-148, inside the slack)
-    while ``|r| < RANK_LIMIT``. ``e(t) <= e(r1) + RANK_REL · (r1 - t)``, so ``r1 - t >= 2·e(r1) /
-    (1 - RANK_REL)`` (3·e(r1), less the roundings of computing t, is more) gives ``t + e(t) <=
-    r1 - e(r1)``. If ``v1`` (rank r1) is the only id at or above t, every other id has ``s_v <=
-    r_v + e(r_v) < t + e(t) <= r1 - e(r1) <= s_v1``. A near-tie within ~3e-4, a NaN, a score
-    past RANK_LIMIT or an exact greedy tie puts two or more ids at or above the bar.
+    Why that is the exact winner. With u = 2**-24: ``|fl(1/T) - 1/T| <= u/T``, so the ranking
+    logit is within ``3u·|dot/T|`` of the exact ``fl(dot/T)``; each of the two additions rounds by
+    at most ``u`` of its result, and ``|dot/T| <= (1 + 4u)(|r| + 21.5)`` since ``g~ <= 21.5``.
+    Hence every element's exact score ``s_v`` satisfies ``|s_v - r_v| <= e(r_v)`` with
+    ``e(r) = RANK_REL · (|r| + RANK_OFFSET) + GUMBEL_APPROX_ERROR`` (about 6u·(|r| + 22) is needed;
+    subnormal products add at most 2**-148, inside the slack) while ``|r| < RANK_LIMIT``.
+    ``r + e(r)`` grows with ``r``, so if ``r2 + e(r2) < r1 - e(r1)`` then every other id has
+    ``s_v <= r_v + e(r_v) <= r2 + e(r2) < r1 - e(r1) <= s_v1``: ``v1`` is the unique exact
+    maximum. A row where the test fails (a near-tie within ~1e-5, a score past RANK_LIMIT, a NaN)
+    sends the whole chunk down the exact path — every element scored as the reference does — in
+    a branch uniform over the partition. Greedy rows rank by ``dot · 1 = dot``, the exact score,
+    and always pass; so do rows past ``num_rows`` (never stored) and fully padded tiles.
     """
     inv_scale = gl.div_rn(gl.full_like(scale, 1.0), scale)  # ranking only
     rank_logit = acc * gl.expand_dims(inv_scale, 1)
-    ids = gl.expand_dims(first_id + offsets, 0) + gl.zeros_like(acc).to(gl.int32)
     bits = token_bits(gl.expand_dims(key_a, 1), gl.expand_dims(key_b, 1), ids)
     noise = gumbel_approx_from_bits(bits, True)
     # rank_logit + noise, or rank_logit for greedy rows (x 0: the noise is finite), one FMA
     sampled = gl.where(greedy, 0.0, 1.0)
     rank = rank_logit + noise * gl.expand_dims(sampled, 1)
-    r1 = gl.max(rank, 1)
-    bar = r1 - 3.0 * (RANK_REL * (gl.abs(r1) + RANK_OFFSET) + GUMBEL_APPROX_ERROR)
-    bar = gl.where(gl.abs(r1) < RANK_LIMIT, bar, float("-inf"))
-    bar = gl.where(greedy, r1, bar)
-    hit = ~(rank < gl.expand_dims(bar, 1))  # at or above the bar, or NaN
-    hits = gl.sum(gl.where(hit, HIT + gl.expand_dims(offsets, 0), 0), 1)
-    dot = gl.max(gl.where(hit, acc, float("-inf")), 1)
-    return hits, dot
+    none = gl.full_like(rank, float("-inf"))
+    r1, best_id, dot1, r2 = gl.reduce((rank, ids, acc, none), 1, _top2_combine)
 
+    # The winner's exact score, as the reference computes it.
+    logit = gl.div_rn(dot1, scale)
+    exact_noise = gumbel_from_bits(token_bits(key_a, key_b, best_id), True)
+    best = gl.where(greedy, logit, logit + exact_noise)
+    best = gl.where(r1 == float("-inf"), float("-inf"), best)
 
-@gluon.jit
-def _exact_chunk_best(acc, ids, scale, greedy, key_a, key_b):
-    """Per row of a chunk: the best exact score ``max_v fl(fl(dot_v / T) + g_v)`` (greedy rows:
-    ``dot_v``), its id (lowest on ties) and its logit ``fl(dot_v / T)``, every element scored as
-    the reference does. The rows ``_rank_chunk`` cannot settle come here (rare). The hash again,
-    not kept from the ranking pass (registers for the rare case): an opaque copy of the key stops
-    the compiler from reusing those values."""
-    logits = gl.div_rn(acc, gl.expand_dims(scale, 1))
-    bits = token_bits(gl.expand_dims(_opaque(key_a), 1), gl.expand_dims(key_b, 1), ids)
-    exact = gl.where(gl.expand_dims(greedy, 1), logits, logits + gumbel_from_bits(bits, True))
-    best, best_id = gl.reduce((exact, ids), 1, _argmax_combine)
-    logit = gl.sum(gl.where(ids == gl.expand_dims(best_id, 1), logits, 0.0), 1)
+    e1 = RANK_REL * (gl.abs(r1) + RANK_OFFSET) + GUMBEL_APPROX_ERROR
+    e2 = gl.where(r2 == float("-inf"), 0.0, RANK_REL * (gl.abs(r2) + RANK_OFFSET))
+    separated = (r2 + (e2 + GUMBEL_APPROX_ERROR) < r1 - e1) & (gl.abs(r1) < RANK_LIMIT)
+    clear = greedy | (not row_ok) | (r1 == float("-inf")) | separated
+    if gl.min(clear.to(gl.int32), 0) == 0:
+        # Exact path for the whole chunk: score every element as the reference does. The hash
+        # again, not kept from the ranking pass (registers for the rare case): an opaque copy of
+        # the key stops the compiler from reusing those values.
+        logits = gl.div_rn(acc, gl.expand_dims(scale, 1))
+        bits = token_bits(gl.expand_dims(_opaque(key_a), 1), gl.expand_dims(key_b, 1), ids)
+        exact = gl.where(gl.expand_dims(greedy, 1), logits, logits + gumbel_from_bits(bits, True))
+        best, best_id = gl.reduce((exact, ids), 1, _argmax_combine)
+        logit = gl.sum(gl.where(ids == gl.expand_dims(best_id, 1), logits, 0.0), 1)
     return best, best_id, logit
 
 
@@ -154,7 +164,7 @@ def _exact_chunk_best(acc, ids, scale, greedy, key_a, key_b):
 def _load_partition(shared):
     """TMA producer: for every K chunk of every tile of this CTA, one ring slot."""
     a_desc, b_desc, a_bufs, b_bufs, ready, empty = shared[:6]
-    params = shared[-1]
+    params = shared[9]
     num_tiles, row_blocks = params[0], params[1]
     BLOCK_N: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
@@ -233,45 +243,9 @@ def _mma_partition(
 
 
 @gluon.jit
-def _chunk_temperatures(keys_ptr, in_block, BLOCK_N: gl.constexpr):
-    """Rows ``in_block``'s ``scale`` (T, or 1 for greedy rows) and ``greedy``, from the CTA's
-    ``[3, BLOCK_N]`` scratch (keys a, b, temperature)."""
-    temperature = gl.load(keys_ptr + 2 * BLOCK_N + in_block).to(gl.float32, bitcast=True)
-    greedy = temperature == 0.0
-    return gl.where(greedy, 1.0, temperature), greedy
-
-
-@gluon.jit
-def _chunk_keys(keys_ptr, in_block, BLOCK_N: gl.constexpr):
-    """Rows ``in_block``'s noise keys ``key_a, key_b`` (uint32) from the CTA's scratch."""
-    key_a = gl.load(keys_ptr + in_block).to(gl.uint32, bitcast=True)
-    return key_a, gl.load(keys_ptr + BLOCK_N + in_block).to(gl.uint32, bitcast=True)
-
-
-@gluon.jit
-def _store_argmax(acc, cols, ws_off, row_ok, summaries, RETURN_LOGPROBS: gl.constexpr):
-    """Per row of a chunk: the max of ``acc [CHUNK, BLOCK_V]`` and its id (``cols`` the tile's
-    ids; lowest on ties) into the summaries at ``ws_off`` (with log-probabilities, the max is
-    also the id's logit: greedy rows)."""
-    best_score_ptr, best_index_ptr, best_logit_ptr = summaries
-    ids = gl.expand_dims(cols, 0) + gl.zeros_like(acc).to(gl.int32)
-    best, best_id = gl.reduce((acc, ids), 1, _argmax_combine)
-    gl.store(best_score_ptr + ws_off, best, mask=row_ok)
-    gl.store(best_index_ptr + ws_off, best_id, mask=row_ok)
-    if RETURN_LOGPROBS:
-        gl.store(best_logit_ptr + ws_off, best, mask=row_ok)
-
-
-@gluon.jit
 def _epilogue_partition(shared, VERIFY: gl.constexpr, RETURN_LOGPROBS: gl.constexpr):
-    """Per tile: the op's reduction of the accumulator into per-(row, tile) summaries.
-
-    VerifyResample with sampled rows settles each row in two steps: per chunk, ``_rank_chunk``
-    ranks the elements and leaves per row the ids that can win (in ``row_hits``, ``row_dots``);
-    then, one row per thread, the row's winner is scored exactly — once per row, not in every
-    lane of a row — and the rows ranking cannot settle (near-ties: rare) are reduced exactly
-    from the accumulator, still in shared memory, chunk by chunk."""
-    acc_buf, acc_ready, acc_empty, row_hits, row_dots, params = shared[6:]
+    """Per tile: the op's reduction of the accumulator into per-(row, tile) summaries."""
+    acc_buf, acc_ready, acc_empty, params = shared[6:]
     num_tiles = params[0]
     row_blocks = params[1]
     num_rows = params[2]
@@ -285,7 +259,6 @@ def _epilogue_partition(shared, VERIFY: gl.constexpr, RETURN_LOGPROBS: gl.conste
     best_logit_ptr = params[10]
     max_ptr = params[11]
     sum_exp_ptr = params[12]
-    summaries = (best_score_ptr, best_index_ptr, best_logit_ptr)
     NUM_CHUNKS: gl.constexpr = acc_buf.type.shape[0]
     CHUNK: gl.constexpr = acc_buf.type.shape[1]
     BLOCK_V: gl.constexpr = acc_buf.type.shape[2]
@@ -293,31 +266,24 @@ def _epilogue_partition(shared, VERIFY: gl.constexpr, RETURN_LOGPROBS: gl.conste
     keys_ptr = params[13] + gl.program_id(0) * (3 * BLOCK_N)  # this CTA's [3, BLOCK_N] scratch
     EPI_WARPS: gl.constexpr = gl.num_warps()
     # A chunk [CHUNK, BLOCK_V] over the partition: each warp CHUNK / EPI_WARPS whole rows, each
-    # lane a run of one row's ids.
+    # lane a run of one row's ids. The per-row work (the winner's exact score, the keys) is
+    # repeated by every lane of a row, so fewer lanes per row (more ids per lane) amortise it.
     ROWS_PER_WARP: gl.constexpr = CHUNK // EPI_WARPS
     LANES_PER_ROW: gl.constexpr = 32 // ROWS_PER_WARP
     layout: gl.constexpr = gl.BlockedLayout(
         [1, BLOCK_V // LANES_PER_ROW], [ROWS_PER_WARP, LANES_PER_ROW], [EPI_WARPS, 1], [1, 0]
     )
     row_layout: gl.constexpr = gl.SliceLayout(1, layout)
-    offsets = gl.arange(0, BLOCK_V, layout=gl.SliceLayout(0, layout))
-    # The block's rows one per thread ([BLOCK_N, 1] to read the per-row buffers, [CHUNK, 1] per
-    # chunk: shared memory views keep a 2-D layout).
-    block_2d: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [EPI_WARPS, 1], [1, 0])
-    block_layout: gl.constexpr = gl.SliceLayout(1, block_2d)
-    rows_layout: gl.constexpr = row_hits.type.layout
-    block_hits = row_hits._reinterpret(gl.int32, [BLOCK_N, 1], rows_layout)
-    block_dots = row_dots._reinterpret(gl.float32, [BLOCK_N, 1], rows_layout)
+    col_layout: gl.constexpr = gl.SliceLayout(0, layout)
+    block_layout: gl.constexpr = gl.BlockedLayout([1], [32], [EPI_WARPS], [0])
     num_splits = gl.cdiv(vocab_size, BLOCK_V)
     for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
         count = tile // gl.num_programs(0)  # this CTA's tiles before this one
         v_tile = tile // row_blocks
         row_block = tile - v_tile * row_blocks
-        first_id = v_tile * BLOCK_V
         if VERIFY:
-            # The block's rows, one per thread: noise keys and temperature, once per tile, also
-            # shared through the CTA's scratch (per chunk, an L1 hit instead of a dependent
-            # global load).
+            # The block's rows: noise keys and temperature, once per tile, shared through the
+            # CTA's scratch (per chunk, an L1 hit instead of a dependent global load).
             block_rows = row_block * BLOCK_N + gl.arange(0, BLOCK_N, layout=block_layout)
             block_ok = block_rows < num_rows
             block_seq = block_rows // (gamma + 1)
@@ -334,73 +300,42 @@ def _epilogue_partition(shared, VERIFY: gl.constexpr, RETURN_LOGPROBS: gl.conste
             gl.store(keys_ptr + 2 * BLOCK_N + in_block, block_t.to(gl.int32, bitcast=True))
             gl.thread_barrier()
         mbarrier.wait(acc_ready, count & 1)
+        cols = v_tile * BLOCK_V + gl.arange(0, BLOCK_V, layout=col_layout)
         for chunk in range(NUM_CHUNKS):
-            in_chunk = chunk * CHUNK + gl.arange(0, CHUNK, layout=row_layout)
-            rows = row_block * BLOCK_N + in_chunk
+            rows = row_block * BLOCK_N + chunk * CHUNK + gl.arange(0, CHUNK, layout=row_layout)
             row_ok = rows < num_rows
-            ws_off = rows * num_splits + v_tile
             acc = acc_buf.index(chunk).load(layout)  # [CHUNK, BLOCK_V] fp32
+            ids = gl.expand_dims(cols, 0) + gl.zeros([CHUNK, BLOCK_V], gl.int32, layout)
             if VERIFY:
-                scale, greedy = _chunk_temperatures(keys_ptr, in_chunk, BLOCK_N)
+                in_chunk = chunk * CHUNK + gl.arange(0, CHUNK, layout=row_layout)
+                temperature = gl.load(keys_ptr + 2 * BLOCK_N + in_chunk)
+                temperature = temperature.to(gl.float32, bitcast=True)
+                greedy = temperature == 0.0
+                scale = gl.where(greedy, 1.0, temperature)
                 if any_sampled:
-                    key_a, key_b = _chunk_keys(keys_ptr, in_chunk, BLOCK_N)
-                    hits, dot = _rank_chunk(acc, offsets, first_id, scale, greedy, key_a, key_b)
-                    row_hits.index(chunk).store(gl.expand_dims(hits, 1))
-                    row_dots.index(chunk).store(gl.expand_dims(dot, 1))
-                else:  # greedy rows only: the scores are the logits, dot / 1
-                    _store_argmax(
-                        acc, first_id + offsets, ws_off, row_ok, summaries, RETURN_LOGPROBS
+                    key_a = gl.load(keys_ptr + in_chunk).to(gl.uint32, bitcast=True)
+                    key_b = gl.load(keys_ptr + BLOCK_N + in_chunk).to(gl.uint32, bitcast=True)
+                    best, best_id, best_logit = _sampled_chunk_best(
+                        acc, ids, row_ok, scale, greedy, key_a, key_b
                     )
+                else:  # greedy rows only: the scores are the logits, dot / 1
+                    best, best_id = gl.reduce((acc, ids), 1, _argmax_combine)
+                    best_logit = best
             else:
-                _store_argmax(acc, first_id + offsets, ws_off, row_ok, summaries, RETURN_LOGPROBS)
+                best, best_id = gl.reduce((acc, ids), 1, _argmax_combine)
+            ws_off = rows * num_splits + v_tile
+            gl.store(best_score_ptr + ws_off, best, mask=row_ok)
+            gl.store(best_index_ptr + ws_off, best_id, mask=row_ok)
             if RETURN_LOGPROBS:
                 # IEEE division, as the reference's `logits / scale`; padded ids: exp = 0.
                 logits = gl.div_rn(acc, gl.expand_dims(scale, 1))
                 m = gl.max(logits, 1)
                 m_ref = gl.where(m == float("-inf"), 0.0, m)
                 s = gl.sum(gl.exp(logits - gl.expand_dims(m_ref, 1)), 1)
+                gl.store(best_logit_ptr + ws_off, best_logit, mask=row_ok)
                 gl.store(max_ptr + ws_off, m, mask=row_ok)
                 gl.store(sum_exp_ptr + ws_off, s, mask=row_ok)
-        if VERIFY:  # noqa: SIM102 (any_sampled exists only under the constexpr VERIFY)
-            if any_sampled:
-                # One row per thread: the winner's exact score, as the reference computes it.
-                gl.thread_barrier()  # every chunk's row_hits / row_dots are stored
-                hits = gl.sum(block_hits.load(block_2d), 1)
-                best_id = first_id + hits % HIT
-                block_greedy = block_t == 0.0
-                dot = gl.sum(block_dots.load(block_2d), 1)
-                logit = gl.div_rn(dot, gl.where(block_greedy, 1.0, block_t))
-                noise = gumbel_from_bits(token_bits(block_a, block_b, best_id), True)
-                best = gl.where(block_greedy, logit, logit + noise)
-                settled = hits // HIT == 1
-                ws_off = block_rows * num_splits + v_tile
-                gl.store(best_score_ptr + ws_off, best, mask=block_ok & settled)
-                gl.store(best_index_ptr + ws_off, best_id, mask=block_ok & settled)
-                if RETURN_LOGPROBS:
-                    gl.store(best_logit_ptr + ws_off, logit, mask=block_ok & settled)
-                unsettled = (block_ok & (not settled)).to(gl.int32)
-                if gl.max(unsettled, 0) > 0:
-                    gl.thread_barrier()  # every thread has read row_hits: it now flags these rows
-                    block_hits.store(gl.expand_dims(unsettled, 1))
-                    gl.thread_barrier()
-                    for chunk in range(NUM_CHUNKS):
-                        redo = gl.sum(row_hits.index(chunk).load(layout), 1) != 0
-                        if gl.max(redo.to(gl.int32), 0) > 0:
-                            acc = acc_buf.index(chunk).load(layout)
-                            in_chunk = chunk * CHUNK + gl.arange(0, CHUNK, layout=row_layout)
-                            scale, greedy = _chunk_temperatures(keys_ptr, in_chunk, BLOCK_N)
-                            key_a, key_b = _chunk_keys(keys_ptr, in_chunk, BLOCK_N)
-                            ids = gl.expand_dims(first_id + offsets, 0)
-                            ids += gl.zeros_like(acc).to(gl.int32)
-                            exact, exact_id, exact_logit = _exact_chunk_best(
-                                acc, ids, scale, greedy, key_a, key_b
-                            )
-                            at = (row_block * BLOCK_N + in_chunk) * num_splits + v_tile
-                            gl.store(best_score_ptr + at, exact, mask=redo)
-                            gl.store(best_index_ptr + at, exact_id, mask=redo)
-                            if RETURN_LOGPROBS:
-                                gl.store(best_logit_ptr + at, exact_logit, mask=redo)
-        gl.thread_barrier()  # every read of acc_buf, row_hits and row_dots is done
+        gl.thread_barrier()  # every read of acc_buf is done
         mbarrier.arrive(acc_empty)
 
 
@@ -461,12 +396,6 @@ def hopper_tiles_kernel(
     # The epilogue's view: chunks of CHUNK rows (a multiple of the swizzle's 8-row period, so
     # both views address every element alike).
     acc_chunks = acc_buf._reinterpret(gl.float32, [BLOCK_N // CHUNK, CHUNK, BLOCK_V], acc_layout)
-    # Per row of the current tile, the VerifyResample epilogue's ranking result (`_rank_chunk`).
-    rows_layout: gl.constexpr = gl.SwizzledSharedLayout(
-        vec=1, per_phase=1, max_phase=1, order=[1, 0]
-    )
-    row_hits = gl.allocate_shared_memory(gl.int32, [BLOCK_N // CHUNK, CHUNK, 1], rows_layout)
-    row_dots = gl.allocate_shared_memory(gl.float32, [BLOCK_N // CHUNK, CHUNK, 1], rows_layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     acc_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -494,7 +423,7 @@ def hopper_tiles_kernel(
         keys_ptr,
     )
     # The worker partitions' one argument (partitions must share a signature): the loader reads
-    # its first six fields and the last, the epilogue the last six.
+    # its first six fields, the epilogue its last four.
     shared = (
         a_desc,
         b_desc,
@@ -505,8 +434,6 @@ def hopper_tiles_kernel(
         acc_chunks,
         acc_ready,
         acc_empty,
-        row_hits,
-        row_dots,
         params,
     )
     worker_args = (shared,)

@@ -208,7 +208,7 @@ def gumbel_approx_from_bits(x, LIBDEVICE: tl.constexpr):
     (``P - x >= 1``, ``E >= 2**-31``). Two MUFU instructions and ~12 others, against
     the exact form's libdevice ``log1pf`` and two ``logf`` (both branches of its select run).
     Never used for an emitted value: the Hopper verify epilogue ranks with it and recomputes the
-    winner exactly (``kernels/hopper_tiles.py: _rank_chunk``).
+    winner exactly (``kernels/hopper_tiles.py: _sampled_chunk_best``).
     """
     k = x + 1
     w = k.to(tl.float32) * _TWO_POW_M31  # exact: k < 2**31 (x < P)

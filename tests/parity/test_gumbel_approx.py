@@ -1,6 +1,6 @@
 """The ranking Gumbel of the Hopper verify epilogue (``kernels.noise.gumbel_approx_from_bits``)
 stays within ``GUMBEL_APPROX_ERROR`` of the exact one, the bound its exactness proof rests on
-(``kernels/hopper_tiles.py: _rank_chunk``).
+(``kernels/hopper_tiles.py: _sampled_chunk_best``).
 
 On the GPU the check is exhaustive (all 2**31 - 1 hash values, the MUFU ``lg2.approx`` the
 kernel uses); under the CPU interpreter (NumPy's ``log2``) it covers the two ends of the range,

@@ -164,7 +164,8 @@ def _near_tie_case(n: int, gamma: int, vocab: int, gap: float):
 def test_near_ties_are_settled_exactly(gap):
     """Every (row, tile) summary of the Hopper kernel equals the reference's bit for bit when the
     top two scores of every tile lie within the ranking's error (its approximate Gumbel is off
-    by up to ~2e-5): the rows ranking cannot settle are reduced exactly, ties to the lowest id."""
+    by up to ~2e-5): a chunk whose ranking cannot separate a row's top two is scored exactly,
+    ties to the lowest id."""
     n, gamma, vocab = 32, 3, 1024
     (hidden, lm_head, temps, seeds, positions), top = _near_tie_case(n, gamma, vocab, gap)
     rows, tiles = hidden.shape[0], vocab // 128

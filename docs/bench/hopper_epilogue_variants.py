@@ -1,0 +1,126 @@
+"""Which part of the Hopper verify kernel sets its time at 256-512 rows: copies of the kernel
+with parts of the work removed (by text edits), timed side by side on the Llama-3 head (bf16,
+γ = 3, T = 1). The timings only: the edited kernels' summaries are wrong by design.
+
+    git show 38a0f5c:kernels/hopper_tiles.py > /tmp/hopper_tiles_settle.py
+    OUT=. python docs/bench/hopper_epilogue_variants.py /tmp/hopper_tiles_settle.py
+
+Variants: ``as_is``; ``no_epilogue_work`` (the epilogue only waits and hands the buffer back:
+the GEMM pipeline alone); ``no_hash`` / ``no_gumbel`` (the ranking without the integer hash /
+without the approximate Gumbel); ``one_k_chunk`` (one 64-wide K chunk per tile instead of H / 64:
+almost no tensor-core work, so the epilogue alone).
+Output: docs/bench/hopper_epilogue_variants_h100.log.
+"""
+
+import importlib.util
+import json
+import os
+import pathlib
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, "scripts")
+from kernel_bench import time_graph
+
+from flashspec_export.config import HeadShape
+from flashspec_export.kernels.hopper_tiles import HopperConfig
+from flashspec_export.kernels.tiled_argmax import tiled_argmax
+
+SRC = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else "kernels/hopper_tiles.py").read_text()
+ONE_K = [("for kk in range(k_iters):", "for kk in range(1):")]
+NO_CHUNKS = [
+    (
+        "        for chunk in range(NUM_CHUNKS):\n            in_chunk",
+        "        for chunk in range(num_rows * 0):\n            in_chunk",
+    ),
+    (
+        "            if any_sampled:\n                # One row per thread",
+        "            if num_rows < 0:\n                # One row per thread",
+    ),
+]
+NO_HASH = [
+    (
+        "    bits = token_bits(gl.expand_dims(key_a, 1), gl.expand_dims(key_b, 1), ids)\n"
+        "    noise = gumbel_approx",
+        "    bits = (ids * 40503 + gl.expand_dims(key_a, 1).to(gl.int32)).to(gl.uint32)\n"
+        "    bits = bits & 0x3FFFFFFF\n"
+        "    noise = gumbel_approx",
+    )
+]
+NO_GUMBEL = [
+    (
+        "    noise = gumbel_approx_from_bits(bits, True)\n",
+        "    noise = bits.to(gl.float32) * 1e-9\n",
+    )
+]
+VARIANTS = {
+    "as_is": [],
+    "no_epilogue_work": NO_CHUNKS,
+    "no_hash": NO_HASH,
+    "no_gumbel": NO_GUMBEL,
+    "no_hash_no_gumbel": NO_HASH + NO_GUMBEL,
+    "one_k_chunk": ONE_K,
+    "one_k_chunk_no_hash": ONE_K + NO_HASH,
+    "one_k_chunk_no_gumbel": ONE_K + NO_GUMBEL,
+}
+
+
+def load(name, edits):
+    """The kernel module with ``edits`` applied, imported from a scratch file."""
+    src = SRC
+    for old, new in edits:
+        assert old in src, (name, old)
+        src = src.replace(old, new)
+    path = pathlib.Path(os.environ.get("OUT", ".")) / f"_hopper_tiles_{name}.py"
+    path.write_text(src)
+    spec = importlib.util.spec_from_file_location(f"_hopper_tiles_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def time_variants(rows: int, lm_head: torch.Tensor, vocab_size: int) -> list[dict]:
+    """Median µs of the matmul, the argmax and each variant at ``rows`` rows."""
+    n = rows // 4
+    hidden = torch.randn(rows, lm_head.shape[1], device="cuda").bfloat16()
+    temps, seeds = torch.ones(n, device="cuda"), torch.arange(n, device="cuda")
+    positions = torch.zeros(n, dtype=torch.int64, device="cuda")
+    tiles = -(-vocab_size // 128)
+    summaries = [torch.empty(rows, tiles, device="cuda") for _ in range(5)]
+    summaries[1] = torch.empty(rows, tiles, device="cuda", dtype=torch.int32)
+    matmul = statistics.median(time_graph(lambda: hidden @ lm_head.T, 20))
+    argmax = statistics.median(time_graph(lambda: tiled_argmax(hidden, lm_head, vocab_size), 20))
+    print(f"R={rows} matmul {matmul:.1f} argmax {argmax:.1f}", flush=True)
+    results = []
+    for name, edits in VARIANTS.items():
+        module = load(name, edits)
+
+        def call(module=module):
+            module.launch(
+                hidden,
+                lm_head,
+                vocab_size,
+                tuple(summaries),
+                verify=True,
+                temperature=temps,
+                seed=seeds,
+                positions=positions,
+                gamma=3,
+                config=HopperConfig(),
+            )
+
+        us = statistics.median(time_graph(call, 20))
+        print(f"R={rows} {name:24s} {us:8.1f} us  ({us / matmul:.2f}x matmul)", flush=True)
+        results.append(dict(rows=rows, variant=name, us=us, matmul=matmul, argmax=argmax))
+    return results
+
+
+if __name__ == "__main__":
+    shape = HeadShape.from_name("llama3-8b")
+    lm_head = torch.randn(shape.padded_vocab, shape.hidden_size, device="cuda")
+    lm_head = (lm_head * shape.hidden_size**-0.5).bfloat16()
+    results = [r for rows in (256, 512) for r in time_variants(rows, lm_head, shape.vocab_size)]
+    out = pathlib.Path(os.environ.get("OUT", ".")) / "hopper_epilogue_variants.json"
+    out.write_text(json.dumps(results, indent=1))
