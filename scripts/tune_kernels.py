@@ -33,19 +33,26 @@ from flashspec_export.kernels.verify_resample import verify_resample as triton_v
 
 
 def candidates(
-    rows: int, vocab: int, sms: int, warps_options, block_n_options, stages_options, block_h
+    rows: int,
+    vocab: int,
+    sms: int,
+    warps_options,
+    block_n_options,
+    stages_options,
+    block_h,
+    waves_options=(2, 0),
 ):
     """Row block from the row count (and 64 / 128, GEMM-shaped, for 64 rows and more) unless
-    given, three tile widths, the given warp counts and pipeline depths, and splits for two
-    waves or one tile per program. Tiles of more than 64 fp32 accumulators per thread are
-    skipped (they spill once the epilogue's temporaries are live)."""
+    given, three tile widths, the given warp counts and pipeline depths, and splits for each
+    number of waves (programs per SM; 0: one tile per program). Tiles of more than 64 fp32
+    accumulators per thread are skipped (they spill once the epilogue's temporaries are live)."""
     base = max(16, min(128, triton.next_power_of_2(rows)))
     if not block_n_options:
         block_n_options = sorted({base, 64, 128}) if rows >= 64 else [base]
     for block_n, block_v, warps, stages, waves in itertools.product(
-        block_n_options, (64, 128, 256), warps_options, stages_options, (2, 0)
+        block_n_options, (64, 128, 256), warps_options, stages_options, waves_options
     ):
-        if block_n * block_v > 64 * 32 * warps or block_n > triton.next_power_of_2(rows):
+        if block_n * block_v > 64 * 32 * warps or block_n > max(base, triton.next_power_of_2(rows)):
             continue
         tiles = triton.cdiv(vocab, block_v)
         row_blocks = triton.cdiv(rows, block_n)
@@ -54,14 +61,23 @@ def candidates(
         yield KernelConfig(block_n, block_v, block_h, splits, warps, stages)
 
 
-def hopper_candidates(op: str, rows: int, vocab: int, stages_options, epilogues):
-    """The ``HOPPER_TUNED`` row of ``op`` at ``rows`` (the 128-row tile below it) with each ring
-    depth that fits in shared memory (the ring and the fp32 accumulator tile) and each epilogue
-    ``(chunk, warps, regs)`` (none: the row's own)."""
+def hopper_candidates(
+    op: str, rows: int, vocab: int, stages_options, epilogues, block_n_options=()
+):
+    """The ``HOPPER_TUNED`` row of ``op`` at ``rows`` (the 128-row tile below it), with each row
+    block asked for (none: the row's own), each ring depth that fits in shared memory (the ring
+    and the fp32 accumulator tile) and each epilogue ``(chunk, warps, regs)`` (none: the
+    row's own)."""
     base = hopper_row(op, rows) or HopperConfig()
     epilogues = epilogues or [(base.chunk, base.epi_warps, base.epi_regs)]
-    for stages, (chunk, warps, regs) in itertools.product(stages_options, epilogues):
-        config = base._replace(stages=stages, chunk=chunk, epi_warps=warps, epi_regs=regs)
+    for block_n, stages, (chunk, warps, regs) in itertools.product(
+        block_n_options or [base.block_n], stages_options, epilogues
+    ):
+        if block_n % chunk:
+            continue
+        config = base._replace(
+            block_n=block_n, stages=stages, chunk=chunk, epi_warps=warps, epi_regs=regs
+        )
         ring = stages * (config.block_n + config.block_v) * config.block_k * 2
         if ring + config.block_n * config.block_v * 4 > 227 * 1024 - 1024:
             continue
@@ -91,6 +107,13 @@ def main() -> None:
     )
     add("--warps", nargs="+", type=int, default=[4, 8], choices=[4, 8, 16], help="num_warps")
     add("--block-n", nargs="+", type=int, default=[], help="row blocks (default: from R)")
+    add(
+        "--waves",
+        nargs="+",
+        type=cli.int_range(0, 8),
+        default=[2, 0],
+        help="programs per SM along the vocabulary (0: one tile per program)",
+    )
     add("--stages", nargs="+", type=int, default=[3, 4], help="num_stages")
     add("--block-h", type=int, default=64, choices=[32, 64, 128], help="hidden chunk per dot")
     add("--hopper", action="store_true", help="sweep the Hopper kernel (sm_90)")
@@ -185,11 +208,13 @@ def _sweep(args, rows: int, vocab: int, sms: int):
     """(op, config) pairs to time at ``rows``."""
     for op in args.ops:
         if args.hopper:
-            for config in hopper_candidates(op, rows, vocab, args.stages, args.epilogues):
+            for config in hopper_candidates(
+                op, rows, vocab, args.stages, args.epilogues, args.block_n
+            ):
                 yield op, config
         else:
             for config in candidates(
-                rows, vocab, sms, args.warps, args.block_n, args.stages, args.block_h
+                rows, vocab, sms, args.warps, args.block_n, args.stages, args.block_h, args.waves
             ):
                 yield op, config
 
