@@ -7,7 +7,12 @@ Nsight Compute (Llama-3 head, bf16, γ = 3, T = 1).
         while `nvidia-smi` samples the SM clock, power and throttle reasons every 20 ms;
         prints per variant µs per call, median clock and power, and the throttle reasons seen
     python docs/bench/hopper_profile.py once VARIANT [ROWS]
-        three launches of one variant (profile the last with `ncu --launch-skip 2`)
+        three launches of one variant; profile the last:
+        ncu --set full -k regex:hopper_tiles --launch-skip 2 --launch-count 1 -o ncu_VARIANT \
+            python docs/bench/hopper_profile.py once VARIANT 512
+
+Results: docs/bench/hopper_clocks_{h100,h200}.log, docs/bench/hopper_ncu_h100.txt and the
+section "the 256-512-row verify kernel runs at the power limit" of docs/BENCHMARKS.md.
 """
 
 import datetime
