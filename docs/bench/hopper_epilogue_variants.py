@@ -90,8 +90,9 @@ def load(name, edits, source=SHIPPED):
     return module
 
 
-def time_variants(rows: int, lm_head: torch.Tensor, vocab_size: int, source) -> list[dict]:
-    """Median µs of the matmul, the argmax and each variant at ``rows`` rows."""
+def verify_call(module, rows: int, lm_head: torch.Tensor, vocab_size: int):
+    """(hidden, a no-argument launch of ``module``'s verify kernel at ``rows`` rows): random bf16
+    rows, N = rows / 4 sequences with γ = 3, T = 1."""
     n = rows // 4
     hidden = torch.randn(rows, lm_head.shape[1], device="cuda").bfloat16()
     temps, seeds = torch.ones(n, device="cuda"), torch.arange(n, device="cuda")
@@ -99,27 +100,36 @@ def time_variants(rows: int, lm_head: torch.Tensor, vocab_size: int, source) -> 
     tiles = -(-vocab_size // 128)
     summaries = [torch.empty(rows, tiles, device="cuda") for _ in range(5)]
     summaries[1] = torch.empty(rows, tiles, device="cuda", dtype=torch.int32)
+
+    def call():
+        module.launch(
+            hidden,
+            lm_head,
+            vocab_size,
+            tuple(summaries),
+            verify=True,
+            temperature=temps,
+            seed=seeds,
+            positions=positions,
+            gamma=3,
+            config=HopperConfig(),
+        )
+
+    return hidden, call
+
+
+def time_variants(rows: int, lm_head: torch.Tensor, vocab_size: int, source) -> list[dict]:
+    """Median µs of the matmul, the argmax and each variant at ``rows`` rows."""
+    calls = {
+        name: verify_call(load(name, edits, source), rows, lm_head, vocab_size)
+        for name, edits in VARIANTS.items()
+    }
+    hidden = calls["as_is"][0]
     matmul = statistics.median(time_graph(lambda: hidden @ lm_head.T, 20))
     argmax = statistics.median(time_graph(lambda: tiled_argmax(hidden, lm_head, vocab_size), 20))
     print(f"R={rows} matmul {matmul:.1f} argmax {argmax:.1f}", flush=True)
     results = []
-    for name, edits in VARIANTS.items():
-        module = load(name, edits, source)
-
-        def call(module=module):
-            module.launch(
-                hidden,
-                lm_head,
-                vocab_size,
-                tuple(summaries),
-                verify=True,
-                temperature=temps,
-                seed=seeds,
-                positions=positions,
-                gamma=3,
-                config=HopperConfig(),
-            )
-
+    for name, (_, call) in calls.items():
         us = statistics.median(time_graph(call, 20))
         print(f"R={rows} {name:24s} {us:8.1f} us  ({us / matmul:.2f}x matmul)", flush=True)
         results.append(dict(rows=rows, variant=name, us=us, matmul=matmul, argmax=argmax))

@@ -27,53 +27,23 @@ import time
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from hopper_epilogue_variants import VARIANTS, load
+from hopper_epilogue_variants import VARIANTS, load, verify_call
 
 from flashspec_export.config import HeadShape
-from flashspec_export.kernels.hopper_tiles import HopperConfig
 
 OUT = pathlib.Path(os.environ.get("OUT", "."))
 SMI_FIELDS = "timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active"
 
 
-def operands(rows: int):
-    """The benchmark's Llama-3 operands at ``rows`` rows (as `hopper_epilogue_variants.py`)."""
+def variant_call(name: str, rows: int):
+    """A no-argument call of variant ``name`` (or ``matmul``) at ``rows`` rows."""
     shape = HeadShape.from_name("llama3-8b")
     torch.manual_seed(0)
     lm_head = torch.randn(shape.padded_vocab, shape.hidden_size, device="cuda")
     lm_head = (lm_head * shape.hidden_size**-0.5).bfloat16()
-    hidden = torch.randn(rows, shape.hidden_size, device="cuda").bfloat16()
-    n = rows // 4
-    temps, seeds = torch.ones(n, device="cuda"), torch.arange(n, device="cuda")
-    positions = torch.zeros(n, dtype=torch.int64, device="cuda")
-    tiles = -(-shape.vocab_size // 128)
-    summaries = [torch.empty(rows, tiles, device="cuda") for _ in range(5)]
-    summaries[1] = torch.empty(rows, tiles, device="cuda", dtype=torch.int32)
-    return shape, lm_head, hidden, (temps, seeds, positions), tuple(summaries)
-
-
-def variant_call(name: str, rows: int):
-    """A no-argument call of variant ``name`` (or ``matmul``) at ``rows`` rows."""
-    shape, lm_head, hidden, (temps, seeds, positions), summaries = operands(rows)
-    if name == "matmul":
-        return lambda: hidden @ lm_head.T
-    module = load(name, VARIANTS[name])
-
-    def call():
-        module.launch(
-            hidden,
-            lm_head,
-            shape.vocab_size,
-            summaries,
-            verify=True,
-            temperature=temps,
-            seed=seeds,
-            positions=positions,
-            gamma=3,
-            config=HopperConfig(),
-        )
-
-    return call
+    module = load("as_is" if name == "matmul" else name, VARIANTS.get(name, []))
+    hidden, call = verify_call(module, rows, lm_head, shape.vocab_size)
+    return (lambda: hidden @ lm_head.T) if name == "matmul" else call
 
 
 def sustained(call, seconds: float) -> tuple[float, float, float]:
