@@ -49,6 +49,7 @@ from flashspec_export.kernels.tiles import (
     TUNED,
     block_h_of,
     dot_options_of,
+    epi_rows_of,
     hopper_row,
     tuned_row,
 )
@@ -254,8 +255,13 @@ def _portable_row(specs, op, kind, dtype_name, hidden_size, bound) -> TileRow:
     }
     variants = (False, True) if op == "verify_resample" else (None,)
     symbols = {}
+    epi_rows = epi_rows_of(op, at) or block_n
     for logprobs in variants:
-        extra = {} if logprobs is None else {"LIBDEVICE": True, "RETURN_LOGPROBS": logprobs}
+        extra = (
+            {}
+            if logprobs is None
+            else {"LIBDEVICE": True, "RETURN_LOGPROBS": logprobs, "EPI_ROWS": epi_rows}
+        )
         symbol = symbols[logprobs] = base + ("_lp" if logprobs else "")
         specs[symbol] = KernelSpec(
             symbol,

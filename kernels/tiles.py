@@ -41,6 +41,8 @@ class KernelConfig(NamedTuple):
     num_warps, num_stages : Triton launch options
     hopper : stage 1 runs ``kernels.hopper_tiles`` with this configuration (sm_90, 16-bit, from
         64 rows): one split per ``block_v`` ids; the other fields restate its shape
+    epi_rows : VerifyResample scores only the first ``epi_rows`` rows of each block (a power of
+        two below ``block_n``, for launches of at most that many rows); 0: all ``block_n``
     """
 
     block_n: int
@@ -50,6 +52,7 @@ class KernelConfig(NamedTuple):
     num_warps: int = 4
     num_stages: int = 3
     hopper: HopperConfig | None = None
+    epi_rows: int = 0
 
 
 # Tuned on an H100 (Llama-3-8B head, bf16; scripts/tune_kernels.py, docs/BENCHMARKS.md): per op,
@@ -62,8 +65,15 @@ class KernelConfig(NamedTuple):
 # waves > 0 only where one row block covers every R of the row, so that the split count, and with
 # it the compiled kernels, do not change with R inside a row (the last argmax row pays ~4% at
 # 512 rows for one tile per program instead of 63 splits).
+# VerifyResample rows whose bound is below their BLOCK_N score only that many rows per block
+# (``epi_rows_of``): tl.dot needs 16 rows, but the Gumbel noise of the padding is wasted work
+# that shows at tile boundaries (H200, 1-8 rows: 1.01-1.04x the matmul instead of 1.04-1.06x,
+# docs/BENCHMARKS.md).
 TUNED = {
     "verify_resample": (
+        (1, (16, 128, 8, 2, 3)),
+        (4, (16, 128, 8, 2, 3)),
+        (8, (16, 128, 8, 2, 3)),
         (16, (16, 128, 8, 2, 3)),
         (32, (32, 128, 8, 0, 3)),
         (64, (64, 64, 4, 2, 4)),
@@ -151,17 +161,29 @@ def choose_config(
         block_v, num_warps, waves, sms = 512, 4, WAVES_PER_SM, _INTERPRETER_SMS
         block_h = min(128, max(16, triton.next_power_of_2(hidden_size)))
         num_stages = 3
+        fewer = triton.next_power_of_2(rows)  # below BLOCK_N: VerifyResample scores only these
+        epi_rows = fewer if op == "verify_resample" and fewer < block_n else 0
     else:
         block_n, block_v, num_warps, waves, num_stages = tuned_row(op, rows)
         block_h = block_h_of(dtype)
         sms = sm_count(device.index if device.index is not None else torch.cuda.current_device())
+        epi_rows = epi_rows_of(op, rows)
     splits = num_splits(rows, vocab_size, block_n, block_v, waves, sms)
-    return KernelConfig(block_n, block_v, block_h, splits, num_warps, num_stages)
+    return KernelConfig(block_n, block_v, block_h, splits, num_warps, num_stages, None, epi_rows)
 
 
 def tuned_row(op: str, rows: int) -> tuple[int, int, int, int, int]:
     """``TUNED[op]``'s row for ``rows``: (BLOCK_N, BLOCK_V, num_warps, waves, num_stages)."""
     return next(config for limit, config in TUNED[op] if limit is None or rows <= limit)
+
+
+def epi_rows_of(op: str, rows: int) -> int:
+    """The rows per block VerifyResample scores at ``rows`` (``KernelConfig.epi_rows``): the
+    ``TUNED`` row's bound where it lies below the row's BLOCK_N, else 0 (every row)."""
+    limit, (block_n, *_) = next(
+        (limit, config) for limit, config in TUNED[op] if limit is None or rows <= limit
+    )
+    return limit if op == "verify_resample" and limit is not None and limit < block_n else 0
 
 
 def block_h_of(dtype: torch.dtype) -> int:

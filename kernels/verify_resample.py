@@ -69,6 +69,18 @@ F_MAX: tl.constexpr = tl.constexpr(_MAX)
 F_SUM_EXP: tl.constexpr = tl.constexpr(_SUM_EXP)
 
 
+@triton.jit
+def _first_rows(acc, EPI_ROWS: tl.constexpr):
+    """The first ``EPI_ROWS`` rows of ``acc [BLOCK_N, BLOCK_V]`` (the others are padding): the
+    sum over the row groups of its ``[BLOCK_N / EPI_ROWS, EPI_ROWS, BLOCK_V]`` view with the
+    other groups as -0.0, which leaves every value, signed zeros included, unchanged."""
+    BLOCK_N: tl.constexpr = acc.shape[0]
+    BLOCK_V: tl.constexpr = acc.shape[1]
+    groups = tl.reshape(acc, [BLOCK_N // EPI_ROWS, EPI_ROWS, BLOCK_V])
+    first = tl.arange(0, BLOCK_N // EPI_ROWS)[:, None, None] == 0
+    return tl.sum(tl.where(first, groups, -0.0), 0)
+
+
 @triton.jit(do_not_specialize=["num_rows", "gamma", "num_splits", "tiles_per_split"])
 def _verify_tiles_kernel(
     hidden_ptr,  # [N, γ + 1, H]
@@ -96,16 +108,26 @@ def _verify_tiles_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_V: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    EPI_ROWS: tl.constexpr,  # rows the epilogue scores: BLOCK_N, or fewer when R is below it
 ):
     pid_r = tl.program_id(0)
     pid_s = tl.program_id(1)
 
-    # ---- per-row state, loaded once: sequence n, draft position i, temperature, noise keys
-    rows = pid_r * BLOCK_N + tl.arange(0, BLOCK_N)
+    # ---- the dot's BLOCK_N rows (tl.dot's 16-row minimum): those past EPI_ROWS load zeros
+    dot_rows = pid_r * BLOCK_N + tl.arange(0, BLOCK_N)
+    dot_seq = dot_rows // (gamma + 1)
+    dot_ok = (dot_rows < num_rows) & (tl.arange(0, BLOCK_N) < EPI_ROWS)
+    row_off = (
+        dot_seq.to(tl.int64) * stride_hn
+        + (dot_rows - dot_seq * (gamma + 1)).to(tl.int64) * stride_hi
+    )  # [BLOCK_N]
+
+    # ---- per-row state of the scored rows, loaded once: sequence n, draft position i,
+    # temperature, noise keys
+    rows = pid_r * BLOCK_N + tl.arange(0, EPI_ROWS)
     row_ok = rows < num_rows
     seq = rows // (gamma + 1)
     pos_i = rows - seq * (gamma + 1)
-    row_off = seq.to(tl.int64) * stride_hn + pos_i.to(tl.int64) * stride_hi  # [BLOCK_N]
     temperature = tl.load(temperature_ptr + seq, mask=row_ok, other=1.0)
     greedy = temperature == 0.0
     scale = tl.where(greedy, 1.0, temperature)  # logits = dot / T, or the raw dot (greedy)
@@ -115,11 +137,11 @@ def _verify_tiles_kernel(
     # A block of greedy rows only (T = 0 serving) skips the noise: its scores are the logits.
     any_sampled = tl.max(tl.where(row_ok & (temperature != 0.0), 1, 0), 0) > 0
 
-    m = tl.full([BLOCK_N], float("-inf"), tl.float32)
-    s = tl.zeros([BLOCK_N], tl.float32)
-    best_score = tl.full([BLOCK_N], float("-inf"), tl.float32)
-    best_index = tl.full([BLOCK_N], -1, tl.int32)
-    best_logit = tl.zeros([BLOCK_N], tl.float32)
+    m = tl.full([EPI_ROWS], float("-inf"), tl.float32)
+    s = tl.zeros([EPI_ROWS], tl.float32)
+    best_score = tl.full([EPI_ROWS], float("-inf"), tl.float32)
+    best_index = tl.full([EPI_ROWS], -1, tl.int32)
+    best_logit = tl.zeros([EPI_ROWS], tl.float32)
 
     # A fixed trip count: the last split may run past the vocabulary; its tiles are fully
     # masked, load nothing, and change no running value.
@@ -130,7 +152,7 @@ def _verify_tiles_kernel(
             hidden_ptr,
             lm_head_ptr,
             row_off,
-            row_ok,
+            dot_ok,
             tile,
             vocab_size,
             stride_vv,
@@ -143,6 +165,8 @@ def _verify_tiles_kernel(
             BLOCK_V,
             BLOCK_H,
         )  # [BLOCK_N, BLOCK_V] fp32
+        if EPI_ROWS < BLOCK_N:
+            acc = _first_rows(acc, EPI_ROWS)  # [EPI_ROWS, BLOCK_V]
         # IEEE division, as the reference's `logits / scale` (not a reciprocal multiply).
         logits = tl.math.div_rn(acc, scale[:, None])
         logits = tl.where(col_ok[None, :], logits, float("-inf"))  # padded ids: exp = 0
@@ -288,6 +312,11 @@ def verify_resample(
     # The [R, H] rows as one view (row r = n · (γ + 1) + i), for the Hopper kernel's TMA.
     hidden2d = hidden.view(rows, hidden_size) if hidden.is_contiguous() else None
     config = resolve_config("verify_resample", hidden2d, lm_head, rows, vocab_size, config)
+    if config.epi_rows and rows > config.epi_rows:
+        raise ValueError(
+            f"config.epi_rows: {config.epi_rows} scores at most that many rows, got "
+            f"N·(γ+1) = {rows}; use 0 (every row of the block)"
+        )
     splits = config.num_splits
     if workspace is None:
         workspace = cached_workspace(
@@ -353,6 +382,7 @@ def verify_resample(
             BLOCK_N=config.block_n,
             BLOCK_V=config.block_v,
             BLOCK_H=config.block_h,
+            EPI_ROWS=config.epi_rows or config.block_n,
             num_warps=config.num_warps,
             num_stages=config.num_stages,
         )

@@ -175,6 +175,49 @@ def test_triton_small_tiles_empty_split_and_strided_inputs(triton_verify):
     torch.testing.assert_close(result.logprobs, expected[2], atol=LOGPROB_ATOL, rtol=LOGPROB_RTOL)
 
 
+@pytest.mark.parametrize("epi_rows", [1, 2, 4, 8])
+def test_triton_scoring_only_the_launched_rows(triton_verify, epi_rows):
+    """With ``epi_rows`` below the 16-row block, only that many rows are scored (the dot still
+    spans 16): every summary equals the full-block kernel's, bit for bit, and the tokens and
+    log-probabilities the reference's. One sequence of γ + 1 = epi_rows rows (all sampled,
+    T = 0.7; so a draft copied from the target's token must be accepted), and a batch of
+    single rows with mixed temperatures; more rows than epi_rows are refused."""
+    from flashspec_export.kernels.tiles import KernelConfig
+
+    cases = [_case(1, epi_rows - 1, 40, 1000, 1024, torch.float32, seed=40 + epi_rows)]
+    cases.append(_case(epi_rows, 0, 40, 1000, 1024, torch.float32, seed=50 + epi_rows))
+    full = KernelConfig(block_n=16, block_v=64, block_h=16, num_splits=3)
+    few = full._replace(epi_rows=epi_rows)
+    for case in cases:
+        summaries = []
+        for config in (full, few):
+            workspace = triton_verify.make_workspace(epi_rows, 3, torch.device(DEVICE))
+            result = triton_verify.verify_resample(
+                *case, return_logprobs=True, config=config, workspace=workspace
+            )
+            summaries.append((workspace.floats.clone(), workspace.index.clone(), result))
+        (floats, index, result), (few_floats, few_index, few_result) = summaries
+        assert torch.equal(few_index, index)
+        assert torch.equal(few_floats.view(torch.int32), floats.view(torch.int32))
+        expected = ops.verify_resample(*case, return_logprobs=True, backend="reference")
+        assert torch.equal(few_result.tokens, expected[0])
+        assert torch.equal(few_result.num_emitted, expected[1])
+        torch.testing.assert_close(
+            few_result.logprobs, expected[2], atol=LOGPROB_ATOL, rtol=LOGPROB_RTOL
+        )
+    one_sequence = cases[0]
+    if epi_rows > 1:  # the multi-token path: the draft is the target's own first token
+        drafts = one_sequence[2].clone()
+        drafts[0, 0] = triton_verify.verify_resample(*one_sequence, config=few).tokens[0, 0]
+        accepted = triton_verify.verify_resample(
+            *one_sequence[:2], drafts, *one_sequence[3:], config=few
+        )
+        assert int(accepted.num_emitted[0]) > 1
+    too_many = _case(epi_rows + 1, 0, 40, 1000, 1024, torch.float32, seed=60)
+    with pytest.raises(ValueError, match=r"config\.epi_rows"):
+        triton_verify.verify_resample(*too_many, config=few)
+
+
 def test_triton_preallocated_workspace_is_reused(triton_verify):
     """A caller-owned workspace gives the same result on every call (nothing leaks between
     calls through it); a workspace of the wrong shape is refused with a clear message."""
