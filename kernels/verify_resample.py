@@ -6,7 +6,8 @@ of ``hidden [N, γ + 1, H]`` are flattened to ``R = N · (γ + 1)``; row ``r = n
 Stage 1 (``_verify_tiles_kernel``), grid ``(row blocks, vocabulary splits)``: a program owns
 ``BLOCK_N`` flattened rows and a contiguous run of ``BLOCK_V``-id tiles. Per tile it forms the
 fp32 logits ``hidden_block · lm_head_tileᵀ / scale`` (``scale = T``, or 1 for greedy rows) and
-folds them into running values per row:
+folds them into running values per row (with ``EPI_ROWS`` below ``BLOCK_N``, for launches of
+fewer rows than tl.dot's 16, only the block's first ``EPI_ROWS`` rows are loaded and scored):
 
 - ``best_score, best_index``: the Gumbel-max sample ``y = argmax_v (l_v + g_v)`` over every id
   (greedy rows: ``argmax_v l_v``), lowest index on ties;
