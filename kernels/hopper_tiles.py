@@ -301,7 +301,9 @@ def _epilogue_partition(shared, VERIFY: gl.constexpr, RETURN_LOGPROBS: gl.conste
             gl.thread_barrier()
         mbarrier.wait(acc_ready, count & 1)
         cols = v_tile * BLOCK_V + gl.arange(0, BLOCK_V, layout=col_layout)
-        for chunk in range(NUM_CHUNKS):
+        # Only the chunks with rows below num_rows (a partial last row block skips the rest).
+        live_chunks = gl.cdiv(gl.minimum(num_rows - row_block * BLOCK_N, BLOCK_N), CHUNK)
+        for chunk in range(live_chunks):
             rows = row_block * BLOCK_N + chunk * CHUNK + gl.arange(0, CHUNK, layout=row_layout)
             row_ok = rows < num_rows
             acc = acc_buf.index(chunk).load(layout)  # [CHUNK, BLOCK_V] fp32

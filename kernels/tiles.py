@@ -91,14 +91,16 @@ TUNED = {
 # Stage 1 on Hopper (sm_90, bf16 / fp16), per op: rows up to the key -> HopperConfig, None for
 # the portable kernel. Measured on an H100 (Llama-3 head, docs/BENCHMARKS.md): the
 # warp-specialised kernel overlaps the verify epilogue with the next tile's wgmma and keeps the
-# tensor cores fed by TMA; at 64 rows the 64-row tile (4 MMA warps) wins, above it the 128-row
+# tensor cores fed by TMA; from 17 to 64 rows the 64-row tile (4 MMA warps) wins (at 32 rows
+# 1.00-1.01x the matmul on the H100 and 1.09-1.11x on the H200, against the portable kernel's
+# 1.06-1.09x and 1.17-1.23x; docs/BENCHMARKS.md), above it the 128-row
 # tile with 4 epilogue warps of 16 ids per lane (the per-row work of the rank-then-recompute
 # epilogue amortised over more ids; 8 warps or 8 ids per lane were 3-10% slower at 256-512 rows,
 # 32 ids per lane spill). The plain argmax (its epilogue a compare) gains only past 128 rows: at
 # 128 the portable kernel is as fast on Llama-3 and 10% faster on Qwen3 / Gemma-3.
 HOPPER_TUNED = {
     "verify_resample": (
-        (32, None),
+        (16, None),
         (64, HopperConfig(block_n=64, chunk=32, epi_warps=8, epi_regs=120)),
         (None, HopperConfig()),
     ),
