@@ -117,11 +117,11 @@ def test_argmax_equals_triton_through_the_compiled_kernels(rows, head, dtype):
 @requires_aot
 @pytest.mark.parametrize("head", HEADS)
 def test_compiled_kernels_match_the_reference(head):
-    """bf16, 128 sequences x γ = 3 (R = 512: the Hopper kernel) and 8 x 3 (the portable one):
-    tokens against the reference, up to fp32 accumulation-order near-ties."""
+    """bf16, 128 sequences x γ = 3 (R = 512: the Hopper kernel) and 4 x 3 (R = 16: the portable
+    one): tokens against the reference, up to fp32 accumulation-order near-ties."""
     shape = HeadShape.from_name(head)
     mismatched = total = 0
-    for n, path in ((8, "triton_aot"), (128, "triton_aot_hopper")):
+    for n, path in ((4, "triton_aot"), (128, "triton_aot_hopper")):
         case = _case(shape, n=n, gamma=3, dtype=torch.bfloat16, seed=n)
         assert cuda.kernel_path("verify_resample", *case) == path
         r_tokens, r_num = ops.verify_resample(*case, backend="reference")
