@@ -39,8 +39,9 @@ class KernelConfig(NamedTuple):
     block_h : hidden-dimension chunk of one ``tl.dot``, power of two (>= 16)
     num_splits : vocabulary splits (the second grid axis); each owns a contiguous run of tiles
     num_warps, num_stages : Triton launch options
-    hopper : stage 1 runs ``kernels.hopper_tiles`` with this configuration (sm_90, 16-bit, from
-        64 rows): one split per ``block_v`` ids; the other fields restate its shape
+    hopper : stage 1 runs ``kernels.hopper_tiles`` with this configuration (sm_90, 16-bit;
+        VerifyResample from 17 rows, TiledArgmax from 129): one split per ``block_v`` ids; the
+        other fields restate its shape
     epi_rows : VerifyResample scores only the first ``epi_rows`` rows of each block (a power of
         two below ``block_n``, for launches of at most that many rows); 0: all ``block_n``
     """
@@ -92,7 +93,7 @@ TUNED = {
 # the portable kernel. Measured on an H100 (Llama-3 head, docs/BENCHMARKS.md): the
 # warp-specialised kernel overlaps the verify epilogue with the next tile's wgmma and keeps the
 # tensor cores fed by TMA; from 17 to 64 rows the 64-row tile (4 MMA warps) wins (at 32 rows
-# 1.00-1.01x the matmul on the H100 and 1.09-1.11x on the H200, against the portable kernel's
+# 1.00-1.01x the matmul on the H100 and 1.09-1.16x on the H200, against the portable kernel's
 # 1.06-1.09x and 1.17-1.23x; docs/BENCHMARKS.md), above it the 128-row
 # tile with 4 epilogue warps of 16 ids per lane (the per-row work of the rank-then-recompute
 # epilogue amortised over more ids; 8 warps or 8 ids per lane were 3-10% slower at 256-512 rows,
