@@ -1,4 +1,4 @@
-"""Stage 1 of both ops on Hopper (sm_90) from 64 rows: a persistent, warp-specialised GEMM
+"""Stage 1 of both ops on Hopper (sm_90) from 17 rows: a persistent, warp-specialised GEMM
 whose epilogue is the op's per-tile reduction, overlapped with the next tile's tensor-core work.
 
 The portable Triton kernels (``verify_resample``, ``tiled_argmax``) run the matmul and the
@@ -25,8 +25,9 @@ winner with the portable kernels' exact arithmetic (``kernels/noise.py``; IEEE d
 temperature, ``libdevice`` logs), falling back to exact scoring of a whole chunk on a near-tie
 (``_sampled_chunk_best`` proves the bound), so its summaries are bit-equal to the portable
 kernels'. The rows' noise keys and temperatures are computed once per tile into a per-CTA
-scratch. TMA zero-fills rows past ``R`` and LM-head rows past ``V``; ids at or past
-``vocab_size`` score ``-inf``: the MMA partition sets their dots to it.
+scratch. Fewer rows than one row block are first copied into a whole block
+(``_whole_row_block``); TMA zero-fills the rows of a later partial block and LM-head rows past
+``V``; ids at or past ``vocab_size`` score ``-inf``: the MMA partition sets their dots to it.
 
 Gluon (Triton 3.6) constraints that shape the code: a worker partition's constexpr arguments
 arrive as runtime values, so the op's flags select one epilogue function per op in the kernel
@@ -490,7 +491,7 @@ class HopperConfig(NamedTuple):
     """Launch configuration of ``hopper_tiles_kernel``.
 
     block_n : rows per output tile (64 or 128: ``block_n / 16`` MMA warps)
-    block_v : vocabulary ids per output tile (the wgmma N)
+    block_v : vocabulary ids per output tile (the wgmma N, at most 256)
     block_k : hidden-dimension chunk of one TMA copy / wgmma group
     stages : shared-memory ring slots
     chunk : accumulator rows the epilogue reduces at a time (a multiple of 8, the swizzle period)
@@ -518,10 +519,30 @@ _SCRATCH: dict[tuple, torch.Tensor] = {}
 def _keys_scratch(device: torch.device, numel: int) -> torch.Tensor:
     """The rows' scratch (keys and temperatures as int32 bits), allocated once per (device, size):
     CUDA-graph safe."""
-    key = (device, numel)
+    key = ("keys", device, numel)
     if key not in _SCRATCH:
         _SCRATCH[key] = torch.empty(numel, dtype=torch.int32, device=device)
     return _SCRATCH[key]
+
+
+def _whole_row_block(hidden2d: torch.Tensor, block_n: int) -> torch.Tensor:
+    """``hidden2d`` itself, or where it has fewer rows than one row block, those rows copied into
+    a ``[block_n, H]`` buffer (allocated once per device, dtype and shape; CUDA-graph safe).
+
+    TMA fills a box that reaches past the tensor's last row more slowly than a whole one: on an
+    H200 the 64-row tile at 32 rows ran 289 µs on Llama-3 straight from the rows and 270 from the
+    padded block (docs/BENCHMARKS.md). The rows past ``R`` hold zeros or an earlier call's rows:
+    each output row is its own row's dot products, and the epilogue never stores rows past ``R``.
+    """
+    rows, hidden_size = hidden2d.shape
+    if rows >= block_n:
+        return hidden2d
+    key = ("rows", hidden2d.device, hidden2d.dtype, block_n, hidden_size)
+    if key not in _SCRATCH:
+        _SCRATCH[key] = hidden2d.new_zeros(block_n, hidden_size)
+    block = _SCRATCH[key]
+    block[:rows].copy_(hidden2d)
+    return block
 
 
 def runs_on(hidden2d: torch.Tensor, lm_head: torch.Tensor) -> bool:
@@ -564,7 +585,9 @@ def launch(
     rows, _ = hidden2d.shape
     dtype = gl.bfloat16 if hidden2d.dtype == torch.bfloat16 else gl.float16
     smem = gl.NVMMASharedLayout.get_default_for([config.block_n, config.block_k], dtype)
-    a_desc = TensorDescriptor.from_tensor(hidden2d, [config.block_n, config.block_k], smem)
+    a_desc = TensorDescriptor.from_tensor(
+        _whole_row_block(hidden2d, config.block_n), [config.block_n, config.block_k], smem
+    )
     smem = gl.NVMMASharedLayout.get_default_for([config.block_v, config.block_k], dtype)
     b_desc = TensorDescriptor.from_tensor(lm_head, [config.block_v, config.block_k], smem)
     best_score, best_index = summaries[:2]

@@ -39,9 +39,8 @@ class KernelConfig(NamedTuple):
     block_h : hidden-dimension chunk of one ``tl.dot``, power of two (>= 16)
     num_splits : vocabulary splits (the second grid axis); each owns a contiguous run of tiles
     num_warps, num_stages : Triton launch options
-    hopper : stage 1 runs ``kernels.hopper_tiles`` with this configuration (sm_90, 16-bit;
-        VerifyResample from 17 rows, TiledArgmax from 129): one split per ``block_v`` ids; the
-        other fields restate its shape
+    hopper : stage 1 runs ``kernels.hopper_tiles`` with this configuration (sm_90, 16-bit; from
+        17 rows): one split per ``block_v`` ids; the other fields restate its shape
     epi_rows : VerifyResample scores only the first ``epi_rows`` rows of each block (a power of
         two below ``block_n``, for launches of at most that many rows); 0: all ``block_n``
     """
@@ -90,24 +89,28 @@ TUNED = {
 
 
 # Stage 1 on Hopper (sm_90, bf16 / fp16), per op: rows up to the key -> HopperConfig, None for
-# the portable kernel. Measured on an H100 (Llama-3 head, docs/BENCHMARKS.md): the
-# warp-specialised kernel overlaps the verify epilogue with the next tile's wgmma and keeps the
-# tensor cores fed by TMA; from 17 to 64 rows the 64-row tile (4 MMA warps) wins (at 32 rows
-# 1.00-1.01x the matmul on the H100 and 1.09-1.16x on the H200, against the portable kernel's
-# 1.06-1.09x and 1.17-1.23x; docs/BENCHMARKS.md), above it the 128-row
-# tile with 4 epilogue warps of 16 ids per lane (the per-row work of the rank-then-recompute
-# epilogue amortised over more ids; 8 warps or 8 ids per lane were 3-10% slower at 256-512 rows,
-# 32 ids per lane spill). The plain argmax (its epilogue a compare) gains only past 128 rows: at
-# 128 the portable kernel is as fast on Llama-3 and 10% faster on Qwen3 / Gemma-3.
+# the portable kernel. The warp-specialised kernel overlaps the epilogue with the next tile's
+# wgmma and keeps the tensor cores fed by TMA. From 17 rows both ops take the 64-row tile of
+# 256 ids (docs/BENCHMARKS.md, scripts/tune_kernels.py --hopper --block-n 64 --block-v 256):
+# against the 128-id tile it halves the hidden rows each LM-head byte is multiplied with in shared
+# memory (on the H200 at 32 rows verify 1.01-1.05x the matmul instead of 1.07-1.09x, at 64 rows
+# the argmax 0.92-0.99x instead of 1.14-1.27x with the portable kernel). Its epilogue reads 8
+# rows at a time with 4 warps, 16 ids per lane: 8 epilogue warps leave the 4 MMA warps 128
+# registers, fewer than the 64 x 256 accumulator needs. The argmax keeps it at every row count
+# (256-512 rows: 1.01-1.13x against 1.00-1.28x for the 128 x 128 tile); verify takes the 128-row
+# tile past 128 rows, with 4 epilogue warps of 16 ids per lane (the per-row work of the
+# rank-then-recompute epilogue amortised over more ids; at 512 rows 3-10% faster than 8 warps,
+# and than the 64 x 256 tile). Below 17 rows the portable kernels are as fast or faster.
+_WIDE = HopperConfig(block_n=64, block_v=256, stages=4, chunk=8, epi_warps=4, epi_regs=152)
 HOPPER_TUNED = {
     "verify_resample": (
         (16, None),
-        (64, HopperConfig(block_n=64, chunk=32, epi_warps=8, epi_regs=120)),
+        (128, _WIDE),
         (None, HopperConfig()),
     ),
     "tiled_argmax": (
-        (128, None),
-        (None, HopperConfig()),
+        (16, None),
+        (None, _WIDE),
     ),
 }
 

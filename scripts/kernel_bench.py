@@ -20,10 +20,13 @@ same inputs in the same process:
 The two ``*_torch_rng`` providers are the baselines a user would run instead; speed claims are
 against the faster of them at each row count.
 
-Each provider is timed by ``triton.testing.do_bench_cudagraph``: back-to-back calls captured in
-one CUDA graph (launch gaps excluded, as in a deployed engine), the graph replayed 10 times and
-timed with CUDA events; the report gives the median per call and the spread (second lowest and
-highest of the 10 replays, fields ``p10_us`` / ``p90_us``), and
+Each provider's back-to-back calls are captured in one CUDA graph (launch gaps excluded, as in a
+deployed engine), as ``triton.testing.do_bench_cudagraph`` does; at each row count the graphs of
+all providers are then replayed in turn, 10 rounds, each replay timed with CUDA events, so that a
+GPU warming up or reaching its power limit during the sweep weighs on every provider alike (timed
+one after the other, the later providers ran up to 5% slower on an H200). The report gives the
+median per call and the spread (second lowest and highest of the 10 replays, fields ``p10_us`` /
+``p90_us``), and
 the LM-head bytes streamed per second as a fraction of the measured device-to-device copy
 bandwidth (bytes read plus written by a large ``copy_``).
 """
@@ -38,7 +41,6 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import torch
-import triton.testing
 
 from flashspec_export import ops
 from flashspec_export.config import HeadShape
@@ -74,7 +76,7 @@ class BenchConfig:
     dtype: str = "bfloat16"
     gamma: int = 3  # rows R >= γ + 1 are laid out as N = R / (γ + 1) sequences
     temperature: float = 1.0
-    rep_ms: int = 100  # GPU time per timed graph replay (do_bench_cudagraph's ``rep``)
+    rep_ms: int = 100  # GPU time per timed graph replay
 
 
 @dataclass
@@ -121,12 +123,57 @@ def _driver_version() -> str:
         return "unknown"
 
 
+ROUNDS = 10  # timed replays of each provider's graph
+
+
 def time_graph(fn: Callable[[], object], rep_ms: float = 100) -> list[float]:
-    """Times per call in µs of ``fn`` (10 samples): Triton's ``do_bench_cudagraph``, which
-    captures ``rep_ms`` worth of back-to-back calls in a CUDA graph after one warm-up call (that
-    compiles and allocates) and times 10 replays."""
-    times_ms = triton.testing.do_bench_cudagraph(fn, rep=rep_ms, return_mode="all")
-    return [1e3 * t for t in times_ms]
+    """Times per call in µs of ``fn`` (``ROUNDS`` samples), as ``time_graphs`` gives them."""
+    return time_graphs({"fn": fn}, rep_ms)["fn"]
+
+
+def time_graphs(
+    fns: dict[str, Callable[[], object]], rep_ms: float = 100
+) -> dict[str, list[float]]:
+    """Times per call in µs of each of ``fns`` (``ROUNDS`` samples each): per function, one
+    warm-up call (it compiles and allocates), then ``rep_ms`` worth of back-to-back calls
+    captured in one CUDA graph (the count estimated from a graph of one call) and replayed once
+    untimed; then ``ROUNDS`` rounds that replay every graph once in turn, each replay timed with
+    CUDA events."""
+    stream = torch.cuda.Stream()
+    graphs = {}
+    with torch.cuda.stream(stream):
+        for name, fn in fns.items():
+            fn()
+            single = _capture(fn, 1, stream)
+            calls = max(1, int(rep_ms / _replay_ms(single, stream)))
+            graphs[name] = (_capture(fn, calls, stream), calls)
+            _replay_ms(graphs[name][0], stream)  # the first replay uploads the graph
+            del single
+        times = {name: [] for name in fns}
+        for _ in range(ROUNDS):
+            for name, (graph, calls) in graphs.items():
+                times[name].append(1e3 * _replay_ms(graph, stream) / calls)
+    return times
+
+
+def _capture(
+    fn: Callable[[], object], calls: int, stream: torch.cuda.Stream
+) -> torch.cuda.CUDAGraph:
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        for _ in range(calls):
+            fn()
+    torch.cuda.synchronize()
+    return graph
+
+
+def _replay_ms(graph: torch.cuda.CUDAGraph, stream: torch.cuda.Stream) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record(stream)
+    graph.replay()
+    end.record(stream)
+    end.synchronize()
+    return start.elapsed_time(end)
 
 
 def copy_bandwidth_gbps(nbytes: int = 2**31, repeats: int = 20) -> float:
@@ -267,11 +314,11 @@ def run(config: BenchConfig, progress: Callable[[str], None] = lambda _: None) -
         weight_bytes = lm_head.numel() * lm_head.element_size()
         for rows in config.rows:
             providers, paths = _providers(shape, rows, config, lm_head)
-            for name, fn in providers.items():
-                if name not in config.providers:
-                    continue
+            chosen = {name: fn for name, fn in providers.items() if name in config.providers}
+            timed = time_graphs(chosen, config.rep_ms)
+            for name, times in timed.items():
                 extra = {"kernel_path": paths[name]()} if name in paths else {}
-                times = sorted(time_graph(fn, config.rep_ms))
+                times = sorted(times)
                 median = statistics.median(times)
                 gbps = weight_bytes / (median * 1e-6) / 1e9
                 measurements.append(
@@ -293,6 +340,7 @@ def run(config: BenchConfig, progress: Callable[[str], None] = lambda _: None) -
                     f"{head:>11} R={rows:<4} {name:>16}: {median:9.1f} us "
                     f"({100 * gbps / copy_gbps:5.1f}% of copy bw) {extra.get('kernel_path', '')}"
                 )
+            del timed, chosen
             torch.cuda.empty_cache()
         del lm_head
     return {

@@ -62,21 +62,35 @@ def candidates(
 
 
 def hopper_candidates(
-    op: str, rows: int, vocab: int, stages_options, epilogues, block_n_options=()
+    op: str,
+    rows: int,
+    vocab: int,
+    stages_options,
+    epilogues,
+    block_n_options=(),
+    block_v_options=(),
 ):
     """The ``HOPPER_TUNED`` row of ``op`` at ``rows`` (the 128-row tile below it), with each row
-    block asked for (none: the row's own), each ring depth that fits in shared memory (the ring
-    and the fp32 accumulator tile) and each epilogue ``(chunk, warps, regs)`` (none: the
-    row's own)."""
+    block and vocabulary tile asked for (none: the row's own), each ring depth that fits in
+    shared memory (the ring and the fp32 accumulator tile) and each epilogue
+    ``(chunk, warps, regs)`` (none: the row's own)."""
     base = hopper_row(op, rows) or HopperConfig()
     epilogues = epilogues or [(base.chunk, base.epi_warps, base.epi_regs)]
-    for block_n, stages, (chunk, warps, regs) in itertools.product(
-        block_n_options or [base.block_n], stages_options, epilogues
+    for block_n, block_v, stages, (chunk, warps, regs) in itertools.product(
+        block_n_options or [base.block_n],
+        block_v_options or [base.block_v],
+        stages_options,
+        epilogues,
     ):
         if block_n % chunk:
             continue
         config = base._replace(
-            block_n=block_n, stages=stages, chunk=chunk, epi_warps=warps, epi_regs=regs
+            block_n=block_n,
+            block_v=block_v,
+            stages=stages,
+            chunk=chunk,
+            epi_warps=warps,
+            epi_regs=regs,
         )
         ring = stages * (config.block_n + config.block_v) * config.block_k * 2
         if ring + config.block_n * config.block_v * 4 > 227 * 1024 - 1024:
@@ -113,6 +127,14 @@ def main() -> None:
         type=cli.int_range(0, 8),
         default=[2, 0],
         help="programs per SM along the vocabulary (0: one tile per program)",
+    )
+    add(
+        "--block-v",
+        nargs="+",
+        type=int,
+        default=[],
+        choices=[64, 128, 256],
+        help="Hopper vocabulary tiles (the wgmma N; default: the table's)",
     )
     add("--stages", nargs="+", type=int, default=[3, 4], help="num_stages")
     add("--block-h", type=int, default=64, choices=[32, 64, 128], help="hidden chunk per dot")
@@ -209,7 +231,7 @@ def _sweep(args, rows: int, vocab: int, sms: int):
     for op in args.ops:
         if args.hopper:
             for config in hopper_candidates(
-                op, rows, vocab, args.stages, args.epilogues, args.block_n
+                op, rows, vocab, args.stages, args.epilogues, args.block_n, args.block_v
             ):
                 yield op, config
         else:

@@ -38,12 +38,17 @@ def test_abi_version_and_workspace_sizes():
     assert lib.flashspecAbiVersion() == cuda.ABI_VERSION
     for op in (cuda.OPS["tiled_argmax"], cuda.OPS["verify_resample"]):
         assert lib.flashspecResolveNumSplits(op, 20, 4096, 128256, 2, 7) == 7  # requested is kept
-    # per (row, split): max + index for the argmax, five floats + an index for the verify
-    assert lib.flashspecTiledArgmaxWorkspaceSize(20, 7) == 20 * 7 * 8
+    # Both end with a whole row block of the Hopper kernel: 128 rows of H 16-bit elements
+    # (plugins/common/tritonAot.h wholeBlockBytes), here H = 64.
+    block = 128 * 64 * 2
+    # per (row, split): max + index for the argmax (16-byte aligned)
+    assert lib.flashspecTiledArgmaxWorkspaceSize(20, 7, 64) == 20 * 7 * 8 + block
+    assert lib.flashspecTiledArgmaxWorkspaceSize(3, 7, 64) == 176 + block  # 168 aligned
     # 4 floats + 1 int, 16-byte aligned, then the Hopper kernel's row scratch: 256 CTAs x 3 x 128
-    # int32 (plugins/common/tritonAot.h kRowScratchBytes)
-    assert lib.flashspecVerifyResampleWorkspaceSize(20, 7) == 2800 + 256 * 3 * 128 * 4
-    assert lib.flashspecVerifyResampleWorkspaceSize(3, 7) == 432 + 256 * 3 * 128 * 4  # 420 aligned
+    # int32 (kRowScratchBytes)
+    scratch = 256 * 3 * 128 * 4
+    assert lib.flashspecVerifyResampleWorkspaceSize(20, 7, 64) == 2800 + scratch + block
+    assert lib.flashspecVerifyResampleWorkspaceSize(3, 7, 64) == 432 + scratch + block
     assert lib.flashspecParamsLayout(5, (ctypes.c_size_t * 32)(), 32) == -1
     assert lib.flashspecErrorString(1) == b"invalid argument"
 

@@ -104,7 +104,9 @@ def test_kernels_compile_for_sm90_without_a_driver():
         "tiles, _ = aot.tile_kernels(['bfloat16'], [4096])\n"
         "spec = next(s for s in tiles if s.kind == 'hopper_tiles')\n"
         "cubin, name, shared, warps = aot.compile_kernel(spec, 90)\n"
-        "assert name == 'hopper_tiles_kernel' and warps == 16 and shared > 96 * 1024\n"
+        "assert name == 'hopper_tiles_kernel' and shared > 96 * 1024\n"
+        # the MMA warps, 4 epilogue warps and the loader's one warp in a warpgroup of its own
+        "assert warps == spec.num_warps + 8, (warps, spec.num_warps)\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     result = subprocess.run(

@@ -23,7 +23,7 @@ from flashspec_export.reference.verify_resample import VerifyResult
 
 # The ABI this mirror of the params structs is written for (FLASHSPEC_ABI_VERSION in
 # plugins/common/flashspecAbi.h, checked when the library loads; the dtype codes are read from it).
-ABI_VERSION = 4
+ABI_VERSION = 5
 # FlashspecOp and FlashspecKernelPath codes (plugins/common/flashspecAbi.h).
 OPS = {"tiled_argmax": 0, "verify_resample": 1, "noise": 2}
 PATHS = {0: "native", 1: "triton_aot", 2: "triton_aot_hopper"}
@@ -145,7 +145,8 @@ def _argmax_call(hidden, lm_head, vocab_size, num_splits):
     lib = library()
     op = OPS["tiled_argmax"]
     splits = lib.flashspecResolveNumSplits(op, n, hidden_size, vocab_size, dtype, num_splits)
-    workspace = _workspace(hidden.device, lib.flashspecTiledArgmaxWorkspaceSize(n, splits))
+    nbytes = lib.flashspecTiledArgmaxWorkspaceSize(n, splits, hidden_size)
+    workspace = _workspace(hidden.device, nbytes)
     token = torch.empty(n, dtype=torch.int64, device=hidden.device)
     max_logit = torch.empty(n, dtype=torch.float32, device=hidden.device)
     params = _TiledArgmaxParams(
@@ -221,7 +222,8 @@ def _verify_call(
     seeds, starts = seed.to(torch.int64).contiguous(), positions.to(torch.int64).contiguous()
     op = OPS["verify_resample"]
     splits = lib.flashspecResolveNumSplits(op, rows, hidden_size, vocab_size, dtype, num_splits)
-    workspace = _workspace(device, lib.flashspecVerifyResampleWorkspaceSize(rows, splits))
+    nbytes = lib.flashspecVerifyResampleWorkspaceSize(rows, splits, hidden_size)
+    workspace = _workspace(device, nbytes)
     tokens = torch.empty(n, width, dtype=torch.int64, device=device)
     num_emitted = torch.empty(n, dtype=torch.int64, device=device)
     logprobs = (

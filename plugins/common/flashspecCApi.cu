@@ -61,14 +61,14 @@ int32_t flashspecTritonAotArch(void)
     return aot::kTable.numKernels > 0 ? aot::kTable.arch : 0;
 }
 
-size_t flashspecTiledArgmaxWorkspaceSize(int32_t numRows, int32_t numSplits)
+size_t flashspecTiledArgmaxWorkspaceSize(int32_t numRows, int32_t numSplits, int32_t hiddenSize)
 {
-    return getTiledArgmaxWorkspaceSize(numRows, numSplits);
+    return getTiledArgmaxWorkspaceSize(numRows, numSplits, hiddenSize);
 }
 
-size_t flashspecVerifyResampleWorkspaceSize(int32_t numRows, int32_t numSplits)
+size_t flashspecVerifyResampleWorkspaceSize(int32_t numRows, int32_t numSplits, int32_t hiddenSize)
 {
-    return getVerifyResampleWorkspaceSize(numRows, numSplits);
+    return getVerifyResampleWorkspaceSize(numRows, numSplits, hiddenSize);
 }
 
 int32_t flashspecTiledArgmax(void const* params, void* stream)

@@ -29,8 +29,9 @@ FLASHSPEC_API int32_t flashspecResolveNumSplits(int32_t op, int32_t numRows, int
 FLASHSPEC_API int32_t flashspecKernelPath(int32_t op, void const* params);
 //! The compute capability (major * 10 + minor) of the Triton kernels compiled into the library; 0 if none.
 FLASHSPEC_API int32_t flashspecTritonAotArch(void);
-FLASHSPEC_API size_t flashspecTiledArgmaxWorkspaceSize(int32_t numRows, int32_t numSplits);
-FLASHSPEC_API size_t flashspecVerifyResampleWorkspaceSize(int32_t numRows, int32_t numSplits);
+//! Workspace bytes of a call (numRows: N for TiledArgmax, N · (γ + 1) for VerifyResample).
+FLASHSPEC_API size_t flashspecTiledArgmaxWorkspaceSize(int32_t numRows, int32_t numSplits, int32_t hiddenSize);
+FLASHSPEC_API size_t flashspecVerifyResampleWorkspaceSize(int32_t numRows, int32_t numSplits, int32_t hiddenSize);
 FLASHSPEC_API int32_t flashspecTiledArgmax(void const* params, void* stream);     // params: TiledArgmaxParams
 FLASHSPEC_API int32_t flashspecVerifyResample(void const* params, void* stream);  // params: VerifyResampleParams
 FLASHSPEC_API int32_t flashspecNoise(void const* params, void* stream);           // params: NoiseParams

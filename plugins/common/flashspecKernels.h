@@ -88,8 +88,8 @@ int32_t resolveNumSplits(
 int32_t tiledArgmaxPath(TiledArgmaxParams const& params);
 int32_t verifyResamplePath(VerifyResampleParams const& params);
 
-size_t getTiledArgmaxWorkspaceSize(int32_t numRows, int32_t numSplits);
-size_t getVerifyResampleWorkspaceSize(int32_t numRows, int32_t numSplits);
+size_t getTiledArgmaxWorkspaceSize(int32_t numRows, int32_t numSplits, int32_t hiddenSize);
+size_t getVerifyResampleWorkspaceSize(int32_t numRows, int32_t numSplits, int32_t hiddenSize);
 
 //! cudaSuccess, cudaErrorInvalidValue for arguments outside the contract, or a launch error.
 cudaError_t invokeTiledArgmax(TiledArgmaxParams const& params, cudaStream_t stream);

@@ -287,14 +287,33 @@ struct HopperArgs
 };
 
 //! Stage 1 by the Hopper kernel `kernel` over hidden [numRows, H] and lm_head [vocabSize, H]: one
-//! persistent CTA per SM (at most kMaxPersistentCtas, the row scratch's capacity).
+//! persistent CTA per SM (at most kMaxPersistentCtas, the row scratch's capacity). Fewer rows than
+//! one row block are read from a copy in `wholeBlock` (wholeBlockBytes(H) of the workspace), the
+//! rows past numRows zeroed.
 cudaError_t launchHopper(Plan const& plan, int32_t kernel, void const* hidden, void const* lmHead, int32_t numRows,
-    int32_t hiddenSize, int32_t vocabSize, HopperArgs a, cudaStream_t stream)
+    int32_t hiddenSize, int32_t vocabSize, HopperArgs a, void* wholeBlock, cudaStream_t stream)
 {
     TileConfig const& t = *plan.tile;
+    cudaError_t status = cudaSuccess;
+    int32_t tmaRows = numRows;
+    if (numRows < t.blockN)
+    {
+        size_t const rowBytes = static_cast<size_t>(hiddenSize) * 2;
+        size_t const live = rowBytes * numRows;
+        status = cudaMemcpyAsync(wholeBlock, hidden, live, cudaMemcpyDeviceToDevice, stream);
+        if (status == cudaSuccess)
+        {
+            status = cudaMemsetAsync(static_cast<char*>(wholeBlock) + live, 0, rowBytes * t.blockN - live, stream);
+        }
+        hidden = wholeBlock;
+        tmaRows = t.blockN;
+    }
     TmaOperand rowsOperand;
     TmaOperand headOperand;
-    cudaError_t status = encodeOperand(rowsOperand, hidden, numRows, hiddenSize, t.blockN, t);
+    if (status == cudaSuccess)
+    {
+        status = encodeOperand(rowsOperand, hidden, tmaRows, hiddenSize, t.blockN, t);
+    }
     if (status == cudaSuccess)
     {
         status = encodeOperand(headOperand, lmHead, vocabSize, hiddenSize, t.blockV, t);
@@ -387,7 +406,8 @@ cudaError_t launchTiledArgmax(TiledArgmaxParams const& p, Plan const& plan, cuda
     int32_t* wsIndex = reinterpret_cast<int32_t*>(wsMax + static_cast<size_t>(numRows) * splits);
     cudaError_t status = t.blockK > 0
         ? launchHopper(plan, t.kernel, hidden, lmHead, numRows, p.hiddenSize, vocabSize,
-            {wsMax, nullptr, nullptr, wsMax, wsIndex, wsMax, wsMax, wsMax, wsIndex, 0}, stream)
+            {wsMax, nullptr, nullptr, wsMax, wsIndex, wsMax, wsMax, wsMax, wsIndex, 0},
+            static_cast<char*>(p.workspace) + argmaxBlockOffset(numRows, splits), stream)
         : launch(t.kernel, cdiv(numRows, t.blockN), splits,
             {&hidden, &lmHead, &wsMax, &wsIndex, &numRows, &vocabSize, &splits, &tilesPerSplit, &strideHn, &strideVv},
             stream);
@@ -432,7 +452,7 @@ cudaError_t launchVerifyResample(VerifyResampleParams const& p, Plan const& plan
         status = launchHopper(plan, kernel, hidden, lmHead, numRows, p.hiddenSize, vocabSize,
             {temperature, seed, positions, wsFloat, wsIndex, wsFloat + plane, wsFloat + 2 * plane, wsFloat + 3 * plane,
                 rowScratch, gamma},
-            stream);
+            static_cast<char*>(p.workspace) + verifyBlockOffset(numRows, splits), stream);
     }
     else
     {

@@ -8,11 +8,12 @@
  * invokeTiledArgmax / invokeVerifyResample ask plan*() first: a plan exists when the current
  * device has the table's architecture, a tile kernel is compiled for (op, dtype, H, rows), a
  * finalize kernel covers the split count (and γ + 1 for verify), and hidden / lm_head are 16-byte
- * aligned (the compiled specialisation). On sm_90 the table names, from 33 (verify) or 129
- * (argmax) rows, the Hopper kernel (kernels/hopper_tiles.py), which splits the vocabulary into
- * its 128-id tiles and needs the driver's cuTensorMapEncodeTiled. The workspace layout is the
- * native kernels' one, so the workspace size functions cover both paths for a given split count;
- * the verify workspace ends with the Hopper kernel's row scratch (kRowScratchBytes).
+ * aligned (the compiled specialisation). On sm_90 the table names, from 17 rows, the Hopper
+ * kernel (kernels/hopper_tiles.py), which splits the vocabulary into its tiles (HOPPER_TUNED's
+ * block_v ids) and needs the driver's cuTensorMapEncodeTiled. The workspace starts with the
+ * native kernels' layout, so the workspace size functions cover both paths for a given split
+ * count; the verify workspace goes on with the Hopper kernel's row scratch (kRowScratchBytes),
+ * and both end with a whole row block of hidden rows (wholeBlockBytes).
  */
 #pragma once
 
@@ -33,12 +34,39 @@ namespace aot
 constexpr int32_t kMaxPersistentCtas = 256;
 constexpr size_t kRowScratchBytes = size_t{kMaxPersistentCtas} * 3 * 128 * sizeof(int32_t);
 
+//! Most rows of a Hopper row block. A launch with fewer rows than its row block first copies them
+//! into a whole block at the end of the workspace: TMA fills a box that reaches past the last
+//! row more slowly (hopper_tiles._whole_row_block). 16-bit elements: the Hopper kernel's dtypes.
+constexpr int32_t kMaxBlockRows = 128;
+
+inline size_t align16(size_t bytes)
+{
+    return (bytes + 15) / 16 * 16;
+}
+
+//! The whole row block's bytes in a workspace for hidden size H.
+inline size_t wholeBlockBytes(int32_t hiddenSize)
+{
+    return size_t{kMaxBlockRows} * hiddenSize * 2;
+}
+
 //! The row scratch's offset in a verify workspace of numRows x numSplits summaries: after them,
 //! 16-byte aligned.
 inline size_t rowScratchOffset(int32_t numRows, int32_t numSplits)
 {
-    size_t const summaries = static_cast<size_t>(numRows) * numSplits * (4 * sizeof(float) + sizeof(int32_t));
-    return (summaries + 15) / 16 * 16;
+    return align16(static_cast<size_t>(numRows) * numSplits * (4 * sizeof(float) + sizeof(int32_t)));
+}
+
+//! The whole row block's offset in a verify workspace: after the row scratch.
+inline size_t verifyBlockOffset(int32_t numRows, int32_t numSplits)
+{
+    return rowScratchOffset(numRows, numSplits) + kRowScratchBytes;
+}
+
+//! The whole row block's offset in an argmax workspace: after the summaries (max and index).
+inline size_t argmaxBlockOffset(int32_t numRows, int32_t numSplits)
+{
+    return align16(static_cast<size_t>(numRows) * numSplits * (sizeof(float) + sizeof(int32_t)));
 }
 
 //! A launch on the compiled kernels.

@@ -254,7 +254,7 @@ void gpuChecks()
     float* logprobs2 = toDevice(fzeros);
     int32_t const splits = flashspec::resolveNumSplits(FLASHSPEC_OP_VERIFY_RESAMPLE, n * rows, hidden, vocab, 0, 0);
     void* ws = nullptr;
-    cudaMalloc(&ws, flashspec::getVerifyResampleWorkspaceSize(n * rows, splits));
+    cudaMalloc(&ws, flashspec::getVerifyResampleWorkspaceSize(n * rows, splits, hidden));
     flashspec::VerifyResampleParams params{dh, dw, dd, dt, ds, dp, tokens2, emitted2, logprobs2, ws,
         static_cast<int32_t>(n), static_cast<int32_t>(rows - 1), static_cast<int32_t>(hidden),
         static_cast<int32_t>(vocab), 0, splits};

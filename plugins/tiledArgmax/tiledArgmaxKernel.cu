@@ -118,9 +118,9 @@ int32_t tiledArgmaxPath(TiledArgmaxParams const& p)
     return validParams(p) && aot::planTiledArgmax(p, plan) ? aot::pathOf(plan) : FLASHSPEC_PATH_NATIVE;
 }
 
-size_t getTiledArgmaxWorkspaceSize(int32_t numRows, int32_t numSplits)
+size_t getTiledArgmaxWorkspaceSize(int32_t numRows, int32_t numSplits, int32_t hiddenSize)
 {
-    return static_cast<size_t>(numRows) * numSplits * (sizeof(float) + sizeof(int32_t));
+    return aot::argmaxBlockOffset(numRows, numSplits) + aot::wholeBlockBytes(hiddenSize);
 }
 
 cudaError_t invokeTiledArgmax(TiledArgmaxParams const& p, cudaStream_t stream)

@@ -71,7 +71,8 @@ size_t TiledArgmaxPlugin::getWorkspaceSize(DynamicPluginTensorDesc const* inputs
 {
     // Every N <= max N, with the split count enqueue launches.
     int32_t const maxRows = static_cast<int32_t>(inputs[kHidden].max.d[0]);
-    return getTiledArgmaxWorkspaceSize(maxRows, workspaceSplits());
+    auto const hiddenSize = static_cast<int32_t>(inputs[kHidden].max.d[1]);
+    return getTiledArgmaxWorkspaceSize(maxRows, workspaceSplits(), hiddenSize);
 }
 
 int32_t TiledArgmaxPlugin::enqueue(PluginTensorDesc const* inputDesc, PluginTensorDesc const* /* outputDesc */,

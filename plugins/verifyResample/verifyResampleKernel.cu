@@ -242,9 +242,9 @@ int32_t verifyResamplePath(VerifyResampleParams const& p)
     return validParams(p) && aot::planVerifyResample(p, plan) ? aot::pathOf(plan) : FLASHSPEC_PATH_NATIVE;
 }
 
-size_t getVerifyResampleWorkspaceSize(int32_t numRows, int32_t numSplits)
+size_t getVerifyResampleWorkspaceSize(int32_t numRows, int32_t numSplits, int32_t hiddenSize)
 {
-    return aot::rowScratchOffset(numRows, numSplits) + aot::kRowScratchBytes;
+    return aot::verifyBlockOffset(numRows, numSplits) + aot::wholeBlockBytes(hiddenSize);
 }
 
 cudaError_t invokeVerifyResample(VerifyResampleParams const& p, cudaStream_t stream)

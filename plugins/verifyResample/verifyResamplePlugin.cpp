@@ -88,7 +88,8 @@ size_t VerifyResamplePlugin::getWorkspaceSize(DynamicPluginTensorDesc const* inp
 {
     // Every shape <= max, with the split count enqueue launches.
     int64_t const maxRows = inputs[kHidden].max.d[0] * inputs[kHidden].max.d[1];
-    return getVerifyResampleWorkspaceSize(static_cast<int32_t>(maxRows), workspaceSplits());
+    auto const hiddenSize = static_cast<int32_t>(inputs[kHidden].max.d[2]);
+    return getVerifyResampleWorkspaceSize(static_cast<int32_t>(maxRows), workspaceSplits(), hiddenSize);
 }
 
 int32_t VerifyResamplePlugin::enqueue(PluginTensorDesc const* inputDesc, PluginTensorDesc const* /* outputDesc */,

@@ -1,10 +1,11 @@
 """The Hopper stage 1 (``kernels/hopper_tiles.py``: persistent, warp-specialised, TMA + wgmma)
-against the portable Triton kernels it replaces from 64 rows on sm_90.
+against the portable Triton kernels it replaces from 17 rows on sm_90.
 
 Both compute each logit with the same fp32 accumulation order (64-wide K chunks in order) and
-the same per-logit arithmetic, and write the same per-(row, 128-id tile) summaries, so the
-tokens, counts and max logits must be equal bit for bit; the log-probabilities' normaliser is
-reduced in another order (and over other splits at 64 rows), so they agree to a few ulps of
+the same per-logit arithmetic, and write the same per-(row, tile) summaries (over tiles of
+their own widths), so the tokens, counts and max logits must be equal bit for bit; the
+log-probabilities' normaliser is reduced in another order and over other splits, so they agree
+to a few ulps of
 the normaliser (|LSE| up to ~100 here: an ulp is 8e-6). Every case asserts which stage 1
 ran and that drafts were accepted (the multi-token path is taken).
 """
@@ -32,8 +33,9 @@ pytestmark = pytest.mark.skipif(
     not _on_hopper(), reason="needs a Hopper (sm_90) CUDA GPU: the kernel uses TMA and wgmma"
 )
 
-# One row count per HOPPER_TUNED row of either op that runs the Hopper kernel, plus odd counts
-# (partial row blocks: TMA zero-fills the missing rows).
+# One row count per HOPPER_TUNED row of either op that runs the Hopper kernel, plus odd counts:
+# fewer rows than one block (copied into a whole block), and partial later blocks (TMA
+# zero-fills their missing rows).
 ROWS = (18, 32, 64, 96, 128, 200, 512)
 LOGPROB_ULPS = 4 * 7.63e-6  # four ulps of an fp32 value in [64, 128)
 
@@ -64,7 +66,7 @@ def test_verify_equals_the_portable_kernel(rows, head, dtype):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("head", ["llama3-8b", "qwen3-8b"])
-@pytest.mark.parametrize("rows", (129, 256, 300, 512))
+@pytest.mark.parametrize("rows", (17, 40, 64, 100, 300, 512))
 def test_argmax_equals_the_portable_kernel(rows, head, dtype):
     shape = HeadShape.from_name(head)
     hidden, lm_head = _argmax_case(shape, rows, dtype)
@@ -99,11 +101,12 @@ def test_strided_hidden_falls_back_to_the_portable_kernel():
     assert torch.equal(mine.tokens, theirs.tokens)
 
 
-def test_hopper_kernel_in_a_cuda_graph():
+@pytest.mark.parametrize("n", [8, 32])  # 32 rows: copied into a whole row block; 128: not
+def test_hopper_kernel_in_a_cuda_graph(n):
     """After one eager call (compile, scratch), the call replays from a captured graph."""
     shape = HeadShape.from_name("llama3-8b")
-    case = _case(shape, n=32, gamma=3, dtype=torch.bfloat16, seed=7)
-    fast, _ = _configs("verify_resample", 128, shape, torch.bfloat16)
+    case = _case(shape, n=n, gamma=3, dtype=torch.bfloat16, seed=7)
+    fast, _ = _configs("verify_resample", 4 * n, shape, torch.bfloat16)
     assert fast.hopper is not None
     eager = verify_resample(*case)
     graph = torch.cuda.CUDAGraph()
@@ -112,6 +115,22 @@ def test_hopper_kernel_in_a_cuda_graph():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(captured.tokens, eager.tokens)
+
+
+def test_rows_left_in_the_whole_block_do_not_leak():
+    """Fewer rows than one block run from a buffer that keeps an earlier, larger call's rows past
+    them (``hopper_tiles._whole_row_block``): each output row is its own row's dots, and those
+    rows are never stored, so NaN and inf rows left there change nothing."""
+    shape = HeadShape.from_name("llama3-8b")
+    poison = torch.full((60, shape.hidden_size), float("nan"), device="cuda")
+    poison[1::2] = float("inf")
+    hidden, lm_head = _argmax_case(shape, 20, torch.bfloat16)
+    tiled_argmax(poison.bfloat16(), lm_head, shape.vocab_size)  # fills the block's 60 rows
+    fast, portable = _configs("tiled_argmax", 20, shape, torch.bfloat16)
+    assert fast.hopper is not None and fast.block_n > 20
+    m_tok, m_max = tiled_argmax(hidden, lm_head, shape.vocab_size, config=fast)
+    p_tok, p_max = tiled_argmax(hidden, lm_head, shape.vocab_size, config=portable)
+    assert torch.equal(m_tok, p_tok) and torch.equal(m_max, p_max)
 
 
 def _exact_bf16_rows(values: torch.Tensor):
@@ -134,12 +153,12 @@ def _exact_bf16_rows(values: torch.Tensor):
     return hidden, lm_head
 
 
-def _near_tie_case(n: int, gamma: int, vocab: int, gap: float):
-    """A near-tie on top of every (row, 128-id tile): two random ids of the tile score about 12
-    and ``12 - δ`` (``|δ| <= gap``, plus the dots' rounding, ~8e-6), every other id below -1;
+def _near_tie_case(n: int, gamma: int, vocab: int, gap: float, tile: int):
+    """A near-tie on top of every (row, ``tile``-id tile): two random ids of the tile score about
+    12 and ``12 - δ`` (``|δ| <= gap``, plus the dots' rounding, ~8e-6), every other id below -1;
     on greedy rows (``T = 0``) the two dots are equal. Returns the case and the two ids."""
     g = torch.Generator(device="cuda").manual_seed(11)
-    rows, tiles = n * (gamma + 1), vocab // 128
+    rows, tiles = n * (gamma + 1), vocab // tile
     temps = torch.tensor([1.0, 0.7, 0.0, 1.3], device="cuda").repeat(n // 4 + 1)[:n]
     seeds = torch.randint(0, 2**62, (n,), device="cuda", generator=g)
     positions = torch.randint(0, 100_000, (n,), device="cuda", generator=g)
@@ -149,8 +168,8 @@ def _near_tie_case(n: int, gamma: int, vocab: int, gap: float):
     gumbel = noise.gumbel_from_bits(noise.token_bits(a[..., None], b[..., None], token))
     gumbel = gumbel.reshape(rows, vocab).double()
     score = torch.rand(rows, vocab, device="cuda", generator=g, dtype=torch.float64) - 25.0
-    top = torch.rand(rows, tiles, 128, device="cuda", generator=g).argsort(dim=-1)[..., :2]
-    top = top + 128 * torch.arange(tiles, device="cuda")[:, None]
+    top = torch.rand(rows, tiles, tile, device="cuda", generator=g).argsort(dim=-1)[..., :2]
+    top = top + tile * torch.arange(tiles, device="cuda")[:, None]
     delta = torch.rand(rows, tiles, device="cuda", generator=g, dtype=torch.float64) * 2 - 1
     score.scatter_(1, top[..., 0], 12.0)
     score.scatter_(1, top[..., 1], 12.0 - delta * gap)
@@ -161,14 +180,17 @@ def _near_tie_case(n: int, gamma: int, vocab: int, gap: float):
 
 
 @pytest.mark.parametrize("gap", [4e-6, 4e-5])
-def test_near_ties_are_settled_exactly(gap):
+@pytest.mark.parametrize("n", [32, 64])  # 128 rows: the 64 x 256 tile; 256: the 128 x 128 one
+def test_near_ties_are_settled_exactly(gap, n):
     """Every (row, tile) summary of the Hopper kernel equals the reference's bit for bit when the
     top two scores of every tile lie within the ranking's error (its approximate Gumbel is off
     by up to ~2e-5): a chunk whose ranking cannot separate a row's top two is scored exactly,
     ties to the lowest id."""
-    n, gamma, vocab = 32, 3, 1024
-    (hidden, lm_head, temps, seeds, positions), top = _near_tie_case(n, gamma, vocab, gap)
-    rows, tiles = hidden.shape[0], vocab // 128
+    gamma, vocab = 3, 1024
+    config = hopper_row("verify_resample", n * (gamma + 1))
+    tile = config.block_v
+    (hidden, lm_head, temps, seeds, positions), top = _near_tie_case(n, gamma, vocab, gap, tile)
+    rows, tiles = hidden.shape[0], vocab // tile
     for logprobs in (False, True):
         summaries = [torch.empty(rows, tiles, device="cuda") for _ in range(5)]
         summaries[1] = torch.empty(rows, tiles, device="cuda", dtype=torch.int32)
@@ -183,10 +205,10 @@ def test_near_ties_are_settled_exactly(gap):
             seed=seeds,
             positions=positions,
             gamma=gamma,
-            config=hopper_row("verify_resample", rows),
+            config=config,
         )
         expected = tile_summaries(
-            hidden.view(n, gamma + 1, -1), lm_head, temps, seeds, positions, vocab, 128, logprobs
+            hidden.view(n, gamma + 1, -1), lm_head, temps, seeds, positions, vocab, tile, logprobs
         )
         winners = expected.best_index.reshape(rows, tiles)
         assert torch.equal(summaries[1].long(), winners)

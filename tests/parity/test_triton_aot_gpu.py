@@ -2,8 +2,9 @@
 against the Triton JIT and the reference, on a GPU of the compiled architecture.
 
 The library runs the kernels the Triton backend runs, with the same launch tables and split
-count: the portable kernels, and on sm_90 from 33 (verify) or 129 (argmax) rows the Hopper kernel
-(``kernels/hopper_tiles.py``) with its TMA descriptors encoded by the library. So its tokens,
+count: the portable kernels, and on sm_90 from 17 rows the Hopper kernel
+(``kernels/hopper_tiles.py``) with its TMA descriptors encoded by the library (and, below one row
+block, the rows copied into a whole block of the workspace). So its tokens,
 counts, log-probabilities and max logits must equal the Triton backend's bit for bit; against the
 reference the bf16 near-tie bound of ``test_llm_shapes_gpu`` applies. Every case asserts the path
 taken (``flashspecKernelPath``), and the cases where the library must fall back to its native
@@ -18,7 +19,7 @@ import torch
 from flashspec_export import ops
 from flashspec_export.config import HeadShape
 from flashspec_export.kernels.tiled_argmax import tiled_argmax
-from flashspec_export.kernels.tiles import TUNED, choose_config
+from flashspec_export.kernels.tiles import HOPPER_TUNED, TUNED, choose_config
 from flashspec_export.kernels.verify_resample import verify_resample
 from flashspec_export.ops import cuda
 from tests.parity.test_llm_shapes_gpu import MAX_BF16_MISMATCH_RATE, _argmax_case, _case
@@ -49,8 +50,13 @@ requires_aot = pytest.mark.skipif(
     _aot_arch() == 0 or _aot_arch() != _device_arch(), reason=_skip_reason()
 )
 
-# One row count per TUNED row of either op (1, 32, 64, 128, 512 rows with γ = 3 where it divides).
-ROWS = sorted({1, 512} | {limit for op in TUNED.values() for limit, _ in op if limit is not None})
+# One row count per launch-table row of either op, 20 (the Hopper kernel from a whole row block
+# of the workspace) and 512, with γ = 3 where it divides.
+ROWS = sorted(
+    {1, 20, 512}
+    | {limit for table in (TUNED, HOPPER_TUNED) for op in table.values() for limit, _ in op}
+    - {None}
+)
 HEADS = ["llama3-8b", "gemma3-12b"]  # H = 4096 and 3840: the default compiled hidden sizes
 
 
@@ -134,7 +140,9 @@ def test_compiled_kernels_match_the_reference(head):
 
 
 @requires_aot
-@pytest.mark.parametrize("n", [8, 64])  # 32 rows: the portable kernel; 256: the Hopper kernel
+# 8 rows: the portable kernel; 32: the Hopper kernel from a whole row block (the copy captured
+# too); 256: the Hopper kernel
+@pytest.mark.parametrize("n", [2, 8, 64])
 def test_compiled_kernels_in_a_cuda_graph(n):
     """Loaded once (a first eager call), the compiled kernels replay from a captured graph (the
     Hopper kernel's TMA descriptors are launch arguments, captured by value)."""
