@@ -22,9 +22,10 @@ against the faster of them at each row count.
 
 Each provider's back-to-back calls are captured in one CUDA graph (launch gaps excluded, as in a
 deployed engine), as ``triton.testing.do_bench_cudagraph`` does; at each row count the graphs of
-all providers are then replayed in turn, 10 rounds, each replay timed with CUDA events, so that a
-GPU warming up or reaching its power limit during the sweep weighs on every provider alike (timed
-one after the other, the later providers ran up to 5% slower on an H200). The report gives the
+all providers are then replayed in turn, 10 rounds with the first provider rotating, each replay
+timed with CUDA events, so that a GPU warming up or reaching its power limit during the sweep
+weighs on every provider alike (timed one after the other, the later providers ran up to 5%
+slower on an H200). The report gives the
 median per call and the spread (second lowest and highest of the 10 replays, fields ``p10_us`` /
 ``p90_us``), and
 the LM-head bytes streamed per second as a fraction of the measured device-to-device copy
@@ -137,8 +138,9 @@ def time_graphs(
     """Times per call in µs of each of ``fns`` (``ROUNDS`` samples each): per function, one
     warm-up call (it compiles and allocates), then ``rep_ms`` worth of back-to-back calls
     captured in one CUDA graph (the count estimated from a graph of one call) and replayed once
-    untimed; then ``ROUNDS`` rounds that replay every graph once in turn, each replay timed with
-    CUDA events."""
+    untimed; then ``ROUNDS`` rounds that replay every graph once, each replay timed with CUDA
+    events, the first function of a round rotating (a replay's clock depends on the one before it
+    at the power limit)."""
     stream = torch.cuda.Stream()
     graphs = {}
     with torch.cuda.stream(stream):
@@ -150,8 +152,11 @@ def time_graphs(
             _replay_ms(graphs[name][0], stream)  # the first replay uploads the graph
             del single
         times = {name: [] for name in fns}
-        for _ in range(ROUNDS):
-            for name, (graph, calls) in graphs.items():
+        names = list(graphs)
+        for round_ in range(ROUNDS):
+            start = round_ % len(names)  # each function leads in turn
+            for name in names[start:] + names[:start]:
+                graph, calls = graphs[name]
                 times[name].append(1e3 * _replay_ms(graph, stream) / calls)
     return times
 
