@@ -65,9 +65,9 @@ class KernelConfig(NamedTuple):
 # waves > 0 only where one row block covers every R of the row, so that the split count, and with
 # it the compiled kernels, do not change with R inside a row (the last argmax row pays ~4% at
 # 512 rows for one tile per program instead of 63 splits).
-# The argmax up to 16 rows: 64-id tiles, 4 warps, 4 programs per SM (on the H200 0.98-1.01x the
-# matmul against 1.02-1.03x for the H100's earlier 128-id, 8-warp choice; on the H100 within 1%
-# of it: docs/bench/tune_argmax_small_h200.json).
+# The argmax up to 16 rows is the H100's choice: on the H200 64-id tiles, 4 warps and 4
+# programs per SM are faster (0.98-1.01x the matmul against 1.01-1.03x,
+# docs/bench/tune_argmax_small_h200.json), but on the H100 that costs Qwen3 7% (1.04x).
 # VerifyResample rows whose bound is below their BLOCK_N score only that many rows per block
 # (``epi_rows_of``): tl.dot needs 16 rows, but the Gumbel noise of the padding is wasted work
 # that shows at tile boundaries (H200, 1-8 rows: 1.01-1.04x the matmul instead of 1.04-1.06x,
@@ -83,7 +83,7 @@ TUNED = {
         (None, (128, 128, 16, 0, 4)),
     ),
     "tiled_argmax": (
-        (16, (16, 64, 4, 4, 3)),
+        (16, (16, 128, 8, 2, 3)),
         (32, (32, 128, 8, 2, 3)),
         (128, (128, 128, 8, 2, 4)),
         (None, (128, 256, 16, 0, 4)),
