@@ -94,16 +94,17 @@ TUNED = {
 # Stage 1 on Hopper (sm_90, bf16 / fp16), per op: rows up to the key -> HopperConfig, None for
 # the portable kernel. The warp-specialised kernel overlaps the epilogue with the next tile's
 # wgmma and keeps the tensor cores fed by TMA. From 17 rows both ops take the 64-row tile of
-# 256 ids (docs/BENCHMARKS.md, scripts/tune_kernels.py --hopper --block-n 64 --block-v 256):
-# against the 128-id tile it halves the hidden rows each LM-head byte is multiplied with in shared
-# memory (on the H200 at 32 rows verify 1.01-1.05x the matmul instead of 1.07-1.09x, at 64 rows
-# the argmax 0.92-0.99x instead of 1.14-1.27x with the portable kernel). Its epilogue reads 8
-# rows at a time with 4 warps, 16 ids per lane: 8 epilogue warps leave the 4 MMA warps 128
-# registers, fewer than the 64 x 256 accumulator needs. The argmax keeps it at every row count
-# (256-512 rows: 1.01-1.13x against 1.00-1.28x for the 128 x 128 tile); verify takes the 128-row
-# tile past 128 rows, with 4 epilogue warps of 16 ids per lane (the per-row work of the
-# rank-then-recompute epilogue amortised over more ids; at 512 rows 3-10% faster than 8 warps,
-# and than the 64 x 256 tile). Below 17 rows the portable kernels are as fast or faster.
+# 256 ids (scripts/tune_kernels.py --hopper --block-n 64 --block-v 256; docs/bench/tune_wide_*):
+# against 128 ids it halves the hidden-row bytes loaded per LM-head byte. On the H200 at 32 rows
+# verify runs 1.01-1.04x the matmul instead of 1.07-1.09x, at 64 rows the argmax 0.92-1.00x
+# instead of 1.14-1.27x (portable) or 0.99-1.17x (64 x 128). Its epilogue reads 8 rows at a time
+# with 4 warps, 16 ids per lane: with 8 epilogue warps the 4 MMA warps get 128 registers, fewer
+# than the 64 x 256 accumulator needs. The argmax keeps it at every row count (256-512 rows:
+# 1.01-1.13x against 1.00-1.28x for the 128 x 128 tile); verify up to 128 rows (at 128: H100
+# 1.02-1.03x against 1.03-1.05x, H200 1.21-1.27x against 1.24-1.31x), then the 128-row tile,
+# whose 4 epilogue warps of 16 ids per lane amortise the rank-then-recompute epilogue's per-row
+# work (at 512 rows 3-10% faster than 8 warps, and 0-6% faster than the 64 x 256 tile). Below
+# 17 rows the portable kernels are as fast or faster.
 _WIDE = HopperConfig(block_n=64, block_v=256, stages=4, chunk=8, epi_warps=4, epi_regs=152)
 HOPPER_TUNED = {
     "verify_resample": (

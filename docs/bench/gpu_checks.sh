@@ -7,7 +7,7 @@
 #        the plugin library and its self-test are built and run too, under compute-sanitizer)
 #   bash docs/bench/gpu_checks.sh bench [BEFORE]     # kernel sweep; BEFORE: an older tree, timed first
 #   bash docs/bench/gpu_checks.sh aot                # the library's compiled-in Triton kernels
-#       (the Hopper kernel from 33 / 129 rows): their GPU tests, then CUDA (compiled Triton) vs
+#       (the Hopper kernel from 17 rows): their GPU tests, then CUDA (compiled Triton) vs
 #       Triton JIT on the three heads, R = 1..512
 set -uo pipefail
 out="${OUT:-gpu_out}"
