@@ -230,13 +230,14 @@ FinalizeConfig const* findFinalize(int32_t op, int32_t splits, int32_t width, bo
 
 //! The common conditions of a plan: the compiled specialisation (16-byte aligned matrices), and
 //! the kernels' int32 workspace offsets (4 planes of numRows x splits floats). The Hopper kernel
-//! splits the vocabulary into its tiles (no other split count) and needs the driver's TMA
-//! descriptor encoder.
+//! splits the vocabulary into its tiles (no other split count), needs the driver's TMA
+//! descriptor encoder, and row blocks the workspace's whole block holds (kMaxBlockRows).
 bool fitsSpecialisation(
     TileConfig const& tile, void const* hidden, void const* lmHead, int32_t numRows, int32_t vocabSize, int32_t splits)
 {
     bool const fitsHopper = tile.blockK == 0
-        || (splits == cdiv(vocabSize, tile.blockV) && driver().tensorMapEncodeTiled != nullptr);
+        || (splits == cdiv(vocabSize, tile.blockV) && tile.blockN <= kMaxBlockRows
+            && driver().tensorMapEncodeTiled != nullptr);
     return fitsHopper && aligned16(hidden) && aligned16(lmHead) && splits > 0
         && 4 * static_cast<int64_t>(numRows) * splits < (int64_t{1} << 31);
 }
