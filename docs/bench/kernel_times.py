@@ -9,6 +9,7 @@ directly, outside the sweep's CUDA graphs.
 """
 
 import collections
+import functools
 import sys
 
 import torch
@@ -39,23 +40,26 @@ def kernel_times(fn) -> dict[str, tuple[int, float]]:
     return {name: (len(t) // CALLS, sum(t) / CALLS) for name, t in times.items()}
 
 
+def calls(head: str, rows: int) -> dict:
+    """{"argmax triton" ...: a call} at ``rows`` on ``head``, both ops on both backends."""
+    args, flat, lm_head = operands(head, rows)
+    vocab = args[-1]
+    out = {}
+    for backend in ("triton", "cuda"):
+        out[f"argmax {backend}"] = functools.partial(
+            ops.tiled_argmax, flat, lm_head, vocab, backend=backend, check_values=False
+        )
+    for backend in ("triton", "cuda"):
+        out[f"verify {backend}"] = functools.partial(
+            ops.verify_resample, *args, backend=backend, check_values=False
+        )
+    return out
+
+
 def main(rows_list: list[int]) -> None:
     for head in HEADS:
         for rows in rows_list:
-            args, flat, lm_head = operands(head, rows)
-            vocab = args[-1]
-            calls = {
-                f"argmax {backend}": lambda b=backend: ops.tiled_argmax(
-                    flat, lm_head, vocab, backend=b, check_values=False
-                )
-                for backend in ("triton", "cuda")
-            } | {
-                f"verify {backend}": lambda b=backend: ops.verify_resample(
-                    *args, backend=b, check_values=False
-                )
-                for backend in ("triton", "cuda")
-            }
-            for name, fn in calls.items():
+            for name, fn in calls(head, rows).items():
                 times = sorted(kernel_times(fn).items(), key=lambda item: -item[1][1])
                 cells = "; ".join(f"{k} x{n} {us:.1f}" for k, (n, us) in times)
                 print(f"{head} R={rows} {name}: {cells}", flush=True)
