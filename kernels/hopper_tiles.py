@@ -531,8 +531,9 @@ def _whole_row_block(hidden2d: torch.Tensor, block_n: int) -> torch.Tensor:
 
     TMA fills a box that reaches past the tensor's last row more slowly than a whole one: on an
     H200 verify on the 64 x 128 tile at 32 rows took 289-293 µs on Llama-3 straight from the rows
-    and 273 from the whole block, the copy included (docs/BENCHMARKS.md). The rows past ``R`` hold zeros or an earlier call's rows:
-    each output row is its own row's dot products, and the epilogue never stores rows past ``R``.
+    and 273 from the whole block, the copy included (docs/BENCHMARKS.md). The rows past ``R``
+    hold zeros or an earlier call's rows: each output row is its own row's dot products, and the
+    epilogue never stores rows past ``R``.
     """
     rows, hidden_size = hidden2d.shape
     if rows >= block_n:
