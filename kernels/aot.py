@@ -47,6 +47,7 @@ from flashspec_export.kernels import hopper_tiles, tiled_argmax, verify_resample
 from flashspec_export.kernels.tiles import (
     HOPPER_TUNED,
     TUNED,
+    TUNED_BY_DEVICE,
     block_h_of,
     dot_options_of,
     epi_rows_of,
@@ -187,6 +188,7 @@ class TileRow:
     logprobs_kernel: str | None
     block_k: int = 0
     tma_swizzle: int = 0
+    device: str = ""  # a TUNED_BY_DEVICE row: a part of the GPU's name; "": any GPU
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,6 +229,15 @@ def tile_kernels(dtypes, hidden_sizes, arch: int = 90) -> tuple[list[KernelSpec]
             if hidden_size % 16:
                 raise ValueError(f"hidden_sizes: {hidden_size} is not a multiple of 16")
             for op, kind in (("verify_resample", "verify_tiles"), ("tiled_argmax", "argmax_tiles")):
+                # A GPU's own rows first: the launcher takes the first row that serves the call.
+                for device, table in TUNED_BY_DEVICE.items():
+                    for bound, _ in table.get(op, ()):
+                        at = bound if bound is not None else 1 << 30
+                        if arch == 90 and dtype in _GLUON_DTYPE and hopper_row(op, at) is not None:
+                            continue  # the Hopper kernel serves these rows on every GPU
+                        rows.append(
+                            _portable_row(specs, op, kind, dtype_name, hidden_size, bound, device)
+                        )
                 for bound in _row_bounds(op):
                     at = bound if bound is not None else 1 << 30
                     on_hopper = arch == 90 and dtype in _GLUON_DTYPE
@@ -239,12 +250,14 @@ def tile_kernels(dtypes, hidden_sizes, arch: int = 90) -> tuple[list[KernelSpec]
     return list(specs.values()), rows
 
 
-def _portable_row(specs, op, kind, dtype_name, hidden_size, bound) -> TileRow:
+def _portable_row(specs, op, kind, dtype_name, hidden_size, bound, device="") -> TileRow:
     dtype = DTYPES[dtype_name]
     at = bound if bound is not None else 1 << 30
-    index = next(i for i, (limit, _) in enumerate(TUNED[op]) if limit is None or at <= limit)
-    block_n, block_v, num_warps, waves, num_stages = tuned_row(op, at)
-    base = f"fsAot_{kind}_{dtype_name}_h{hidden_size}_r{index}"
+    block_n, block_v, num_warps, waves, num_stages = tuned_row(op, at, device)
+    table = TUNED_BY_DEVICE[device][op] if device else TUNED[op]
+    index = next(i for i, (limit, _) in enumerate(table) if limit is None or at <= limit)
+    prefix = f"{device.lower()}_" if device else ""
+    base = f"fsAot_{kind}_{dtype_name}_h{hidden_size}_{prefix}r{index}"
     constexprs = {
         "stride_vh": 1,
         "HIDDEN_SIZE": hidden_size,
@@ -256,7 +269,7 @@ def _portable_row(specs, op, kind, dtype_name, hidden_size, bound) -> TileRow:
     }
     variants = (False, True) if op == "verify_resample" else (None,)
     symbols = {}
-    epi_rows = epi_rows_of(op, at) or block_n
+    epi_rows = epi_rows_of(op, at, device) or block_n
     for logprobs in variants:
         extra = (
             {}
@@ -282,6 +295,7 @@ def _portable_row(specs, op, kind, dtype_name, hidden_size, bound) -> TileRow:
         waves,
         symbols[False if op == "verify_resample" else None],
         symbols.get(True),
+        device=device,
     )
 
 
@@ -474,14 +488,15 @@ def render_cpp(
         lines.append(f"    {{{_cpp_string(name)}, {symbol}, {size}, {warps}, {shared}}},")
     lines += ["};", "", "// op, dtype, hidden size, max rows (-1: any), BLOCK_N, BLOCK_V, waves,"]
     lines += ["// kernel, kernel with log-probabilities (-1: none), BLOCK_K and TMA swizzle of the"]
-    lines += ["// Hopper kernel (0: portable): kernels/tiles.py TUNED and HOPPER_TUNED"]
+    lines += ["// Hopper kernel (0: portable), a part of the GPU's name (empty: any GPU):"]
+    lines += ["// kernels/tiles.py TUNED, TUNED_BY_DEVICE and HOPPER_TUNED"]
     lines.append("TileConfig const kTiles[] = {")
     for r in tile_rows:
         lp = index[r.logprobs_kernel] if r.logprobs_kernel else -1
         lines.append(
             f"    {{{_ABI_OP[r.op]}, {_ABI_DTYPE[r.dtype]}, {r.hidden_size}, {r.max_rows}, "
             f"{r.block_n}, {r.block_v}, {r.waves}, {index[r.kernel]}, {lp}, {r.block_k}, "
-            f"{r.tma_swizzle}}},"
+            f"{r.tma_swizzle}, {_cpp_string(r.device)}}},"
         )
     lines += ["};", "", "// op, log-probabilities, BLOCK_R (argmax: rows per program), BLOCK_S,"]
     lines += ["// kernel"]

@@ -14,6 +14,7 @@ changes within one row of ``TUNED`` reuses one compiled kernel.
 
 from __future__ import annotations
 
+import itertools
 from typing import NamedTuple
 
 import numpy
@@ -65,9 +66,6 @@ class KernelConfig(NamedTuple):
 # waves > 0 only where one row block covers every R of the row, so that the split count, and with
 # it the compiled kernels, do not change with R inside a row (the last argmax row pays ~4% at
 # 512 rows for one tile per program instead of 63 splits).
-# The argmax up to 16 rows is the H100's choice: on the H200 64-id tiles, 4 warps and 4
-# programs per SM are faster (0.98-1.01x the matmul against 1.01-1.03x,
-# docs/bench/tune_argmax_small_h200.json), but on the H100 that costs Qwen3 7% (1.04x).
 # VerifyResample rows whose bound is below their BLOCK_N score only that many rows per block
 # (``epi_rows_of``): tl.dot needs 16 rows, but the Gumbel noise of the padding is wasted work
 # that shows at tile boundaries (H200, 1-8 rows: 1.01-1.04x the matmul instead of 1.04-1.06x,
@@ -88,6 +86,16 @@ TUNED = {
         (128, (128, 128, 8, 2, 4)),
         (None, (128, 256, 16, 0, 4)),
     ),
+}
+
+
+# TUNED rows that one GPU model replaces, keyed by a part of its name (torch.cuda.get_device_name;
+# the CUDA library matches cudaDeviceProp::name alike): per op, rows up to the key, as in TUNED;
+# past the last key the GPU takes TUNED's rows. H200: the argmax up to 16 rows on 64-id tiles,
+# 4 warps, 4 programs per SM, 0.98-1.01x the matmul against 1.01-1.03x with TUNED's row
+# (docs/bench/tune_argmax_small_h200.json), which on the H100 is 7% faster for Qwen3.
+TUNED_BY_DEVICE = {
+    "H200": {"tiled_argmax": ((16, (16, 64, 4, 4, 3)),)},
 }
 
 
@@ -174,25 +182,34 @@ def choose_config(
         fewer = triton.next_power_of_2(rows)  # below BLOCK_N: VerifyResample scores only these
         epi_rows = fewer if op == "verify_resample" and fewer < block_n else 0
     else:
-        block_n, block_v, num_warps, waves, num_stages = tuned_row(op, rows)
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        name = torch.cuda.get_device_name(index)
+        block_n, block_v, num_warps, waves, num_stages = tuned_row(op, rows, name)
         block_h = block_h_of(dtype)
-        sms = sm_count(device.index if device.index is not None else torch.cuda.current_device())
-        epi_rows = epi_rows_of(op, rows)
+        sms = sm_count(index)
+        epi_rows = epi_rows_of(op, rows, name)
     splits = num_splits(rows, vocab_size, block_n, block_v, waves, sms)
     return KernelConfig(block_n, block_v, block_h, splits, num_warps, num_stages, None, epi_rows)
 
 
-def tuned_row(op: str, rows: int) -> tuple[int, int, int, int, int]:
-    """``TUNED[op]``'s row for ``rows``: (BLOCK_N, BLOCK_V, num_warps, waves, num_stages)."""
-    return next(config for limit, config in TUNED[op] if limit is None or rows <= limit)
+def _tuned_entry(op: str, rows: int, device_name: str) -> tuple[int | None, tuple]:
+    """(bound, row) of the launch-table row for ``rows`` on the GPU named ``device_name``: its
+    ``TUNED_BY_DEVICE`` row where one covers ``rows``, else ``TUNED``'s."""
+    own = [t[op] for name, t in TUNED_BY_DEVICE.items() if name in device_name and op in t]
+    rows_of = itertools.chain(*own, TUNED[op])  # TUNED ends with an unbounded row
+    return next((limit, config) for limit, config in rows_of if limit is None or rows <= limit)
 
 
-def epi_rows_of(op: str, rows: int) -> int:
+def tuned_row(op: str, rows: int, device_name: str = "") -> tuple[int, int, int, int, int]:
+    """The launch-table row for ``rows`` on the GPU named ``device_name`` (``TUNED_BY_DEVICE``,
+    else ``TUNED``): (BLOCK_N, BLOCK_V, num_warps, waves, num_stages)."""
+    return _tuned_entry(op, rows, device_name)[1]
+
+
+def epi_rows_of(op: str, rows: int, device_name: str = "") -> int:
     """The rows per block VerifyResample scores at ``rows`` (``KernelConfig.epi_rows``): the
-    ``TUNED`` row's bound where it lies below the row's BLOCK_N, else 0 (every row)."""
-    limit, (block_n, *_) = next(
-        (limit, config) for limit, config in TUNED[op] if limit is None or rows <= limit
-    )
+    launch-table row's bound where it lies below the row's BLOCK_N, else 0 (every row)."""
+    limit, (block_n, *_) = _tuned_entry(op, rows, device_name)
     return limit if op == "verify_resample" and limit is not None and limit < block_n else 0
 
 

@@ -14,7 +14,13 @@ import pytest
 pytest.importorskip("triton", reason="needs triton (pip install -e '.[triton]')")
 
 from flashspec_export.kernels import aot
-from flashspec_export.kernels.tiles import HOPPER_TUNED, TUNED, hopper_row, tuned_row
+from flashspec_export.kernels.tiles import (
+    HOPPER_TUNED,
+    TUNED,
+    TUNED_BY_DEVICE,
+    hopper_row,
+    tuned_row,
+)
 
 
 def test_tile_table_is_the_triton_launch_table():
@@ -27,7 +33,11 @@ def test_tile_table_is_the_triton_launch_table():
         bounds = sorted({lim for t in (TUNED, HOPPER_TUNED) for lim, _ in t[op]} - {None})
         for dtype in ("bfloat16", "float16"):
             for hidden in (3840, 4096):
-                mine = [r for r in rows if (r.op, r.dtype, r.hidden_size) == (op, dtype, hidden)]
+                mine = [
+                    r
+                    for r in rows
+                    if (r.op, r.dtype, r.hidden_size, r.device) == (op, dtype, hidden, "")
+                ]
                 assert [r.max_rows for r in mine] == [*bounds, -1]
                 for r in mine:
                     at = r.max_rows if r.max_rows > 0 else 1 << 20
@@ -54,6 +64,29 @@ def test_tile_table_is_the_triton_launch_table():
                     (r.logprobs_kernel is not None) == (op == "verify_resample") for r in mine
                 )
     assert any(by_symbol[r.kernel].kind == "hopper_tiles" for r in rows)
+
+
+def test_a_gpus_own_rows_come_first():
+    """TUNED_BY_DEVICE rows (portable kernels where no Hopper kernel serves those rows) precede
+    the rows for any GPU of the same (op, dtype, H), which the launcher reads in order."""
+    specs, rows = aot.tile_kernels(["bfloat16"], [4096])
+    by_symbol = {s.symbol: s for s in specs}
+    assert TUNED_BY_DEVICE, "no GPU has rows of its own: nothing to check"
+    for device, table in TUNED_BY_DEVICE.items():
+        for op, entries in table.items():
+            mine = [r for r in rows if r.op == op]
+            own = [r for r in mine if r.device == device]
+            assert [r.max_rows for r in own] == [-1 if b is None else b for b, _ in entries]
+            assert mine[: len(own)] == own
+            for r, (bound, config) in zip(own, entries, strict=True):
+                block_n, block_v, warps, waves, stages = config
+                assert tuned_row(op, bound, f"NVIDIA {device}") == config
+                assert (r.block_n, r.block_v, r.waves, r.block_k) == (block_n, block_v, waves, 0)
+                spec = by_symbol[r.kernel]
+                assert (spec.num_warps, spec.num_stages) == (warps, stages)
+                # past the GPU's own rows, and on other GPUs, TUNED's
+                assert tuned_row(op, bound, "NVIDIA H100 80GB HBM3") == tuned_row(op, bound)
+    assert tuned_row("tiled_argmax", 17, "NVIDIA H200") == tuned_row("tiled_argmax", 17)
 
 
 def test_other_architectures_get_only_the_portable_kernels():

@@ -17,6 +17,7 @@
 #include <dlfcn.h>
 
 #include <mutex>
+#include <string>
 #include <type_traits>
 #include <unordered_map>
 #include <vector>
@@ -159,9 +160,8 @@ int32_t cdiv(int64_t a, int64_t b)
 }
 
 //! The current device's compute capability (major * 10 + minor) and SM count.
-bool currentDevice(int32_t& arch, int32_t& sms)
+bool currentDevice(int32_t& arch, int32_t& sms, int& device)
 {
-    int device = 0;
     int major = 0;
     int minor = 0;
     int count = 0;
@@ -177,19 +177,40 @@ bool currentDevice(int32_t& arch, int32_t& sms)
     return true;
 }
 
-//! The TUNED row of (op, dtype, H) for numRows (tiles.tuned_row: the first row whose bound
-//! covers numRows), or nullptr when none is compiled in or the device is not the table's.
+//! cudaDeviceProp::name of `device`, read once per device ("" if it cannot be read).
+std::string const& deviceName(int device)
+{
+    static std::mutex lock;
+    static std::unordered_map<int, std::string> names;
+    std::lock_guard<std::mutex> const guard(lock);
+    auto found = names.find(device);
+    if (found == names.end())
+    {
+        cudaDeviceProp prop{};
+        std::string name = cudaGetDeviceProperties(&prop, device) == cudaSuccess ? prop.name : "";
+        found = names.emplace(device, std::move(name)).first;
+    }
+    return found->second;
+}
+
+//! The launch-table row of (op, dtype, H) for numRows on this GPU (tiles.tuned_row: the first
+//! row whose bound covers numRows, the GPU's own rows first), or nullptr when none is compiled in
+//! or the device is not the table's architecture.
 TileConfig const* findTile(int32_t op, int32_t numRows, int32_t hiddenSize, int32_t dtype, int32_t& sms)
 {
     int32_t arch = 0;
-    if (kTable.numTiles == 0 || !currentDevice(arch, sms) || arch != kTable.arch)
+    int device = 0;
+    if (kTable.numTiles == 0 || !currentDevice(arch, sms, device) || arch != kTable.arch)
     {
         return nullptr;
     }
+    std::string const& name = deviceName(device);
     for (size_t i = 0; i < kTable.numTiles; ++i)
     {
         TileConfig const& t = kTable.tiles[i];
-        if (t.op == op && t.dtype == dtype && t.hiddenSize == hiddenSize && (t.maxRows < 0 || numRows <= t.maxRows))
+        bool const serves = t.op == op && t.dtype == dtype && t.hiddenSize == hiddenSize
+            && (t.maxRows < 0 || numRows <= t.maxRows);
+        if (serves && (t.device[0] == '\0' || name.find(t.device) != std::string::npos))
         {
             return &t;
         }

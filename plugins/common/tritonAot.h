@@ -2,11 +2,12 @@
  * The Triton kernels of kernels/ compiled ahead of time into the library (cubins for one GPU
  * architecture) and their launcher. The table kTable is generated at build time by
  * `python -m flashspec_export.kernels.aot` (CMake option FLASHSPEC_TRITON_AOT) from the Triton
- * launch table kernels/tiles.py TUNED; without it the table is empty (tritonAotEmpty.cpp) and
- * every call runs the native CUDA kernels.
+ * launch tables kernels/tiles.py TUNED, TUNED_BY_DEVICE and HOPPER_TUNED; without it the table is
+ * empty (tritonAotEmpty.cpp) and every call runs the native CUDA kernels.
  *
  * invokeTiledArgmax / invokeVerifyResample ask plan*() first: a plan exists when the current
- * device has the table's architecture, a tile kernel is compiled for (op, dtype, H, rows), a
+ * device has the table's architecture, a tile kernel is compiled for (op, dtype, H, rows) — a
+ * row of the GPU's own (its name, cudaDeviceProp::name, contains the row's) before any GPU's —, a
  * finalize kernel covers the split count (and γ + 1 for verify), and hidden / lm_head are 16-byte
  * aligned (the compiled specialisation). On sm_90 the table names, from 17 rows, the Hopper
  * kernel (kernels/hopper_tiles.py), which splits the vocabulary into its tiles (HOPPER_TUNED's

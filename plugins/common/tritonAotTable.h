@@ -25,9 +25,10 @@ struct Kernel
     int32_t sharedBytes; // dynamic shared memory of every launch (> 48 KB: opted in at load)
 };
 
-//! A row of the launch tables kernels/tiles.py TUNED / HOPPER_TUNED for one (op, dtype, H): the
-//! stage-1 kernels and the geometry. blockK > 0: the Hopper kernel (kernels/hopper_tiles.py), a
-//! persistent kernel (one CTA per SM) that reads hidden and lm_head through TMA descriptors.
+//! A row of the launch tables kernels/tiles.py TUNED (TUNED_BY_DEVICE) / HOPPER_TUNED for one
+//! (op, dtype, H): the stage-1 kernels and the geometry. blockK > 0: the Hopper kernel
+//! (kernels/hopper_tiles.py), a persistent kernel (one CTA per SM) that reads hidden and lm_head
+//! through TMA descriptors.
 struct TileConfig
 {
     int32_t op;             // FlashspecOp
@@ -41,6 +42,7 @@ struct TileConfig
     int32_t logprobsKernel; // verify with log-probabilities; -1 for the argmax
     int32_t blockK;         // Hopper kernel: hidden elements per TMA box; 0: the portable kernel
     int32_t tmaSwizzle;     // Hopper kernel: the boxes' CUtensorMapSwizzle
+    char const* device;     // a TUNED_BY_DEVICE row: a part of cudaDeviceProp::name; "": any GPU
 };
 
 //! A stage-2 kernel: reduces up to blockS splits (verify: of up to blockR draft positions).
