@@ -142,6 +142,7 @@ def time_graphs(
     events, the first function of a round rotating (a replay's clock depends on the one before it
     at the power limit)."""
     stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())  # the inputs, made on the current stream
     graphs = {}
     with torch.cuda.stream(stream):
         for name, fn in fns.items():
