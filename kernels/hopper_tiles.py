@@ -513,6 +513,12 @@ def sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+@functools.cache
+def device_name(device_index: int) -> str:
+    """The name of CUDA device ``device_index`` (``TUNED_BY_DEVICE``'s key)."""
+    return torch.cuda.get_device_name(device_index)
+
+
 _SCRATCH: dict[tuple, torch.Tensor] = {}
 
 

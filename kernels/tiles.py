@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flashspec_export.kernels.hopper_tiles import HopperConfig, runs_on, sm_count
+from flashspec_export.kernels.hopper_tiles import HopperConfig, device_name, runs_on, sm_count
 
 # Splits per SM: enough programs to fill the GPU about twice, so the whole LM head is in flight
 # in one or two waves and each program streams a long contiguous run of it.
@@ -183,7 +183,7 @@ def choose_config(
         epi_rows = fewer if op == "verify_resample" and fewer < block_n else 0
     else:
         index = device.index if device.index is not None else torch.cuda.current_device()
-        name = torch.cuda.get_device_name(index)
+        name = device_name(index)
         block_n, block_v, num_warps, waves, num_stages = tuned_row(op, rows, name)
         block_h = block_h_of(dtype)
         sms = sm_count(index)
