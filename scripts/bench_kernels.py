@@ -26,6 +26,12 @@ def main() -> None:
     parser.add_argument(
         "--rep-ms", type=cli.int_range(1), default=defaults.rep_ms, help="GPU ms per timed replay"
     )
+    parser.add_argument(
+        "--settle-ms",
+        type=cli.int_range(0),
+        default=defaults.settle_ms,
+        help="GPU ms of untimed replays before each timed one (the clock settles at the power limit)",
+    )
     parser.add_argument("--out", default="bench_kernels.json", help="JSON report path")
     parser.add_argument("--plot", default=None, help="PNG plot path")
     args = parser.parse_args()
@@ -37,6 +43,7 @@ def main() -> None:
         providers=tuple(args.providers),
         dtype=args.dtype,
         rep_ms=args.rep_ms,
+        settle_ms=args.settle_ms,
     )
     report = run(config, progress=lambda line: print(line, flush=True))
     write_report(report, args.out, args.plot)

@@ -23,9 +23,13 @@ against the faster of them at each row count.
 Each provider's back-to-back calls are captured in one CUDA graph (launch gaps excluded, as in a
 deployed engine), as ``triton.testing.do_bench_cudagraph`` does; at each row count the graphs of
 all providers are then replayed in turn, 10 rounds with the first provider rotating, each replay
-timed with CUDA events, so that a GPU warming up or reaching its power limit during the sweep
-weighs on every provider alike (timed one after the other, the later providers ran up to 5%
-slower on an H200). The report gives the
+timed with CUDA events, so that a GPU warming up during the sweep weighs on every provider
+alike (timed one after the other, the later providers ran up to 5% slower on an H200). Before
+each timed replay the same graph is replayed untimed for ``settle_ms``: at the power limit the SM
+clock follows the power drawn, so a replay timed right after another provider's starts at that
+provider's clock. Without it the same verify kernel read 1.29x and 1.54x the matmul in two orders
+of one H200 run (512 rows), against 1.37x at steady state (docs/bench/interleaved_h200.log). The
+report gives the
 median per call and the spread (second lowest and highest of the 10 replays, fields ``p10_us`` /
 ``p90_us``), and
 the LM-head bytes streamed per second as a fraction of the measured device-to-device copy
@@ -35,6 +39,7 @@ bandwidth (bytes read plus written by a large ``copy_``).
 from __future__ import annotations
 
 import json
+import math
 import platform
 import statistics
 import subprocess
@@ -78,6 +83,7 @@ class BenchConfig:
     gamma: int = 3  # rows R >= γ + 1 are laid out as N = R / (γ + 1) sequences
     temperature: float = 1.0
     rep_ms: int = 100  # GPU time per timed graph replay
+    settle_ms: int = 200  # GPU time of untimed replays of the same graph before each timed one
 
 
 @dataclass
@@ -127,20 +133,23 @@ def _driver_version() -> str:
 ROUNDS = 10  # timed replays of each provider's graph
 
 
-def time_graph(fn: Callable[[], object], rep_ms: float = 100) -> list[float]:
+def time_graph(
+    fn: Callable[[], object], rep_ms: float = 100, settle_ms: float = 0
+) -> list[float]:
     """Times per call in µs of ``fn`` (``ROUNDS`` samples), as ``time_graphs`` gives them."""
-    return time_graphs({"fn": fn}, rep_ms)["fn"]
+    return time_graphs({"fn": fn}, rep_ms, settle_ms)["fn"]
 
 
 def time_graphs(
-    fns: dict[str, Callable[[], object]], rep_ms: float = 100
+    fns: dict[str, Callable[[], object]], rep_ms: float = 100, settle_ms: float = 0
 ) -> dict[str, list[float]]:
     """Times per call in µs of each of ``fns`` (``ROUNDS`` samples each): per function, one
     warm-up call (it compiles and allocates), then ``rep_ms`` worth of back-to-back calls
     captured in one CUDA graph (the count estimated from a graph of one call) and replayed once
-    untimed; then ``ROUNDS`` rounds that replay every graph once, each replay timed with CUDA
-    events, the first function of a round rotating (a replay's clock depends on the one before it
-    at the power limit)."""
+    untimed; then ``ROUNDS`` rounds that replay every graph, the first function of a round
+    rotating: untimed for at least ``settle_ms`` (at the power limit the clock follows the power
+    drawn, so a replay right after another function's would start at that one's clock), then once
+    timed with CUDA events."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())  # the inputs, made on the current stream
     graphs = {}
@@ -158,6 +167,8 @@ def time_graphs(
             start = round_ % len(names)  # each function leads in turn
             for name in names[start:] + names[:start]:
                 graph, calls = graphs[name]
+                for _ in range(math.ceil(settle_ms / rep_ms)):
+                    graph.replay()
                 times[name].append(1e3 * _replay_ms(graph, stream) / calls)
     return times
 
@@ -321,7 +332,7 @@ def run(config: BenchConfig, progress: Callable[[str], None] = lambda _: None) -
         for rows in config.rows:
             providers, paths = _providers(shape, rows, config, lm_head)
             chosen = {name: fn for name, fn in providers.items() if name in config.providers}
-            timed = time_graphs(chosen, config.rep_ms)
+            timed = time_graphs(chosen, config.rep_ms, config.settle_ms)
             for name, times in timed.items():
                 extra = {"kernel_path": paths[name]()} if name in paths else {}
                 times = sorted(times)
