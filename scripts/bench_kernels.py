@@ -30,7 +30,7 @@ def main() -> None:
         "--settle-ms",
         type=cli.int_range(0),
         default=defaults.settle_ms,
-        help="GPU ms of untimed replays before each timed one (the clock settles at the power limit)",
+        help="GPU ms of untimed replays before each timed one (clocks settle at the power limit)",
     )
     parser.add_argument("--out", default="bench_kernels.json", help="JSON report path")
     parser.add_argument("--plot", default=None, help="PNG plot path")

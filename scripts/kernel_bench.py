@@ -133,9 +133,7 @@ def _driver_version() -> str:
 ROUNDS = 10  # timed replays of each provider's graph
 
 
-def time_graph(
-    fn: Callable[[], object], rep_ms: float = 100, settle_ms: float = 0
-) -> list[float]:
+def time_graph(fn: Callable[[], object], rep_ms: float = 100, settle_ms: float = 0) -> list[float]:
     """Times per call in µs of ``fn`` (``ROUNDS`` samples), as ``time_graphs`` gives them."""
     return time_graphs({"fn": fn}, rep_ms, settle_ms)["fn"]
 
