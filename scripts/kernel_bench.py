@@ -74,6 +74,10 @@ PROVIDERS = (
 BASELINES = ("materialised_torch_rng", "onepass_torch_rng")
 
 
+ROUNDS = 10  # timed replays of each provider's graph
+SETTLE_MS = 200  # GPU ms of untimed replays of a graph before its timed replay
+
+
 @dataclass(frozen=True)
 class BenchConfig:
     heads: tuple[str, ...] = ("llama3-8b", "qwen3-8b", "gemma3-12b")
@@ -83,7 +87,7 @@ class BenchConfig:
     gamma: int = 3  # rows R >= γ + 1 are laid out as N = R / (γ + 1) sequences
     temperature: float = 1.0
     rep_ms: int = 100  # GPU time per timed graph replay
-    settle_ms: int = 200  # GPU time of untimed replays of the same graph before each timed one
+    settle_ms: int = SETTLE_MS  # untimed replays of the same graph before each timed one
 
 
 @dataclass
@@ -130,16 +134,15 @@ def _driver_version() -> str:
         return "unknown"
 
 
-ROUNDS = 10  # timed replays of each provider's graph
-
-
-def time_graph(fn: Callable[[], object], rep_ms: float = 100, settle_ms: float = 0) -> list[float]:
+def time_graph(
+    fn: Callable[[], object], rep_ms: float = 100, settle_ms: float = SETTLE_MS
+) -> list[float]:
     """Times per call in µs of ``fn`` (``ROUNDS`` samples), as ``time_graphs`` gives them."""
     return time_graphs({"fn": fn}, rep_ms, settle_ms)["fn"]
 
 
 def time_graphs(
-    fns: dict[str, Callable[[], object]], rep_ms: float = 100, settle_ms: float = 0
+    fns: dict[str, Callable[[], object]], rep_ms: float = 100, settle_ms: float = SETTLE_MS
 ) -> dict[str, list[float]]:
     """Times per call in µs of each of ``fns`` (``ROUNDS`` samples each): per function, one
     warm-up call (it compiles and allocates), then ``rep_ms`` worth of back-to-back calls
@@ -165,8 +168,9 @@ def time_graphs(
             start = round_ % len(names)  # each function leads in turn
             for name in names[start:] + names[:start]:
                 graph, calls = graphs[name]
-                for _ in range(math.ceil(settle_ms / rep_ms)):
-                    graph.replay()
+                if len(names) > 1 or round_ == 0:  # else the replay before was this graph's
+                    for _ in range(math.ceil(settle_ms / rep_ms)):
+                        graph.replay()
                 times[name].append(1e3 * _replay_ms(graph, stream) / calls)
     return times
 
