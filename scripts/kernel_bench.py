@@ -28,12 +28,11 @@ alike (timed one after the other, the later providers ran up to 5% slower on an 
 each timed replay the same graph is replayed untimed for ``settle_ms``: at the power limit the SM
 clock follows the power drawn, so a replay timed right after another provider's starts at that
 provider's clock. Without it the same verify kernel read 1.29x and 1.54x the matmul in two orders
-of one H200 run (512 rows), against 1.37x at steady state (docs/bench/interleaved_h200.log). The
-report gives the
-median per call and the spread (second lowest and highest of the 10 replays, fields ``p10_us`` /
-``p90_us``), and
-the LM-head bytes streamed per second as a fraction of the measured device-to-device copy
-bandwidth (bytes read plus written by a large ``copy_``).
+of one H200 run (512 rows), against 1.37x at steady state (docs/bench/interleaved_h200.log).
+
+The report gives the median per call and the spread (second lowest and highest of the 10
+replays, fields ``p10_us`` / ``p90_us``), and the LM-head bytes streamed per second as a fraction
+of the measured device-to-device copy bandwidth (bytes read plus written by a large ``copy_``).
 """
 
 from __future__ import annotations
