@@ -175,9 +175,9 @@ def smi_samples(path: pathlib.Path) -> list[tuple[float, float, float]]:
     return samples
 
 
-def measure(modules: dict, names: list[str], shape: HeadShape, lm_head, rows: int) -> dict:
-    """Steady-state µs per call of every variant in ``names`` at ``rows`` rows, and the time
-    windows it was timed in."""
+def verify_calls(modules: dict, shape: HeadShape, lm_head, rows: int) -> tuple[dict, dict]:
+    """(no-argument calls of each module's verify stage 1 at ``rows`` rows, and of the matmul;
+    each module's summaries) on random rows: N = rows / 4 sequences, γ = 3, T = 1."""
     n = rows // 4
     hidden = torch.randn(rows, shape.hidden_size, device="cuda").bfloat16()
     temperature = torch.ones(n, device="cuda")
@@ -200,15 +200,19 @@ def measure(modules: dict, names: list[str], shape: HeadShape, lm_head, rows: in
             config=module.HopperConfig(*config),
         )
 
-    calls, summaries = {}, {}
-    for name in names:
-        if name == "matmul":
-            calls[name] = lambda: hidden @ lm_head.T
-            continue
+    calls, summaries = {"matmul": lambda: hidden @ lm_head.T}, {}
+    for name, module in modules.items():
         summaries[name] = [torch.zeros(rows, splits, device="cuda") for _ in range(5)]
         summaries[name][1] = torch.zeros(rows, splits, device="cuda", dtype=torch.int32)
-        calls[name] = launcher(modules[name], summaries[name])
-    graphs = {name: graph_of(call) for name, call in calls.items()}
+        calls[name] = launcher(module, summaries[name])
+    return calls, summaries
+
+
+def measure(modules: dict, names: list[str], shape: HeadShape, lm_head, rows: int) -> dict:
+    """Steady-state µs per call of every variant in ``names`` at ``rows`` rows, and the time
+    windows it was timed in."""
+    calls, summaries = verify_calls(modules, shape, lm_head, rows)
+    graphs = {name: graph_of(calls[name]) for name in names}
     for name in (n for n in EXACT if n in summaries and n != "shipped" and "shipped" in summaries):
         out, ref = summaries[name], summaries["shipped"]
         equal = torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1])

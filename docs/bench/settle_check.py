@@ -14,11 +14,10 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "scripts"))
-from epilogue_pipes import load
+from epilogue_pipes import load, verify_calls
 from kernel_bench import time_graphs
 
 from flashspec_export.config import HeadShape
-from flashspec_export.kernels.tiles import hopper_row
 
 VARIANTS = ("shipped", "nohash", "gemm_alone")
 ORDERS = (
@@ -27,43 +26,13 @@ ORDERS = (
 )
 
 
-def calls_at(modules: dict, shape: HeadShape, lm_head: torch.Tensor, rows: int) -> dict:
-    n = rows // 4
-    hidden = torch.randn(rows, shape.hidden_size, device="cuda").bfloat16()
-    temperature = torch.ones(n, device="cuda")
-    seed = torch.arange(n, device="cuda")
-    positions = torch.zeros(n, dtype=torch.int64, device="cuda")
-    config = hopper_row("verify_resample", rows)
-    splits = -(-shape.vocab_size // config.block_v)
-
-    def launcher(module):
-        out = [torch.empty(rows, splits, device="cuda") for _ in range(5)]
-        out[1] = torch.empty(rows, splits, device="cuda", dtype=torch.int32)
-        return lambda: module.launch(
-            hidden,
-            lm_head,
-            shape.vocab_size,
-            tuple(out),
-            verify=True,
-            temperature=temperature,
-            seed=seed,
-            positions=positions,
-            gamma=3,
-            config=module.HopperConfig(*config),
-        )
-
-    calls = {name: launcher(module) for name, module in modules.items()}
-    calls["matmul"] = lambda: hidden @ lm_head.T
-    return calls
-
-
 def main() -> None:
     modules = {name: load(name) for name in VARIANTS}
     shape = HeadShape.from_name("llama3-8b")
     lm_head = torch.randn(shape.padded_vocab, shape.hidden_size, device="cuda")
     lm_head = (lm_head * shape.hidden_size**-0.5).bfloat16()
     for rows in (128, 512):
-        calls = calls_at(modules, shape, lm_head, rows)
+        calls, _ = verify_calls(modules, shape, lm_head, rows)
         for order in ORDERS:
             for settle_ms in (0, 100, 200, 400):
                 times = time_graphs({name: calls[name] for name in order}, 20, settle_ms)
