@@ -31,9 +31,10 @@ from flashspec_export.kernels.tiled_argmax import tiled_argmax
 
 SHIPPED = pathlib.Path(__file__).resolve().parents[2] / "kernels" / "hopper_tiles.py"
 ONE_K = [("for kk in range(k_iters):", "for kk in range(1):")]
-# The chunk loop's first line: the shipped kernel's, then 38a0f5c's (whose per-row pass after
-# the loop is also skipped).
+# The chunk loop's first line: the shipped kernel's, then earlier kernels' (38a0f5c's per-row
+# pass after the loop is also skipped).
 NO_CHUNKS = [
+    ("for chunk in range(live_chunks):", "for chunk in range(live_chunks * 0):"),
     (
         "        for chunk in range(NUM_CHUNKS):\n            rows",
         "        for chunk in range(num_rows * 0):\n            rows",
