@@ -20,6 +20,11 @@ partitions connected by mbarriers:
   the tile's max / sum-exp; TiledArgmax: max logit and its id), so the portable stage 2
   (``_verify_finalize_kernel`` / ``_argmax_finalize_kernel``) finishes unchanged.
 
+TiledArgmax may instead run without the epilogue partition (``EPI_WARPS = 0``): its per-tile
+reduction is a row max, cheap enough for the MMA warps to do in registers while the loader
+fills the ring with the next tile; the shared memory the accumulator hand-over took goes to a
+deeper ring or a 128 x 256 tile of two warpgroups.
+
 The VerifyResample epilogue ranks every logit with a cheap score and recomputes each row's
 winner with the portable kernels' exact arithmetic (``kernels/noise.py``; IEEE division by the
 temperature, ``libdevice`` logs), falling back to exact scoring of a whole chunk on a near-tie
@@ -164,8 +169,7 @@ def _sampled_chunk_best(acc, ids, row_ok, scale, greedy, key_a, key_b):
 @gluon.jit
 def _load_partition(shared):
     """TMA producer: for every K chunk of every tile of this CTA, one ring slot."""
-    a_desc, b_desc, a_bufs, b_bufs, ready, empty = shared[:6]
-    params = shared[9]
+    a_desc, b_desc, a_bufs, b_bufs, ready, empty, params = shared[:7]
     num_tiles, row_blocks = params[0], params[1]
     BLOCK_N: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
@@ -190,6 +194,43 @@ def _load_partition(shared):
 
 
 @gluon.jit
+def _accumulate(a_bufs, b_bufs, ready, empty, it, k_iters, layout: gl.constexpr):
+    """One output tile's fp32 accumulator: wgmma over ``k_iters`` ring slots from the
+    ``it``-th, each slot given back to the loader once read. Returns (acc, the next ``it``)."""
+    STAGES: gl.constexpr = a_bufs.type.shape[0]
+    BLOCK_N: gl.constexpr = a_bufs.type.shape[1]
+    BLOCK_V: gl.constexpr = b_bufs.type.shape[1]
+    acc = gl.zeros([BLOCK_N, BLOCK_V], gl.float32, layout)
+    for kk in range(k_iters):
+        slot = it % STAGES
+        mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
+        acc = warpgroup_mma(
+            a_bufs.index(slot), b_bufs.index(slot).permute((1, 0)), acc, is_async=True
+        )
+        # One wgmma in flight: the previous one has read its slot, which goes back to the
+        # loader.
+        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+        gl.thread_barrier()
+        mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=kk > 0)
+        it += 1
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    gl.thread_barrier()
+    mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
+    return acc, it
+
+
+@gluon.jit
+def _mask_past_vocab(acc, v_tile, vocab_size, layout: gl.constexpr):
+    """``acc`` with -inf at the ids past ``vocab_size`` (the last vocabulary tile's padding), so
+    that no op's reduction masks per element."""
+    BLOCK_V: gl.constexpr = acc.type.shape[1]
+    if (v_tile + 1) * BLOCK_V > vocab_size:  # the last tile, partial
+        cols = v_tile * BLOCK_V + gl.arange(0, BLOCK_V, layout=gl.SliceLayout(0, layout))
+        acc = gl.where(gl.expand_dims(cols < vocab_size, 0), acc, float("-inf"))
+    return acc
+
+
+@gluon.jit
 def _mma_partition(
     a_desc,
     a_bufs,
@@ -203,10 +244,8 @@ def _mma_partition(
     row_blocks,
     vocab_size,
 ):
-    """wgmma consumer: one fp32 accumulator tile per output tile, handed over in shared memory,
-    with -inf at the ids past ``vocab_size`` (the last vocabulary tile's padding), so that no
-    op's epilogue masks per element."""
-    STAGES: gl.constexpr = a_bufs.type.shape[0]
+    """wgmma consumer: one fp32 accumulator tile per output tile, handed over in shared memory
+    (ids past ``vocab_size`` at -inf)."""
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = acc_buf.type.shape[0]
     BLOCK_V: gl.constexpr = acc_buf.type.shape[1]
@@ -217,26 +256,8 @@ def _mma_partition(
     it = 0
     for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
         count = tile // gl.num_programs(0)  # this CTA's tiles before this one
-        acc = gl.zeros([BLOCK_N, BLOCK_V], gl.float32, layout)
-        for kk in range(k_iters):
-            slot = it % STAGES
-            mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
-            acc = warpgroup_mma(
-                a_bufs.index(slot), b_bufs.index(slot).permute((1, 0)), acc, is_async=True
-            )
-            # One wgmma in flight: the previous one has read its slot, which goes back to the
-            # loader.
-            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-            gl.thread_barrier()
-            mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=kk > 0)
-            it += 1
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        gl.thread_barrier()
-        mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
-        v_tile = tile // row_blocks
-        if (v_tile + 1) * BLOCK_V > vocab_size:  # the last tile, partial
-            cols = v_tile * BLOCK_V + gl.arange(0, BLOCK_V, layout=gl.SliceLayout(0, layout))
-            acc = gl.where(gl.expand_dims(cols < vocab_size, 0), acc, float("-inf"))
+        acc, it = _accumulate(a_bufs, b_bufs, ready, empty, it, k_iters, layout)
+        acc = _mask_past_vocab(acc, tile // row_blocks, vocab_size, layout)
         mbarrier.wait(acc_empty, (count & 1) ^ 1)
         acc_buf.store(acc)
         gl.thread_barrier()
@@ -244,9 +265,42 @@ def _mma_partition(
 
 
 @gluon.jit
+def _mma_argmax_partition(a_desc, a_bufs, b_bufs, ready, empty, params):
+    """TiledArgmax without an epilogue partition: the wgmma warps reduce their own accumulator
+    in registers (max logit and its id per row and tile) while the loader fills the ring with
+    the next tile. The tensor cores pause for the reduction (a few hundred instructions per
+    thread, about 2% of a 128 x 256 tile's wgmma time); in exchange no accumulator tile goes
+    through shared memory, which leaves it to the ring and to two warpgroups of 64 x 256."""
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = a_bufs.type.shape[1]
+    BLOCK_V: gl.constexpr = b_bufs.type.shape[1]
+    layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[BLOCK_N // 16, 1], instr_shape=[16, BLOCK_V, 16]
+    )
+    num_tiles, row_blocks, num_rows, vocab_size = params[0], params[1], params[2], params[3]
+    best_score_ptr, best_index_ptr = params[8], params[9]
+    num_splits = gl.cdiv(vocab_size, BLOCK_V)
+    k_iters = gl.cdiv(a_desc.shape[1], BLOCK_K)
+    it = 0
+    for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+        v_tile = tile // row_blocks
+        row_block = tile - v_tile * row_blocks
+        acc, it = _accumulate(a_bufs, b_bufs, ready, empty, it, k_iters, layout)
+        acc = _mask_past_vocab(acc, v_tile, vocab_size, layout)
+        cols = v_tile * BLOCK_V + gl.arange(0, BLOCK_V, layout=gl.SliceLayout(0, layout))
+        ids = gl.expand_dims(cols, 0) + gl.zeros([BLOCK_N, BLOCK_V], gl.int32, layout)
+        best, best_id = gl.reduce((acc, ids), 1, _argmax_combine)
+        rows = row_block * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout))
+        ws_off = rows * num_splits + v_tile
+        gl.store(best_score_ptr + ws_off, best, mask=rows < num_rows)
+        gl.store(best_index_ptr + ws_off, best_id, mask=rows < num_rows)
+
+
+@gluon.jit
 def _epilogue_partition(shared, VERIFY: gl.constexpr, RETURN_LOGPROBS: gl.constexpr):
     """Per tile: the op's reduction of the accumulator into per-(row, tile) summaries."""
-    acc_buf, acc_ready, acc_empty, params = shared[6:]
+    params = shared[6]
+    acc_buf, acc_ready, acc_empty = shared[7:]
     num_tiles = params[0]
     row_blocks = params[1]
     num_rows = params[2]
@@ -392,22 +446,11 @@ def hopper_tiles_kernel(
 
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_V, BLOCK_K], b_desc.layout)
-    acc_layout: gl.constexpr = gl.SwizzledSharedLayout(
-        vec=4, per_phase=1, max_phase=8, order=[1, 0]
-    )
-    acc_buf = gl.allocate_shared_memory(gl.float32, [BLOCK_N, BLOCK_V], acc_layout)
-    # The epilogue's view: chunks of CHUNK rows (a multiple of the swizzle's 8-row period, so
-    # both views address every element alike).
-    acc_chunks = acc_buf._reinterpret(gl.float32, [BLOCK_N // CHUNK, CHUNK, BLOCK_V], acc_layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    acc_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    acc_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
-    mbarrier.init(acc_ready, count=1)
-    mbarrier.init(acc_empty, count=1)
 
     params = (
         num_tiles,
@@ -426,7 +469,50 @@ def hopper_tiles_kernel(
         keys_ptr,
     )
     # The worker partitions' one argument (partitions must share a signature): the loader reads
-    # its first six fields, the epilogue its last four.
+    # its first seven fields, the epilogue the rest and the params.
+    loads = (a_desc, b_desc, a_bufs, b_bufs, ready, empty, params)
+    if EPI_WARPS == 0:  # TiledArgmax only: the wgmma warps reduce their own accumulator
+        gl.warp_specialize(
+            [
+                (_mma_argmax_partition, (a_desc, a_bufs, b_bufs, ready, empty, params)),
+                (_load_partition, (loads,)),
+            ],
+            [1],
+            [24],
+        )
+    else:
+        _specialize_with_epilogue(
+            loads, num_tiles, row_blocks, VERIFY, RETURN_LOGPROBS, CHUNK, EPI_WARPS, EPI_REGS
+        )
+
+
+@gluon.jit
+def _specialize_with_epilogue(
+    loads,
+    num_tiles,
+    row_blocks,
+    VERIFY: gl.constexpr,
+    RETURN_LOGPROBS: gl.constexpr,
+    CHUNK: gl.constexpr,
+    EPI_WARPS: gl.constexpr,
+    EPI_REGS: gl.constexpr,
+):
+    """The three partitions (load, wgmma, epilogue), the accumulator tile handed over in shared
+    memory."""
+    a_desc, b_desc, a_bufs, b_bufs, ready, empty, params = loads
+    BLOCK_N: gl.constexpr = a_desc.block_type.shape[0]
+    BLOCK_V: gl.constexpr = b_desc.block_type.shape[0]
+    acc_layout: gl.constexpr = gl.SwizzledSharedLayout(
+        vec=4, per_phase=1, max_phase=8, order=[1, 0]
+    )
+    acc_buf = gl.allocate_shared_memory(gl.float32, [BLOCK_N, BLOCK_V], acc_layout)
+    # The epilogue's view: chunks of CHUNK rows (a multiple of the swizzle's 8-row period, so
+    # both views address every element alike).
+    acc_chunks = acc_buf._reinterpret(gl.float32, [BLOCK_N // CHUNK, CHUNK, BLOCK_V], acc_layout)
+    acc_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    acc_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(acc_ready, count=1)
+    mbarrier.init(acc_empty, count=1)
     shared = (
         a_desc,
         b_desc,
@@ -434,10 +520,10 @@ def hopper_tiles_kernel(
         b_bufs,
         ready,
         empty,
+        params,
         acc_chunks,
         acc_ready,
         acc_empty,
-        params,
     )
     worker_args = (shared,)
     mma_args = (
@@ -451,7 +537,7 @@ def hopper_tiles_kernel(
         acc_empty,
         num_tiles,
         row_blocks,
-        vocab_size,
+        params[3],
     )
     # One call per epilogue: a partition's function is named in the call itself (neither a
     # constexpr argument nor a local can carry it).
@@ -495,7 +581,9 @@ class HopperConfig(NamedTuple):
     block_k : hidden-dimension chunk of one TMA copy / wgmma group
     stages : shared-memory ring slots
     chunk : accumulator rows the epilogue reduces at a time (a multiple of 8, the swizzle period)
-    epi_warps, epi_regs : the epilogue partition's warps and registers per thread
+    epi_warps, epi_regs : the epilogue partition's warps and registers per thread; 0 warps
+        (TiledArgmax only): no epilogue partition, the MMA warps reduce their accumulator in
+        registers (``_mma_argmax_partition``) and ``chunk`` is unused
     """
 
     block_n: int = 128
@@ -589,6 +677,8 @@ def launch(
     VerifyResample (``verify=True``) also takes its ``temperature, seed, positions [N]`` and
     ``gamma`` (rows are ``n · (γ + 1) + i``); TiledArgmax's best score is the max logit.
     """
+    if verify and config.epi_warps == 0:
+        raise ValueError("config.epi_warps: VerifyResample needs an epilogue partition (>= 4)")
     rows, _ = hidden2d.shape
     dtype = gl.bfloat16 if hidden2d.dtype == torch.bfloat16 else gl.float16
     smem = gl.NVMMASharedLayout.get_default_for([config.block_n, config.block_k], dtype)

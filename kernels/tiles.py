@@ -100,19 +100,26 @@ TUNED_BY_DEVICE = {
 
 
 # Stage 1 on Hopper (sm_90, bf16 / fp16), per op: rows up to the key -> HopperConfig, None for
-# the portable kernel. The warp-specialised kernel overlaps the epilogue with the next tile's
-# wgmma and keeps the tensor cores fed by TMA. From 17 rows both ops take the 64-row tile of
-# 256 ids (scripts/tune_kernels.py --hopper --block-n 64 --block-v 256; docs/bench/tune_wide_*):
-# against 128 ids it halves the hidden-row bytes loaded per LM-head byte. On the H200 at 32 rows
-# verify runs 1.01-1.04x the matmul instead of 1.07-1.09x, at 64 rows the argmax 0.92-1.00x
-# instead of 1.14-1.27x (portable) or 0.99-1.17x (64 x 128). Its epilogue reads 8 rows at a time
-# with 4 warps, 16 ids per lane: with 8 epilogue warps the 4 MMA warps get 128 registers, fewer
-# than the 64 x 256 accumulator needs. The argmax keeps it at every row count (256-512 rows:
-# 1.01-1.13x against 1.00-1.28x for the 128 x 128 tile); verify up to 128 rows (at 128: H100
-# 1.02-1.03x against 1.03-1.05x, H200 1.21-1.27x against 1.24-1.31x), then the 128-row tile,
-# whose 4 epilogue warps of 16 ids per lane amortise the rank-then-recompute epilogue's per-row
-# work (at 512 rows 3-10% faster than 8 warps, and 0-6% faster than the 64 x 256 tile). Below
-# 17 rows the portable kernels are as fast or faster.
+# the portable kernel. The warp-specialised kernel keeps the tensor cores fed by TMA. Below 17
+# rows the portable kernels are as fast or faster.
+#
+# VerifyResample overlaps its epilogue (a hash per logit) with the next tile's wgmma in an
+# epilogue partition. From 17 rows it takes the 64-row tile of 256 ids
+# (scripts/tune_kernels.py --hopper --block-n 64 --block-v 256; docs/bench/tune_wide_*): against
+# 128 ids it halves the hidden-row bytes loaded per LM-head byte. On the H200 at 32 rows it runs
+# 1.01-1.04x the matmul instead of 1.07-1.09x. Its epilogue reads 8 rows at a time with 4 warps,
+# 16 ids per lane: with 8 epilogue warps the 4 MMA warps get 128 registers, fewer than the
+# 64 x 256 accumulator needs. From 129 rows the 128-row tile, whose 4 epilogue warps of 16 ids
+# per lane amortise the rank-then-recompute epilogue's per-row work (at 512 rows 3-10% faster
+# than 8 warps, and 0-6% faster than the 64 x 256 tile).
+#
+# TiledArgmax's epilogue is a row max: the wgmma warps reduce their own accumulator in registers
+# (epi_warps=0), so no accumulator tile goes through shared memory. That leaves the shared
+# memory to a deeper ring (64 x 256, 5 slots) and, from 129 rows, to two warpgroups on a
+# 128 x 256 tile, which halves the LM-head bytes loaded per output. H100, settled timing, × the
+# matmul (docs/bench/inreg_*_h100.log): at 17-128 rows 0.93-0.99 (the shared-memory hand-over
+# to an epilogue partition: 0.95-1.00); at 256 rows 0.96-1.04 (1.07-1.13); at 512 rows
+# 0.97-1.01 (1.00-1.06).
 _WIDE = HopperConfig(block_n=64, block_v=256, stages=4, chunk=8, epi_warps=4, epi_regs=152)
 HOPPER_TUNED = {
     "verify_resample": (
@@ -122,7 +129,8 @@ HOPPER_TUNED = {
     ),
     "tiled_argmax": (
         (16, None),
-        (None, _WIDE),
+        (128, HopperConfig(block_n=64, block_v=256, stages=5, epi_warps=0, epi_regs=0)),
+        (None, HopperConfig(block_n=128, block_v=256, stages=4, epi_warps=0, epi_regs=0)),
     ),
 }
 

@@ -6,7 +6,8 @@ count (the table ``choose_config`` encodes). Timing as in ``scripts/kernel_bench
 ``--hopper`` sweeps the Hopper kernel instead (sm_90, ``kernels/hopper_tiles.py``): the
 ``HOPPER_TUNED`` row's configuration with each ring depth asked for (``--stages``; those past the
 227 KB of shared memory are skipped) and each epilogue shape (``--epilogues CHUNKxWARPSxREGS``:
-accumulator rows per step, warps, registers per thread; default the row's own).
+accumulator rows per step, warps, registers per thread; ``none``: the argmax reduced by the MMA
+warps in registers; default the row's own).
 
     python scripts/tune_kernels.py --hopper --ops verify_resample --rows 256 512 --stages 4 \
         --epilogues 16x4x152 16x8x112 32x8x112
@@ -72,8 +73,9 @@ def hopper_candidates(
 ):
     """The ``HOPPER_TUNED`` row of ``op`` at ``rows`` (the 128-row tile below it), with each row
     block and vocabulary tile asked for (none: the row's own), each ring depth that fits in
-    shared memory (the ring and the fp32 accumulator tile) and each epilogue
-    ``(chunk, warps, regs)`` (none: the row's own)."""
+    shared memory (the ring, and the fp32 accumulator tile where an epilogue partition takes
+    it) and each epilogue ``(chunk, warps, regs)`` (none given: the row's own; 0 warps: no
+    epilogue partition, TiledArgmax only)."""
     base = hopper_row(op, rows) or HopperConfig()
     epilogues = epilogues or [(base.chunk, base.epi_warps, base.epi_regs)]
     for block_n, block_v, stages, (chunk, warps, regs) in itertools.product(
@@ -82,7 +84,7 @@ def hopper_candidates(
         stages_options,
         epilogues,
     ):
-        if block_n % chunk:
+        if block_n % chunk or (warps == 0 and op != "tiled_argmax"):
             continue
         config = base._replace(
             block_n=block_n,
@@ -93,7 +95,8 @@ def hopper_candidates(
             epi_regs=regs,
         )
         ring = stages * (config.block_n + config.block_v) * config.block_k * 2
-        if ring + config.block_n * config.block_v * 4 > 227 * 1024 - 1024:
+        handover = config.block_n * config.block_v * 4 if warps else 0
+        if ring + handover > 227 * 1024 - 1024:
             continue
         splits = triton.cdiv(vocab, config.block_v)
         yield KernelConfig(
@@ -144,7 +147,7 @@ def main() -> None:
         nargs="+",
         type=_epilogue,
         default=[],
-        help="Hopper epilogue shapes CHUNKxWARPSxREGS (default: the table's)",
+        help="Hopper epilogue shapes CHUNKxWARPSxREGS, or none (default: the table's)",
     )
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -212,7 +215,9 @@ def main() -> None:
 def _epilogue(text: str) -> tuple[int, int, int]:
     """``CHUNKxWARPSxREGS`` -> (chunk, warps, regs): the Hopper epilogue's accumulator rows per
     step (a multiple of 8 and of the warps), warps (4 or 8) and registers per thread (a multiple
-    of 8, 24 .. 256)."""
+    of 8, 24 .. 256); ``none`` -> (16, 0, 0): no epilogue partition (TiledArgmax only)."""
+    if text == "none":
+        return 16, 0, 0
     try:
         chunk, warps, regs = (int(part) for part in text.split("x"))
     except ValueError:
@@ -221,7 +226,7 @@ def _epilogue(text: str) -> tuple[int, int, int]:
     if warps not in (4, 8) or chunk % 8 or chunk % warps or regs % 8 or not 24 <= regs <= 256:
         raise argparse.ArgumentTypeError(
             f"{text!r}: CHUNK a multiple of 8 and of WARPS, WARPS 4 or 8, REGS a multiple of 8 "
-            "in 24..256"
+            "in 24..256; or none"
         )
     return chunk, warps, regs
 

@@ -117,6 +117,23 @@ def test_hopper_kernel_in_a_cuda_graph(n):
     assert torch.equal(captured.tokens, eager.tokens)
 
 
+@pytest.mark.parametrize("rows", [40, 300])  # 64 x 256 tiles from a whole block; 128 x 256
+def test_argmax_reduced_by_the_mma_warps_in_a_cuda_graph(rows):
+    """The argmax's Hopper rows have no epilogue partition (the MMA warps reduce in registers);
+    captured after one eager call, the graph replays the eager tokens."""
+    shape = HeadShape.from_name("qwen3-8b")
+    hidden, lm_head = _argmax_case(shape, rows, torch.bfloat16)
+    fast, _ = _configs("tiled_argmax", rows, shape, torch.bfloat16)
+    assert fast.hopper is not None and fast.hopper.epi_warps == 0
+    eager = tiled_argmax(hidden, lm_head, shape.vocab_size)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = tiled_argmax(hidden, lm_head, shape.vocab_size)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured[0], eager[0]) and torch.equal(captured[1], eager[1])
+
+
 def test_rows_left_in_the_whole_block_do_not_leak():
     """Fewer rows than one block run from a buffer that keeps an earlier, larger call's rows past
     them (``hopper_tiles._whole_row_block``): each output row is its own row's dots, and those
