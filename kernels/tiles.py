@@ -116,10 +116,11 @@ TUNED_BY_DEVICE = {
 # TiledArgmax's epilogue is a row max: the wgmma warps reduce their own accumulator in registers
 # (epi_warps=0), so no accumulator tile goes through shared memory. That leaves the shared
 # memory to a deeper ring (64 x 256, 5 slots) and, from 129 rows, to two warpgroups on a
-# 128 x 256 tile, which halves the LM-head bytes loaded per output. H100, settled timing, × the
-# matmul (docs/bench/inreg_*_h100.log): at 17-128 rows 0.93-0.99 (the shared-memory hand-over
-# to an epilogue partition: 0.95-1.00); at 256 rows 0.96-1.04 (1.07-1.13); at 512 rows
-# 0.97-1.01 (1.00-1.06).
+# 128 x 256 tile, which halves the LM-head bytes loaded per output. Settled timing, × the matmul
+# (docs/bench/argmax_in_registers_*.log), against the epilogue partition on 64 x 256: H100 at
+# 17-128 rows 0.93-0.99 (0.95-1.00), at 256 rows 0.96-1.04 (1.07-1.13), at 512 rows 0.97-1.01
+# (1.00-1.06); H200 at 128 rows 0.99-1.01 (1.03-1.07), at 256-512 rows 0.97-1.02 (1.01-1.09).
+# 64 x 128 tiles (in registers) are 1.12-1.33x on the H200 for Qwen3 and Gemma-3.
 _WIDE = HopperConfig(block_n=64, block_v=256, stages=4, chunk=8, epi_warps=4, epi_regs=152)
 HOPPER_TUNED = {
     "verify_resample": (
