@@ -151,6 +151,7 @@ SIZE_CASES = {
     "bench rows 0": ("bench_kernels.py", ["--rows", "0"], "--rows: expected an integer >= 1"),
     "bench rep-ms x": ("bench_kernels.py", ["--rep-ms", "x"], "expected an integer, got 'x'"),
     "tune rows -4": ("tune_kernels.py", ["--rows", "-4"], "--rows: expected an integer >= 1"),
+    "tune epilogue": ("tune_kernels.py", ["--epilogues", "8x2x64"], "in 24..256; or none"),
     "decode alpha 1": ("bench_decode.py", ["--alpha", "1"], "--alpha: expected 0 < alpha < 1"),
     "decode batch 0": ("bench_decode.py", ["--batches", "0"], "an integer in 1..256, got 0"),
     "tune_cuda gamma 99": ("tune_cuda.py", ["--gamma", "99"], "an integer in 0..64, got 99"),
