@@ -269,8 +269,9 @@ def _mma_argmax_partition(a_desc, a_bufs, b_bufs, ready, empty, params):
     """TiledArgmax without an epilogue partition: the wgmma warps reduce their own accumulator
     in registers (max logit and its id per row and tile) while the loader fills the ring with
     the next tile. The tensor cores pause for the reduction (a few hundred instructions per
-    thread, about 2% of a 128 x 256 tile's wgmma time); in exchange no accumulator tile goes
-    through shared memory, which leaves it to the ring and to two warpgroups of 64 x 256."""
+    thread, against the tile's 64 wgmma steps of H = 4096); in exchange no accumulator tile
+    goes through shared memory, which leaves it to the ring and to two warpgroups of 64 x 256
+    (docs/BENCHMARKS.md, "the argmax reduced in the wgmma warps' registers")."""
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = a_bufs.type.shape[1]
     BLOCK_V: gl.constexpr = b_bufs.type.shape[1]
