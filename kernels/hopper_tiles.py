@@ -59,10 +59,17 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from flashspec_export.kernels.noise import (
     GUMBEL_APPROX_ERROR,
+    K_MIX,
     STREAM_GUMBEL,
+    add_mod,
     gumbel_approx_from_bits,
     gumbel_from_bits,
+    mul_mod,
+    pow5,
+    rnd,
+    rot16,
     row_keys,
+    sub_mod,
     token_bits,
 )
 
@@ -105,14 +112,86 @@ def _opaque(x):
 
 
 @gluon.jit
-def _sampled_chunk_best(acc, ids, row_ok, scale, greedy, key_a, key_b):
+def _add_mod_combine(x, y):
+    return add_mod(x, y)
+
+
+@gluon.jit
+def _sum_from(start, steps, first):
+    """Running sums mod P along each thread's run (axis 2) of ``steps``, starting from
+    ``start [CHUNK, LANES]`` added to the first step: a sequential scan inside each thread."""
+    steps = gl.where(first, add_mod(steps, gl.expand_dims(start, 2)), steps)
+    return gl.associative_scan(steps, 2, _add_mod_combine)
+
+
+@gluon.jit
+def _run_bits(key_a, key_b, first_id, RUN: gl.constexpr, run_layout: gl.constexpr):
+    """``token_bits(a, b, first_id + j)`` for ``j`` in ``[0, RUN)``, bit for bit, at about half
+    the integer multiplies: ``[CHUNK, LANES, RUN]`` in ``run_layout`` (each thread holds one
+    run), from ``key_a, key_b, first_id [CHUNK, LANES]`` in ``SliceLayout(2, run_layout)``.
+
+    The hash's first round ``f(j) = pow5((a·(first_id + j) + b) % P)`` is a polynomial of degree
+    5 in ``j`` over the field of integers mod P. So its backward differences obey
+    ``∇^k f(j) = ∇^k f(j - 1) + ∇^(k+1) f(j)`` and ``∇^5 f = 5!·a^5`` is constant: from
+    ``∇^k f(-1)``, k = 0..4 (five values ``f(-1..-5)``, 16 multiply-mods per run), five running
+    sums along the run give every ``f(j)`` with five add-mods per id, where the reference's
+    ``(a·t + b) % P`` and ``pow5`` take four multiply-mods. The second round is the reference's.
+    """
+    u = add_mod(mul_mod(key_a, first_id), key_b)  # (a·first_id + b) % P: f's argument at j = 0
+    w1 = sub_mod(u, key_a)  # f's arguments at j = -1 .. -5
+    w2 = sub_mod(w1, key_a)
+    w3 = sub_mod(w2, key_a)
+    w4 = sub_mod(w3, key_a)
+    w5 = sub_mod(w4, key_a)
+    f1 = pow5(w1)
+    f2 = pow5(w2)
+    f3 = pow5(w3)
+    f4 = pow5(w4)
+    f5 = pow5(w5)
+    # The difference table at j = -1: ∇f = g1, ∇²f = h1, ∇³f = k1, ∇⁴f = m1.
+    g1 = sub_mod(f1, f2)
+    g2 = sub_mod(f2, f3)
+    g3 = sub_mod(f3, f4)
+    g4 = sub_mod(f4, f5)
+    h1 = sub_mod(g1, g2)
+    h2 = sub_mod(g2, g3)
+    h3 = sub_mod(g3, g4)
+    k1 = sub_mod(h1, h2)
+    k2 = sub_mod(h2, h3)
+    m1 = sub_mod(k1, k2)
+    step5 = mul_mod(pow5(key_a), gl.full_like(key_a, 120))  # ∇⁵f = 5!·a⁵ % P
+    j_layout: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(0, run_layout))
+    first = gl.expand_dims(gl.expand_dims(gl.arange(0, RUN, layout=j_layout), 0), 0) == 0
+    e = gl.expand_dims(step5, 2) + gl.zeros([1, 1, RUN], gl.uint32, run_layout)
+    e = _sum_from(m1, e, first)  # ∇⁴f(j)
+    e = _sum_from(k1, e, first)  # ∇³f(j)
+    e = _sum_from(h1, e, first)  # ∇²f(j)
+    e = _sum_from(g1, e, first)  # ∇f(j)
+    e = _sum_from(f1, e, first)  # f(j)
+    return rnd(add_mod(rot16(e), K_MIX))
+
+
+@gluon.jit
+def _sampled_chunk_best(
+    acc,
+    ids,
+    row_ok,
+    scale,
+    greedy,
+    key_a,
+    key_b,
+    v_start,
+    RUN: gl.constexpr,
+    run_layout: gl.constexpr,
+):
     """Per row of a chunk: the best exact score ``max_v fl(fl(dot_v / T) + g_v)`` (greedy rows:
     ``dot_v``), its id (lowest on ties) and its logit ``fl(dot_v / T)`` — bit for bit what
     scoring every element exactly gives, at about half the ALU work per element.
 
     ``acc [CHUNK, BLOCK_V]`` the dots (-inf at ids past the vocabulary), ``ids`` their vocabulary
-    ids, ``row_ok``, ``scale`` (T, or 1 for greedy rows), ``greedy``, ``key_a, key_b`` the rows'
-    noise keys.
+    ids (``v_start`` on), ``row_ok``, ``scale`` (T, or 1 for greedy rows), ``greedy``, ``key_a,
+    key_b`` the rows' noise keys; each thread holds runs of ``RUN`` ids, ``run_layout`` the chunk
+    as ``[CHUNK, LANES, RUN]`` (``_run_bits``).
 
     Rank, then recompute the winner. Every element gets a ranking score
     ``r_v = fl(fl(dot_v · fl(1/T)) + g~_v)`` with ``g~ = gumbel_approx_from_bits`` (two MUFU
@@ -134,9 +213,20 @@ def _sampled_chunk_best(acc, ids, row_ok, scale, greedy, key_a, key_b):
     a branch uniform over the partition. Greedy rows rank by ``dot · 1 = dot``, the exact score,
     and always pass; so do rows past ``num_rows`` (never stored) and fully padded tiles.
     """
+    BLOCK_V: gl.constexpr = acc.shape[1]
     inv_scale = gl.div_rn(gl.full_like(scale, 1.0), scale)  # ranking only
     rank_logit = acc * gl.expand_dims(inv_scale, 1)
-    bits = token_bits(gl.expand_dims(key_a, 1), gl.expand_dims(key_b, 1), ids)
+    lanes_layout: gl.constexpr = gl.SliceLayout(2, run_layout)
+    lane = gl.arange(0, BLOCK_V // RUN, layout=gl.SliceLayout(0, lanes_layout))
+    run_rows: gl.constexpr = gl.SliceLayout(1, lanes_layout)
+    run_bits = _run_bits(
+        gl.expand_dims(gl.convert_layout(key_a, run_rows, assert_trivial=True), 1),
+        gl.expand_dims(gl.convert_layout(key_b, run_rows, assert_trivial=True), 1),
+        gl.expand_dims(v_start + lane * RUN, 0).to(gl.uint32),
+        RUN,
+        run_layout,
+    )
+    bits = gl.convert_layout(gl.reshape(run_bits, acc.shape), acc.type.layout, assert_trivial=True)
     noise = gumbel_approx_from_bits(bits, True)
     # rank_logit + noise, or rank_logit for greedy rows (x 0: the noise is finite), one FMA
     sampled = gl.where(greedy, 0.0, 1.0)
@@ -326,8 +416,12 @@ def _epilogue_partition(shared, VERIFY: gl.constexpr, RETURN_LOGPROBS: gl.conste
     # repeated by every lane of a row, so fewer lanes per row (more ids per lane) amortise it.
     ROWS_PER_WARP: gl.constexpr = CHUNK // EPI_WARPS
     LANES_PER_ROW: gl.constexpr = 32 // ROWS_PER_WARP
+    RUN: gl.constexpr = BLOCK_V // LANES_PER_ROW
     layout: gl.constexpr = gl.BlockedLayout(
-        [1, BLOCK_V // LANES_PER_ROW], [ROWS_PER_WARP, LANES_PER_ROW], [EPI_WARPS, 1], [1, 0]
+        [1, RUN], [ROWS_PER_WARP, LANES_PER_ROW], [EPI_WARPS, 1], [1, 0]
+    )
+    run_layout: gl.constexpr = gl.BlockedLayout(
+        [1, 1, RUN], [ROWS_PER_WARP, LANES_PER_ROW, 1], [EPI_WARPS, 1, 1], [2, 1, 0]
     )
     row_layout: gl.constexpr = gl.SliceLayout(1, layout)
     col_layout: gl.constexpr = gl.SliceLayout(0, layout)
@@ -374,7 +468,16 @@ def _epilogue_partition(shared, VERIFY: gl.constexpr, RETURN_LOGPROBS: gl.conste
                     key_a = gl.load(keys_ptr + in_chunk).to(gl.uint32, bitcast=True)
                     key_b = gl.load(keys_ptr + BLOCK_N + in_chunk).to(gl.uint32, bitcast=True)
                     best, best_id, best_logit = _sampled_chunk_best(
-                        acc, ids, row_ok, scale, greedy, key_a, key_b
+                        acc,
+                        ids,
+                        row_ok,
+                        scale,
+                        greedy,
+                        key_a,
+                        key_b,
+                        v_tile * BLOCK_V,
+                        RUN,
+                        run_layout,
                     )
                 else:  # greedy rows only: the scores are the logits, dot / 1
                     best, best_id = gl.reduce((acc, ids), 1, _argmax_combine)

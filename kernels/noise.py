@@ -79,24 +79,36 @@ def _mul_mod_i64(x, y):
 
 
 @triton.jit
-def _rot16(x):
+def sub_mod(x, y):
+    """``(x - y) % P`` for ``x, y`` in ``[0, P)`` (int64 or uint32): ``x + (P - y) < 2P``."""
+    return _sub_p(x + (P - y))
+
+
+@triton.jit
+def rot16(x):
     """(x % 2**16) * 2**15 + x // 2**16 — the 31-bit word rotated by 16."""
     return ((x & 0xFFFF) << 15) + (x >> 16)
 
 
 @triton.jit
-def rnd(x):
-    """The hash round ``rot16(x**5 % P)`` on uint32 ``x`` in ``[0, P)``."""
+def pow5(x):
+    """``x**5 % P`` on uint32 ``x`` in ``[0, P)``: three multiply-mods."""
     x2 = mul_mod(x, x)
     x4 = mul_mod(x2, x2)
-    return _rot16(mul_mod(x4, x))
+    return mul_mod(x4, x)
+
+
+@triton.jit
+def rnd(x):
+    """The hash round ``rot16(x**5 % P)`` on uint32 ``x`` in ``[0, P)``."""
+    return rot16(pow5(x))
 
 
 @triton.jit
 def _rnd_i64(x):
     x2 = _mul_mod_i64(x, x)
     x4 = _mul_mod_i64(x2, x2)
-    return _rot16(_mul_mod_i64(x4, x))
+    return rot16(_mul_mod_i64(x4, x))
 
 
 @triton.jit

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
 
 from flashspec_export.config import HeadShape
 from flashspec_export.kernels import hopper_tiles
@@ -235,3 +237,62 @@ def test_near_ties_are_settled_exactly(gap, n):
     # The case is what it claims: one of the two ids wins every tile, and each of them some.
     assert ((winners == top[..., 0]) | (winners == top[..., 1])).all()
     assert (winners == top[..., 0]).any() and (winners == top[..., 1]).any()
+
+
+@gluon.jit
+def _run_bits_kernel(
+    a_ptr,  # [CHUNK] int32: key a (uint32 bits)
+    b_ptr,  # [CHUNK] int32: key b
+    first_ptr,  # [CHUNK, LANES] int32: each run's first token id
+    out_ptr,  # [CHUNK, LANES, RUN] int32 out: the hash integers
+    CHUNK: gl.constexpr,
+    LANES: gl.constexpr,
+    RUN: gl.constexpr,
+):
+    rows_per_warp: gl.constexpr = 32 // LANES
+    layout: gl.constexpr = gl.BlockedLayout(
+        [1, 1, RUN], [rows_per_warp, LANES, 1], [CHUNK // rows_per_warp, 1, 1], [2, 1, 0]
+    )
+    lanes_layout: gl.constexpr = gl.SliceLayout(2, layout)
+    rows = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, lanes_layout))
+    lanes = gl.arange(0, LANES, layout=gl.SliceLayout(0, lanes_layout))
+    runs = gl.expand_dims(rows, 1) * LANES + gl.expand_dims(lanes, 0)
+    key_a = gl.expand_dims(gl.load(a_ptr + rows).to(gl.uint32, bitcast=True), 1)
+    key_b = gl.expand_dims(gl.load(b_ptr + rows).to(gl.uint32, bitcast=True), 1)
+    first = gl.load(first_ptr + runs).to(gl.uint32, bitcast=True)
+    bits = hopper_tiles._run_bits(key_a, key_b, first, RUN, layout)
+    j = gl.arange(0, RUN, layout=gl.SliceLayout(0, gl.SliceLayout(0, layout)))
+    offsets = gl.expand_dims(runs, 2) * RUN + gl.expand_dims(gl.expand_dims(j, 0), 0)
+    gl.store(out_ptr + offsets, bits.to(gl.int32, bitcast=True))
+
+
+@pytest.mark.parametrize("lanes, run", [(16, 16), (8, 32), (4, 64)])
+def test_run_bits_equal_the_reference_hash(lanes, run):
+    """The epilogue's first hash round by finite differences (``_run_bits``) against
+    ``reference.noise.token_bits``, every integer equal: rows with random keys and the extreme
+    keys (a = 1 and P - 1, b = 0 and P - 1), runs from id 0, random ids and ids up to P - 1 (the
+    last run ends at P - 1)."""
+    chunk = 4 * (32 // lanes)  # four warps
+    g = torch.Generator().manual_seed(run)
+    p = noise.P
+    key_a = torch.randint(1, p, (chunk,), generator=g)
+    key_b = torch.randint(0, p, (chunk,), generator=g)
+    key_a[:4] = torch.tensor([1, p - 1, 1, p - 1])
+    key_b[:4] = torch.tensor([0, 0, p - 1, p - 1])
+    first = torch.randint(0, p - run, (chunk, lanes), generator=g)
+    first[:, 0] = 0
+    first[:, -1] = p - run
+    out = torch.empty(chunk, lanes, run, dtype=torch.int32, device="cuda")
+    _run_bits_kernel[(1,)](
+        key_a.to(torch.int32).cuda(),
+        key_b.to(torch.int32).cuda(),
+        first.to(torch.int32).cuda(),
+        out,
+        CHUNK=chunk,
+        LANES=lanes,
+        RUN=run,
+        num_warps=4,
+    )
+    ids = first[:, :, None] + torch.arange(run)
+    expected = noise.token_bits(key_a[:, None, None], key_b[:, None, None], ids)
+    assert torch.equal(out.cpu().to(torch.int64), expected)
