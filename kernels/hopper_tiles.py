@@ -25,7 +25,8 @@ reduction is a row max, cheap enough for the MMA warps to do in registers while 
 fills the ring with the next tile; the shared memory the accumulator hand-over took goes to a
 deeper ring or a 128 x 256 tile of two warpgroups.
 
-The VerifyResample epilogue ranks every logit with a cheap score and recomputes each row's
+The VerifyResample epilogue ranks every logit with a cheap score (the hash's first round by
+finite differences along each thread's run of ids, ``_run_bits``) and recomputes each row's
 winner with the portable kernels' exact arithmetic (``kernels/noise.py``; IEEE division by the
 temperature, ``libdevice`` logs), falling back to exact scoring of a whole chunk on a near-tie
 (``_sampled_chunk_best`` proves the bound), so its summaries are bit-equal to the portable

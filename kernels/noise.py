@@ -16,7 +16,9 @@ the ONNX bodies use, within an ulp or two of ``log1p``.
 
 Cost per vocabulary element (``token_bits`` + ``gumbel_from_bits``): 7 multiply-mods in 32-bit
 instructions (``umulhi`` for the high word), two rotations and two logs, all in registers; no
-memory traffic. Row keys are derived once per row in int64.
+memory traffic. Row keys are derived once per row in int64. (The Hopper verify epilogue gets the
+first round's values for runs of consecutive ids from five add-mods per id:
+``kernels/hopper_tiles.py: _run_bits``.)
 """
 
 from __future__ import annotations
