@@ -133,10 +133,11 @@ def _run_bits(key_a, key_b, first_id, RUN: gl.constexpr, run_layout: gl.constexp
 
     The hash's first round ``f(j) = pow5((a·(first_id + j) + b) % P)`` is a polynomial of degree
     5 in ``j`` over the field of integers mod P. So its backward differences obey
-    ``∇^k f(j) = ∇^k f(j - 1) + ∇^(k+1) f(j)`` and ``∇^5 f = 5!·a^5`` is constant: from
-    ``∇^k f(-1)``, k = 0..4 (five values ``f(-1..-5)``, 16 multiply-mods per run), five running
-    sums along the run give every ``f(j)`` with five add-mods per id, where the reference's
-    ``(a·t + b) % P`` and ``pow5`` take four multiply-mods. The second round is the reference's.
+    ``∇^k f(j) = ∇^k f(j - 1) + ∇^(k+1) f(j)`` and ``∇^5 f = 5!·a^5`` is constant. From
+    ``∇^k f(-1)``, k = 0..4 (five values ``f(-1..-5)``; with ``∇^5 f``, 20 multiply-mods per
+    run), five running sums along the run give every ``f(j)`` with five add-mods per id, where
+    the reference's ``(a·t + b) % P`` and ``pow5`` take four multiply-mods. The second round is
+    the reference's.
     """
     u = add_mod(mul_mod(key_a, first_id), key_b)  # (a·first_id + b) % P: f's argument at j = 0
     w1 = sub_mod(u, key_a)  # f's arguments at j = -1 .. -5
