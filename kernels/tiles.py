@@ -91,11 +91,16 @@ TUNED = {
 
 # TUNED rows that one GPU model replaces, keyed by a part of its name (torch.cuda.get_device_name;
 # the CUDA library matches cudaDeviceProp::name alike): per op, rows up to the key, as in TUNED;
-# past the last key the GPU takes TUNED's rows. H200: the argmax up to 16 rows on 64-id tiles,
-# 4 warps, 4 programs per SM, 0.98-1.01x the matmul against 1.01-1.03x with TUNED's row
-# (docs/bench/tune_argmax_small_h200.json), which on the H100 is 7% faster for Qwen3.
+# past the last key the GPU takes TUNED's rows. H200, both ops up to 16 rows: 64-id tiles,
+# 4 warps, 4 programs per SM. The argmax runs 0.98-1.01x the matmul against 1.01-1.03x with
+# TUNED's row (docs/bench/tune_argmax_small_h200.json), which on the H100 is 7% faster for Qwen3;
+# the verify 1.00-1.01x against 1.03-1.04x (docs/bench/small_rows_verify_tiles_h200.log).
+_SMALL_H200 = (16, 64, 4, 4, 3)
 TUNED_BY_DEVICE = {
-    "H200": {"tiled_argmax": ((16, (16, 64, 4, 4, 3)),)},
+    "H200": {
+        "verify_resample": tuple((bound, _SMALL_H200) for bound in (1, 4, 8, 16)),
+        "tiled_argmax": ((16, _SMALL_H200),),
+    },
 }
 
 

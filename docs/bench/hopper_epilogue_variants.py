@@ -1,24 +1,30 @@
-"""Which part of the Hopper verify kernel sets its time at 256-512 rows: copies of the kernel
-with parts of the work removed (by text edits), timed side by side on the Llama-3 head (bf16,
-γ = 3, T = 1). The timings only: the edited kernels' summaries are wrong by design.
+"""Which part of the Hopper verify kernel sets its time: copies of the kernel with parts of the
+work removed (by text edits), timed side by side on the Llama-3 head (bf16, γ = 3, T = 1) with
+the launch table's configuration for each row count. The timings only: the edited kernels'
+summaries are wrong by design.
 
-    OUT=. python docs/bench/hopper_epilogue_variants.py       # the shipped kernel
+    OUT=. python docs/bench/hopper_epilogue_variants.py                 # 256 and 512 rows
+    OUT=. python docs/bench/hopper_epilogue_variants.py --rows 64 128 256 \
+        --heads llama3-8b qwen3-8b --variants as_is no_epilogue_work one_k_chunk
     git show 38a0f5c:kernels/hopper_tiles.py > /tmp/hopper_tiles_settle.py
-    OUT=. python docs/bench/hopper_epilogue_variants.py /tmp/hopper_tiles_settle.py
+    OUT=. python docs/bench/hopper_epilogue_variants.py --source /tmp/hopper_tiles_settle.py
 
 Variants: ``as_is``; ``no_epilogue_work`` (the epilogue only waits and hands the buffer back:
 the GEMM pipeline alone); ``no_hash`` / ``no_gumbel`` (the ranking without the integer hash /
 without the approximate Gumbel); ``one_k_chunk`` (one 64-wide K chunk per tile instead of H / 64:
 almost no tensor-core work, so the epilogue alone).
-Output: docs/bench/hopper_epilogue_variants_h100.log.
+Output: the printed lines (docs/bench/hopper_epilogue_variants_*.log) and
+``$OUT/hopper_epilogue_variants.json``.
 """
 
+import argparse
 import importlib.util
 import json
 import os
 import pathlib
 import statistics
 import sys
+import tempfile
 
 import torch
 
@@ -26,8 +32,7 @@ sys.path.insert(0, "scripts")
 from kernel_bench import time_graph
 
 from flashspec_export.config import HeadShape
-from flashspec_export.kernels.hopper_tiles import HopperConfig
-from flashspec_export.kernels.tiled_argmax import tiled_argmax
+from flashspec_export.kernels.tiles import hopper_row
 
 SHIPPED = pathlib.Path(__file__).resolve().parents[2] / "kernels" / "hopper_tiles.py"
 ONE_K = [("for kk in range(k_iters):", "for kk in range(1):")]
@@ -49,13 +54,19 @@ NO_CHUNKS = [
     ),
 ]
 NO_HASH = [
+    (  # the finite-difference kernel (64cc352 on)
+        "    bits = gl.convert_layout(gl.reshape(run_bits, acc.shape), acc.type.layout, "
+        "assert_trivial=True)\n",
+        "    bits = (ids * 40503 + gl.expand_dims(key_a, 1).to(gl.int32)).to(gl.uint32)\n"
+        "    bits = bits & 0x3FFFFFFF\n",
+    ),
     (
         "    bits = token_bits(gl.expand_dims(key_a, 1), gl.expand_dims(key_b, 1), ids)\n"
         "    noise = gumbel_approx",
         "    bits = (ids * 40503 + gl.expand_dims(key_a, 1).to(gl.int32)).to(gl.uint32)\n"
         "    bits = bits & 0x3FFFFFFF\n"
         "    noise = gumbel_approx",
-    )
+    ),
 ]
 NO_GUMBEL = [
     (
@@ -83,7 +94,7 @@ def load(name, edits, source=SHIPPED):
         applied += old in src
         src = src.replace(old, new)
     assert applied or not edits, f"{name}: no edit matches this kernel source"
-    path = pathlib.Path(os.environ.get("OUT", ".")) / f"_hopper_tiles_{name}.py"
+    path = pathlib.Path(tempfile.mkdtemp()) / f"_hopper_tiles_{name}.py"
     path.write_text(src)
     spec = importlib.util.spec_from_file_location(f"_hopper_tiles_{name}", path)
     module = importlib.util.module_from_spec(spec)
@@ -92,13 +103,14 @@ def load(name, edits, source=SHIPPED):
 
 
 def verify_call(module, rows: int, lm_head: torch.Tensor, vocab_size: int):
-    """(hidden, a no-argument launch of ``module``'s verify kernel at ``rows`` rows): random bf16
-    rows, N = rows / 4 sequences with γ = 3, T = 1."""
+    """(hidden, a no-argument launch of ``module``'s verify kernel at ``rows`` rows with the
+    launch table's configuration): random bf16 rows, N = rows / 4 sequences with γ = 3, T = 1."""
+    config = hopper_row("verify_resample", rows)
     n = rows // 4
     hidden = torch.randn(rows, lm_head.shape[1], device="cuda").bfloat16()
     temps, seeds = torch.ones(n, device="cuda"), torch.arange(n, device="cuda")
     positions = torch.zeros(n, dtype=torch.int64, device="cuda")
-    tiles = -(-vocab_size // 128)
+    tiles = -(-vocab_size // config.block_v)
     summaries = [torch.empty(rows, tiles, device="cuda") for _ in range(5)]
     summaries[1] = torch.empty(rows, tiles, device="cuda", dtype=torch.int32)
 
@@ -113,37 +125,48 @@ def verify_call(module, rows: int, lm_head: torch.Tensor, vocab_size: int):
             seed=seeds,
             positions=positions,
             gamma=3,
-            config=HopperConfig(),
+            config=config,
         )
 
     return hidden, call
 
 
-def time_variants(rows: int, lm_head: torch.Tensor, vocab_size: int, source) -> list[dict]:
-    """Median µs of the matmul, the argmax and each variant at ``rows`` rows."""
+def time_variants(head: str, rows: int, names, source) -> list[dict]:
+    """Median µs of the matmul and of each variant in ``names`` at ``rows`` rows of ``head``;
+    prints one line."""
+    shape = HeadShape.from_name(head)
+    lm_head = torch.randn(shape.padded_vocab, shape.hidden_size, device="cuda")
+    lm_head = (lm_head * shape.hidden_size**-0.5).bfloat16()
     calls = {
-        name: verify_call(load(name, edits, source), rows, lm_head, vocab_size)
-        for name, edits in VARIANTS.items()
+        name: verify_call(load(name, VARIANTS[name], source), rows, lm_head, shape.vocab_size)
+        for name in names
     }
-    hidden = calls["as_is"][0]
+    hidden = next(iter(calls.values()))[0]
     matmul = statistics.median(time_graph(lambda: hidden @ lm_head.T, 20))
-    argmax = statistics.median(time_graph(lambda: tiled_argmax(hidden, lm_head, vocab_size), 20))
-    print(f"R={rows} matmul {matmul:.1f} argmax {argmax:.1f}", flush=True)
+    config = hopper_row("verify_resample", rows)
+    line = f"{head:11} R={rows:<4} {config.block_n, config.block_v} matmul {matmul:7.1f}"
     results = []
     for name, (_, call) in calls.items():
         us = statistics.median(time_graph(call, 20))
-        print(f"R={rows} {name:24s} {us:8.1f} us  ({us / matmul:.2f}x matmul)", flush=True)
-        results.append(dict(rows=rows, variant=name, us=us, matmul=matmul, argmax=argmax))
+        line += f" | {name} {us:7.1f} ({us / matmul:.3f})"
+        results.append(dict(head=head, rows=rows, variant=name, us=us, matmul=matmul))
+    print(line, flush=True)
     return results
 
 
 if __name__ == "__main__":
-    shape = HeadShape.from_name("llama3-8b")
-    lm_head = torch.randn(shape.padded_vocab, shape.hidden_size, device="cuda")
-    lm_head = (lm_head * shape.hidden_size**-0.5).bfloat16()
-    source = sys.argv[1] if len(sys.argv) > 1 else SHIPPED
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", nargs="+", type=int, default=[256, 512])
+    parser.add_argument("--heads", nargs="+", default=["llama3-8b"])
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--source", default=str(SHIPPED), help="kernels/hopper_tiles.py to edit")
+    args = parser.parse_args()
+    print(torch.cuda.get_device_name(), flush=True)
     results = [
-        r for rows in (256, 512) for r in time_variants(rows, lm_head, shape.vocab_size, source)
+        r
+        for head in args.heads
+        for rows in args.rows
+        for r in time_variants(head, rows, args.variants, args.source)
     ]
     out = pathlib.Path(os.environ.get("OUT", ".")) / "hopper_epilogue_variants.json"
     out.write_text(json.dumps(results, indent=1))
