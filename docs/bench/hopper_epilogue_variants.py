@@ -1,7 +1,7 @@
 """Which part of the Hopper verify kernel sets its time: copies of the kernel with parts of the
-work removed (by text edits), timed side by side on the Llama-3 head (bf16, γ = 3, T = 1) with
-the launch table's configuration for each row count. The timings only: the edited kernels'
-summaries are wrong by design.
+work removed (by text edits), timed side by side on the heads asked for (default Llama-3; bf16,
+γ = 3, T = 1) with the launch table's configuration for each row count. The timings only: the
+edited kernels' summaries are wrong by design.
 
     OUT=. python docs/bench/hopper_epilogue_variants.py                 # 256 and 512 rows
     OUT=. python docs/bench/hopper_epilogue_variants.py --rows 64 128 256 \
