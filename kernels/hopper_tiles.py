@@ -74,6 +74,15 @@ from flashspec_export.kernels.noise import (
     token_bits,
 )
 
+# Gluon is experimental and renames between Triton releases: the names this file needs, as
+# Triton 3.6 and later releases spell them (tests/test_triton_aot.py compiles the kernel under
+# the installed Triton).
+_cta_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
+_tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+_PUBLIC_REINTERPRET: gl.constexpr = gl.constexpr(
+    hasattr(gl.shared_memory_descriptor, "reinterpret")
+)
+
 # The ranking bound of `_sampled_chunk_best`: a ranking score r is within
 # RANK_REL · (|r| + RANK_OFFSET) + GUMBEL_APPROX_ERROR of the exact score (RANK_REL = 2**-20
 # covers the ~6 fp32 roundings of 2**-24 it needs with 2.5x slack, RANK_OFFSET the largest
@@ -276,10 +285,10 @@ def _load_partition(shared):
             slot = it % STAGES
             mbarrier.wait(empty.index(slot), ((it // STAGES) & 1) ^ 1)
             mbarrier.expect(ready.index(slot), a_desc.block_type.nbytes + b_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(
+            _tma_load(
                 a_desc, [row_block * BLOCK_N, kk * BLOCK_K], ready.index(slot), a_bufs.index(slot)
             )
-            tma.async_copy_global_to_shared(
+            _tma_load(
                 b_desc, [v_tile * BLOCK_V, kk * BLOCK_K], ready.index(slot), b_bufs.index(slot)
             )
             it += 1
@@ -302,11 +311,11 @@ def _accumulate(a_bufs, b_bufs, ready, empty, it, k_iters, layout: gl.constexpr)
         # One wgmma in flight: the previous one has read its slot, which goes back to the
         # loader.
         acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-        gl.thread_barrier()
+        _cta_barrier()
         mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=kk > 0)
         it += 1
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-    gl.thread_barrier()
+    _cta_barrier()
     mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
     return acc, it
 
@@ -352,7 +361,7 @@ def _mma_partition(
         acc = _mask_past_vocab(acc, tile // row_blocks, vocab_size, layout)
         mbarrier.wait(acc_empty, (count & 1) ^ 1)
         acc_buf.store(acc)
-        gl.thread_barrier()
+        _cta_barrier()
         mbarrier.arrive(acc_ready)
 
 
@@ -445,12 +454,12 @@ def _epilogue_partition(shared, VERIFY: gl.constexpr, RETURN_LOGPROBS: gl.conste
             block_t = gl.load(temperature_ptr + block_seq, mask=block_ok, other=0.0)
             any_sampled = gl.max(gl.where(block_t != 0.0, 1, 0), 0) > 0
             block_a, block_b = row_keys(seed, position, STREAM_GUMBEL)
-            gl.thread_barrier()  # the previous tile's reads of this CTA's scratch are done
+            _cta_barrier()  # the previous tile's reads of this CTA's scratch are done
             in_block = gl.arange(0, BLOCK_N, layout=block_layout)
             gl.store(keys_ptr + in_block, block_a.to(gl.int32, bitcast=True))
             gl.store(keys_ptr + BLOCK_N + in_block, block_b.to(gl.int32, bitcast=True))
             gl.store(keys_ptr + 2 * BLOCK_N + in_block, block_t.to(gl.int32, bitcast=True))
-            gl.thread_barrier()
+            _cta_barrier()
         mbarrier.wait(acc_ready, count & 1)
         cols = v_tile * BLOCK_V + gl.arange(0, BLOCK_V, layout=col_layout)
         # Only the chunks with rows below num_rows (a partial last row block skips the rest).
@@ -498,7 +507,7 @@ def _epilogue_partition(shared, VERIFY: gl.constexpr, RETURN_LOGPROBS: gl.conste
                 gl.store(best_logit_ptr + ws_off, best_logit, mask=row_ok)
                 gl.store(max_ptr + ws_off, m, mask=row_ok)
                 gl.store(sum_exp_ptr + ws_off, s, mask=row_ok)
-        gl.thread_barrier()  # every read of acc_buf is done
+        _cta_barrier()  # every read of acc_buf is done
         mbarrier.arrive(acc_empty)
 
 
@@ -614,7 +623,11 @@ def _specialize_with_epilogue(
     acc_buf = gl.allocate_shared_memory(gl.float32, [BLOCK_N, BLOCK_V], acc_layout)
     # The epilogue's view: chunks of CHUNK rows (a multiple of the swizzle's 8-row period, so
     # both views address every element alike).
-    acc_chunks = acc_buf._reinterpret(gl.float32, [BLOCK_N // CHUNK, CHUNK, BLOCK_V], acc_layout)
+    chunks_shape: gl.constexpr = [BLOCK_N // CHUNK, CHUNK, BLOCK_V]
+    if _PUBLIC_REINTERPRET:
+        acc_chunks = acc_buf.reinterpret(gl.float32, chunks_shape, acc_layout)
+    else:
+        acc_chunks = acc_buf._reinterpret(gl.float32, chunks_shape, acc_layout)
     acc_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     acc_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(acc_ready, count=1)

@@ -248,7 +248,9 @@ def _gumbel_error_kernel(
     offs = start + tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < num_values
     x = tl.where(ok, offs, 0).to(tl.uint32)
-    error = tl.abs(gumbel_approx_from_bits(x, LIBDEVICE) - gumbel_from_bits(x, LIBDEVICE))
+    # Named before tl.abs: the Triton 3.9 interpreter cannot take a jit call's result inline.
+    approx = gumbel_approx_from_bits(x, LIBDEVICE)
+    error = tl.abs(approx - gumbel_from_bits(x, LIBDEVICE))
     tl.store(max_error_ptr + tl.program_id(0), tl.max(tl.where(ok, error, 0.0), 0))
 
 

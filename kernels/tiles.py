@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from flashspec_export.kernels import release
 from flashspec_export.kernels.hopper_tiles import HopperConfig, device_name, runs_on, sm_count
 
 # Splits per SM: enough programs to fill the GPU about twice, so the whole LM head is in flight
@@ -265,24 +266,21 @@ def resolve_config(
 
 
 def check_device(hidden: torch.Tensor) -> None:
-    """Triton kernels run on CUDA tensors, or on CPU tensors under the interpreter (which needs
-    NumPy < 2.4 for the kernels' runtime loop bound: triton-lang/triton#9171)."""
+    """Triton kernels run on CUDA tensors, or on CPU tensors under the interpreter (whose Triton
+    3.6 release needs NumPy < 2.4 for the kernels' runtime loop bound: triton-lang/triton#9171,
+    fixed in 3.7)."""
     if not hidden.is_cuda and not triton.knobs.runtime.interpret:
         raise ValueError(
             f"hidden: the triton backend needs CUDA tensors (or TRITON_INTERPRET=1 for the CPU "
             f"interpreter); got a tensor on {hidden.device}"
         )
-    if triton.knobs.runtime.interpret and _numpy_version() >= (2, 4):
+    interpreter_36 = triton.knobs.runtime.interpret and release(triton.__version__) < (3, 7)
+    if interpreter_36 and release(numpy.__version__) >= (2, 4):
         raise RuntimeError(
             f"triton interpreter: NumPy {numpy.__version__} breaks the Triton 3.6 interpreter's "
             "runtime loop bounds (triton-lang/triton#9171); install numpy<2.4 "
             "(pip install -e '.[triton]' pins it)"
         )
-
-
-def _numpy_version() -> tuple[int, int]:
-    major, minor = numpy.__version__.split(".")[:2]
-    return int(major), int(minor)
 
 
 def dot_options(t: torch.Tensor) -> dict:

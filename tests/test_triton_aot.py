@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -146,3 +147,15 @@ def test_kernels_compile_for_sm90_without_a_driver():
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
     )
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_a_triton_older_than_the_bound_is_refused_by_name():
+    """Triton < 3.6 lacks the Gluon API of the Hopper kernel: importing the kernels says so, with
+    the bound pyproject.toml carries, instead of an AttributeError deep in the kernel."""
+    code = "import triton\ntriton.__version__ = '3.5.1'\nimport flashspec_export.kernels\n"
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode != 0
+    assert "needs Triton >= 3.6" in result.stderr and "found triton 3.5.1" in result.stderr
+    assert '"triton>=3.6"' in Path("pyproject.toml").read_text()

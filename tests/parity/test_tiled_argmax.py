@@ -88,9 +88,11 @@ def test_triton_small_tiles_empty_split_and_strided_inputs():
     torch.testing.assert_close(max_logit, r_max_logit, atol=LOGIT_ATOL, rtol=LOGIT_RTOL)
 
 
-def test_the_interpreter_with_numpy_2_4_is_refused_by_name(monkeypatch):
+@pytest.mark.parametrize("triton_version, refused", [("3.6.0", True), ("3.7.0", False)])
+def test_the_interpreter_with_numpy_2_4_is_refused_by_name(monkeypatch, triton_version, refused):
     """NumPy >= 2.4 breaks the Triton 3.6 interpreter's runtime loop bounds: a clear error
-    instead of the interpreter's 'only 0-dimensional arrays can be converted'."""
+    instead of the interpreter's 'only 0-dimensional arrays can be converted'. Triton 3.7 fixed
+    it (triton-lang/triton#9171): there the kernel runs."""
     pytest.importorskip("triton")
     import triton
 
@@ -98,6 +100,12 @@ def test_the_interpreter_with_numpy_2_4_is_refused_by_name(monkeypatch):
 
     if not triton.knobs.runtime.interpret:
         pytest.skip("checks the interpreter (compiled kernels are not affected)")
-    monkeypatch.setattr(tiles, "_numpy_version", lambda: (2, 4))
-    with pytest.raises(RuntimeError, match=r"install numpy<2.4"):
-        ops.tiled_argmax(torch.randn(2, 16), torch.randn(40, 16), backend="triton")
+    monkeypatch.setattr(tiles.numpy, "__version__", "2.4.0")
+    monkeypatch.setattr(tiles.triton, "__version__", triton_version)
+    hidden, lm_head = torch.randn(2, 16), torch.randn(40, 16)
+    if refused:
+        with pytest.raises(RuntimeError, match=r"install numpy<2.4"):
+            ops.tiled_argmax(hidden, lm_head, backend="triton")
+    else:
+        token, _ = ops.tiled_argmax(hidden, lm_head, backend="triton")
+        assert torch.equal(token, ops.tiled_argmax(hidden, lm_head, backend="reference")[0])
