@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from flashspec_export.config import ConfigError
 
 FILE_NAME = "manifest.json"
-FORMAT = 1  # bump when the layout changes; readers refuse other formats
+FORMAT = 2  # bump when the layout changes; readers refuse other formats
 
 
 def sha256(path: pathlib.Path) -> str:
@@ -44,19 +44,19 @@ class TensorSpec:
 
 @dataclass(frozen=True)
 class Graph:
-    """One ONNX graph of the export and the hashes of its files (``FILE.data``: weights stored
-    beside the graph when the model is over protobuf's 2 GB)."""
+    """One ONNX graph of the export and the hashes of its files (``data_file``: the export's
+    weights file, shared by its graphs, that the graph's large initializers live in)."""
 
     file: str
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     sha256: str
-    external_data: bool = False
+    data_file: str | None = None
     data_sha256: str | None = None
 
     def files(self) -> list[tuple[str, str | None]]:
         """(file name, expected SHA-256) of every file of the graph."""
-        extra = [(self.file + ".data", self.data_sha256)] if self.external_data else []
+        extra = [(self.data_file, self.data_sha256)] if self.data_file else []
         return [(self.file, self.sha256), *extra]
 
     def input(self, name: str) -> TensorSpec:
@@ -106,16 +106,23 @@ class Manifest:
         return json.dumps(dataclasses.asdict(self), indent=1)
 
 
-def hashed_graph(directory: pathlib.Path, file: str, inputs, outputs, external_data: bool) -> Graph:
-    """The ``Graph`` entry of ``directory / file`` (already written), with its hashes."""
-    data = sha256(directory / (file + ".data")) if external_data else None
+def hashed_graph(
+    directory: pathlib.Path,
+    file: str,
+    inputs,
+    outputs,
+    data_file: str | None = None,
+    data_sha256: str | None = None,
+) -> Graph:
+    """The ``Graph`` entry of ``directory / file`` (already written) and its weights file (with
+    the hash the caller computed once for all graphs)."""
     return Graph(
         file=file,
         inputs=tuple(inputs),
         outputs=tuple(outputs),
         sha256=sha256(directory / file),
-        external_data=external_data,
-        data_sha256=data,
+        data_file=data_file,
+        data_sha256=data_sha256,
     )
 
 
@@ -167,11 +174,10 @@ def _graph(data, where: str) -> Graph:
         )
         for side in ("inputs", "outputs")
     }
-    external = _expect(d.get("external_data", False), bool, f"{where}.external_data")
     return Graph(
         file=_expect(d["file"], str, f"{where}.file"),
         sha256=_expect(d["sha256"], str, f"{where}.sha256"),
-        external_data=external,
+        data_file=_expect(d.get("data_file"), (str, type(None)), f"{where}.data_file"),
         data_sha256=_expect(d.get("data_sha256"), (str, type(None)), f"{where}.data_sha256"),
         **tensors,
     )
@@ -234,9 +240,13 @@ def verify(directory: str | pathlib.Path, manifest: Manifest, graphs=None) -> No
     """Refuse an export whose graph files (``graphs``: names, default all) are missing or do not
     match the hashes in its manifest, naming the file."""
     directory = pathlib.Path(directory)
+    checked = set()  # the weights file is shared: hashed once
     for name in graphs or manifest.graphs:
         for file, expected in manifest.graphs[name].files():
             path = directory / file
+            if file in checked:
+                continue
+            checked.add(file)
             if not path.is_file():
                 raise ConfigError(f"export: {path} is missing (the manifest lists it); re-export")
             if expected is None or sha256(path) != expected:

@@ -29,6 +29,7 @@ from tqdm import tqdm
 
 from flashspec_export.config import TARGET_PRESETS, ConfigError
 from flashspec_export.export import manifest
+from flashspec_export.export.weights import WeightsFile
 from flashspec_export.models.build import (
     ExportConfig,
     build_modules_unchecked,
@@ -38,8 +39,6 @@ from flashspec_export.models.build import (
 from flashspec_export.onnx import functions, translation
 
 logger = logging.getLogger(__name__)
-
-EXTERNAL_DATA_BYTES = 2**31 - 2**20  # protobuf's 2 GB limit, with headroom
 
 
 def _output_dir(config: ExportConfig) -> pathlib.Path:
@@ -85,14 +84,11 @@ def _io(values) -> list[manifest.TensorSpec]:
     ]
 
 
-def _save(model: onnx.ModelProto, path: pathlib.Path) -> manifest.Graph:
-    onnx.checker.check_model(model, full_check=True)
-    large = model.ByteSize() > EXTERNAL_DATA_BYTES
-    onnx.save_model(
-        model, path, save_as_external_data=large, location=path.name + ".data" if large else None
-    )
-    inputs, outputs = _io(model.graph.input), _io(model.graph.output)
-    return manifest.hashed_graph(path.parent, path.name, inputs, outputs, large)
+def _save(model: onnx.ModelProto, path: pathlib.Path) -> None:
+    """Write a graph whose large initializers are already in the weights file, then check it
+    from the path (the checker reads the external data there, at any size)."""
+    onnx.save_model(model, path)
+    onnx.checker.check_model(path, full_check=True)
 
 
 TOKENIZER_FILES = (
@@ -103,15 +99,20 @@ TOKENIZER_FILES = (
     "merges.txt",
     "tokenizer.model",
 )
+# Copied beside the tokenizer: its eos_token_id list (an instruct model's end of turn).
+GENERATION_CONFIG = "generation_config.json"
 
 
 def _copy_tokenizer(target: str, staging: pathlib.Path) -> str | None:
-    """Copy a checkpoint's tokenizer files into ``staging/tokenizer``; its name there, or None
-    (presets and checkpoints without a tokenizer)."""
+    """Copy a checkpoint's tokenizer files (and its generation config) into
+    ``staging/tokenizer``; its name there, or None (presets and checkpoints without a
+    tokenizer)."""
     files = [pathlib.Path(target) / f for f in TOKENIZER_FILES]
     files = [f for f in files if f.is_file()]
     if not files:
         return None
+    if (pathlib.Path(target) / GENERATION_CONFIG).is_file():
+        files.append(pathlib.Path(target) / GENERATION_CONFIG)
     (staging / "tokenizer").mkdir()
     for f in files:
         shutil.copyfile(f, staging / "tokenizer" / f.name)
@@ -179,11 +180,27 @@ def export(config: ExportConfig) -> manifest.Manifest:
     os.umask(umask)
     staging.chmod(0o777 & ~umask)  # mkdtemp makes it private; the export is an ordinary directory
     try:
-        graphs = {}
-        for name, (module, args, dynamic, names) in tqdm(jobs.items(), desc="export", unit="graph"):
-            logger.info("exporting %s", name)
-            proto = translation.export(module, args, dynamic_shapes=dynamic, output_names=names)
-            graphs[name] = _save(proto, staging / f"{name}.onnx")
+        io = {}  # graph name -> (inputs, outputs)
+        with WeightsFile(staging) as weights:
+            for name, (module, args, dynamic, names) in tqdm(
+                jobs.items(), desc="export", unit="graph"
+            ):
+                logger.info("exporting %s", name)
+                proto = translation.export(
+                    module, args, weights, dynamic_shapes=dynamic, output_names=names
+                )
+                io[name] = (_io(proto.graph.input), _io(proto.graph.output))
+                _save(proto, staging / f"{name}.onnx")
+                del proto
+        size = weights.size / 1e9
+        logger.info("%s: %d tensors, %.2f GB", weights.path.name, weights.tensors, size)
+        data_sha256 = manifest.sha256(weights.path)
+        graphs = {
+            name: manifest.hashed_graph(
+                staging, f"{name}.onnx", inputs, outputs, weights.path.name, data_sha256
+            )
+            for name, (inputs, outputs) in io.items()
+        }
         written = manifest.Manifest(
             config=asdict(config),
             source=config.target,

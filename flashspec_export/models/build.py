@@ -21,6 +21,8 @@ from flashspec_export.models.mtp import MtpDrafter
 from flashspec_export.models.target import SpeculativeTarget, check_architecture
 
 DRAFTERS = ("mtp", "eagle", "model", "ngram")
+# The target's tensors an MTP / EAGLE head uses as they are; --draft-weights holds the rest.
+SHARED_TENSORS = ("embed_tokens.", "norm.", "lm_head")
 # Trained presets: directories written by scripts/train_tiny.py, shipped with the package.
 PRESETS_DIR = pathlib.Path(__file__).parents[1] / "presets"
 TRAINED_PRESETS = ("stdlib-tiny",)
@@ -156,6 +158,12 @@ def load_draft_weights(drafter: torch.nn.Module, path: str) -> None:
     unknown = sorted(set(state) - set(expected))
     if unknown:
         raise ConfigError(f"draft-weights: unknown tensors {unknown[:5]} for this drafter")
+    missing = sorted(n for n in expected if not n.startswith(SHARED_TENSORS) and n not in state)
+    if missing:
+        raise ConfigError(
+            f"draft-weights: {path} lacks {len(missing)} of the head's own tensors, e.g. "
+            f"{missing[:5]} (a partial head would draft from random weights)"
+        )
     for name, tensor in state.items():
         if tensor.shape != expected[name].shape:
             raise ConfigError(
@@ -219,6 +227,14 @@ def validate(config: ExportConfig) -> None:
             f"max_len: {config.max_len} cannot hold a token and gamma + 1 = {config.gamma + 1} more"
         )
     layers, kv_heads, head_dim, positions = target_geometry(config.target)
+    head_without_weights = config.draft in ("mtp", "eagle") and not config.draft_weights
+    if head_without_weights and checkpoint_config(config.target) is not None:
+        raise ConfigError(
+            f"draft-weights: --draft {config.draft} on the checkpoint {config.target} needs "
+            "--draft-weights (the head's own tensors: eh_proj.*, layers.0.*"
+            f"{', enorm.*, hnorm.*' if config.draft == 'mtp' else ''}); without them the "
+            "head is random and accepts nothing"
+        )
     if config.max_len > positions:
         raise ConfigError(f"max_len: {config.max_len} exceeds the target's {positions} positions")
     cache_bytes = 2 * 4 * layers * config.batch * kv_heads * config.max_len * head_dim

@@ -13,6 +13,7 @@ import onnx
 import torch
 from onnxscript import values
 
+from flashspec_export.export.weights import WeightsFile
 from flashspec_export.onnx import functions, schemas
 from flashspec_export.ops import (
     specs,
@@ -62,8 +63,13 @@ def attach_functions(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-def export(module: torch.nn.Module, args: tuple, **kwargs) -> onnx.ModelProto:
-    """Export ``module(*args)`` with the FlashSpec ops as custom nodes plus function bodies."""
+def export(
+    module: torch.nn.Module, args: tuple, weights: WeightsFile | None = None, **kwargs
+) -> onnx.ModelProto:
+    """Export ``module(*args)`` with the FlashSpec ops as custom nodes plus function bodies.
+
+    With ``weights`` the large initializers are written there and the proto references them
+    (external data), so it stays small at any model size; without, they are in the proto."""
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
     for i, a in enumerate(tensors):
         for b in tensors[i + 1 :]:
@@ -81,6 +87,8 @@ def export(module: torch.nn.Module, args: tuple, **kwargs) -> onnx.ModelProto:
         verbose=False,
         **kwargs,
     )
+    if weights is not None:
+        weights.externalize(program.model)
     model = attach_functions(program.model_proto)
     model.ir_version = min(model.ir_version, functions.IR_VERSION)
     return model

@@ -107,8 +107,10 @@ def run(config: RunConfig) -> RunReport:
     seeds = torch.arange(target.batch, dtype=torch.int64) + config.seed
     args = (prompt, config.new_tokens, manifest.gamma, temperature, seeds)
 
+    eos = tokenizer and text.eos_ids(tokenizer)
+
     def stream(echo=None):
-        return tokenizer and text.TextStream(tokenizer, target.batch, config.stop, echo)
+        return tokenizer and text.TextStream(tokenizer, target.batch, config.stop, echo, eos)
 
     drafting = _selecting(drafter, manifest, config)
     streaming = stream(config.echo)

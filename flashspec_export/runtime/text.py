@@ -1,14 +1,18 @@
 """Text in, text out: an export's tokenizer, and the stream that decodes what the loop accepts.
 
 ``load_tokenizer(export_dir)`` opens the tokenizer the exporter copied next to the graphs (the
-manifest names its directory; Hugging Face checkpoints bring their own). ``TextStream`` receives
-each sequence's accepted tokens (``loop.generate(stream=...)``), decodes them, hands finished
-text to ``echo`` as it becomes final, and stops a sequence at EOS or at a stop string (neither
+manifest names its directory; Hugging Face checkpoints bring their own), with the checkpoint's
+``generation_config.json``. Prompts are encoded with the special tokens the tokenizer defines
+(Llama-3's BOS). ``TextStream`` receives each sequence's accepted tokens
+(``loop.generate(stream=...)``), decodes them, hands finished text to ``echo`` as it becomes
+final, and stops a sequence at an end-of-sequence id (``eos_ids``: the generation config's, an
+instruct model's end-of-turn token among them, and the tokenizer's) or at a stop string (neither
 is part of the text).
 """
 
 from __future__ import annotations
 
+import json
 import pathlib
 from collections.abc import Callable
 
@@ -31,9 +35,25 @@ def load_tokenizer(export_dir: str | pathlib.Path):
     return AutoTokenizer.from_pretrained(pathlib.Path(export_dir) / manifest.tokenizer)
 
 
+def eos_ids(tokenizer) -> tuple[int, ...]:
+    """The ids that end a sequence: ``eos_token_id`` of the ``generation_config.json`` beside the
+    tokenizer's files (an int or a list) and the tokenizer's EOS."""
+    ids = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
+    path = pathlib.Path(tokenizer.name_or_path) / "generation_config.json"
+    if path.is_file():
+        try:
+            configured = json.loads(path.read_text()).get("eos_token_id")
+        except (json.JSONDecodeError, AttributeError) as error:
+            raise ConfigError(f"export: {path} is not a JSON object ({error}); re-export") from None
+        configured = configured if isinstance(configured, list) else [configured]
+        ids += [i for i in configured if isinstance(i, int)]
+    return tuple(dict.fromkeys(ids))
+
+
 def encode_prompts(tokenizer, prompts: list[str]) -> list[list[int]]:
-    """Token ids of each prompt (no special tokens added); refuses prompts under 2 tokens."""
-    ids = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
+    """Token ids of each prompt, with the special tokens the tokenizer adds (a BOS where it
+    defines one); refuses prompts under 2 tokens."""
+    ids = [tokenizer.encode(p) for p in prompts]
     for i, row in enumerate(ids):
         if len(row) < 2:
             raise ConfigError(f"prompt: prompt {i} has {len(row)} token(s); expected at least 2")
@@ -53,11 +73,13 @@ class TextStream:
         rows: int,
         stop: tuple[str, ...] = (),
         echo: Callable[[int, str], None] | None = None,
+        eos: tuple[int, ...] | None = None,
     ):
         if any(not s for s in stop):
             raise ConfigError("stop: stop strings must not be empty")
         self.tokenizer = tokenizer
-        self.eos = tokenizer.eos_token_id
+        # ids that end a sequence (default: the tokenizer's EOS; eos_ids adds the export's)
+        self.eos = eos if eos is not None else (tokenizer.eos_token_id,)
         self.stop = stop
         self.echo = echo
         self.tokens: list[list[int]] = [[] for _ in range(rows)]
@@ -73,9 +95,7 @@ class TextStream:
 
     def push(self, row: int, tokens: list[int]) -> int | None:
         """Take ``tokens`` of sequence ``row``; None to go on, or how many of them to keep."""
-        keep = None
-        if self.eos is not None and self.eos in tokens:
-            keep = tokens.index(self.eos)
+        keep = next((i for i, t in enumerate(tokens) if t in self.eos), None)
         before = len(self.tokens[row])
         self.tokens[row].extend(tokens[:keep] if keep is not None else tokens)
         text = self._decode(self.tokens[row])

@@ -31,6 +31,7 @@ def test_force_replaces_the_whole_directory(tmp_path):
         "manifest.json",
         "target_prefill.onnx",
         "target_step.onnx",
+        "weights.data",
     ]  # the MTP graph and the engines of the previous export are gone
     manifest.verify(out, manifest.read(out))
     assert [p.name for p in tmp_path.iterdir()] == ["x"]  # no staging directory left

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 pytest.importorskip("transformers")
 onnx = pytest.importorskip("onnx")
@@ -15,7 +16,8 @@ pytest.importorskip("onnxscript")
 
 from flashspec_export.export import manifest as export_manifest  # noqa: E402
 from flashspec_export.export.pipeline import export  # noqa: E402
-from flashspec_export.models.build import ExportConfig  # noqa: E402
+from flashspec_export.export.weights import INLINE_BYTES  # noqa: E402
+from flashspec_export.models.build import SHARED_TENSORS, ExportConfig  # noqa: E402
 
 ROOT = pathlib.Path(__file__).parents[2]
 
@@ -239,7 +241,8 @@ def test_draft_weights_must_match_the_target(tmp_path):
             )
         )
     own = MtpDrafter(TargetConfig.from_name("tiny-llama").build(seed=0), seed=9)
-    weights = {k: v for k, v in own.state_dict().items() if k.startswith(("eh_proj", "layers"))}
+    weights = {k: v for k, v in own.state_dict().items() if not k.startswith(SHARED_TENSORS)}
+    assert {k.split(".")[0] for k in weights} == {"enorm", "hnorm", "eh_proj", "layers"}
     torch.save(weights, tmp_path / "own.pt")
     manifest = export(
         ExportConfig(
@@ -247,6 +250,31 @@ def test_draft_weights_must_match_the_target(tmp_path):
         )
     )
     assert "drafter_mtp" in manifest.graphs
+    # A partial head (no enorm / hnorm) would draft from random norms: refused by name.
+    partial = {k: v for k, v in weights.items() if k.startswith(("eh_proj", "layers"))}
+    torch.save(partial, tmp_path / "partial.pt")
+    with pytest.raises(ValueError, match=r"lacks 2 of the head's own tensors.*enorm.weight"):
+        export(
+            ExportConfig(
+                target="tiny-llama",
+                out=str(tmp_path / "c"),
+                draft_weights=str(tmp_path / "partial.pt"),
+            )
+        )
+
+
+@pytest.mark.parametrize("draft", ["mtp", "eagle"])
+def test_a_checkpoint_target_needs_the_heads_weights(tmp_path, draft):
+    """On a real checkpoint a head without --draft-weights would be random (1.00 tokens per
+    step): refused, naming the argument, before any weights are loaded. Presets (random
+    weights throughout) keep drafting from a random head."""
+    from flashspec_export.config import TargetConfig
+
+    TargetConfig.from_name("tiny-llama").build(seed=0).save_pretrained(tmp_path / "ckpt")
+    config = ExportConfig(target=str(tmp_path / "ckpt"), draft=draft, out=str(tmp_path / "o"))
+    with pytest.raises(ValueError, match=rf"draft-weights: --draft {draft} on the checkpoint"):
+        export(config)
+    assert not (tmp_path / "o").exists()
 
 
 @pytest.mark.parametrize(
@@ -271,18 +299,72 @@ def test_model_drafter_needs_a_draft_model(tmp_path):
     assert result.returncode == 2 and "--draft model needs --draft-model" in result.stderr
 
 
-def test_large_graphs_go_to_external_data(tmp_path, monkeypatch):
-    """Graphs over the protobuf limit are saved with external data (the limit is lowered here so
-    that the tiny preset crosses it); onnxruntime loads them from the directory."""
-    from flashspec_export.export import pipeline
+def _external_bytes(path: pathlib.Path) -> dict[tuple[str, int], int]:
+    """(location, offset) -> length of every external initializer of the graph at ``path``."""
+    model = onnx.load(path, load_external_data=False)
+    refs = {}
+    for tensor in model.graph.initializer:
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            info = {entry.key: entry.value for entry in tensor.external_data}
+            refs[(info["location"], int(info["offset"]))] = int(info["length"])
+    return refs
 
-    monkeypatch.setattr(pipeline, "EXTERNAL_DATA_BYTES", 100_000)
-    manifest = export(
-        ExportConfig(target="tiny-llama", draft="ngram", out=str(tmp_path), max_len=64)
+
+def test_graphs_share_one_weights_file(exported):
+    """Every graph's large initializers live in the one weights.data: the target's weights that
+    prefill and step both use, and the embeddings / LM head the MTP drafter shares, are written
+    once; the graph files hold only the graph."""
+    manifest = export_manifest.read(exported)
+    weights = exported / "weights.data"
+    refs = {name: _external_bytes(exported / g.file) for name, g in manifest.graphs.items()}
+    assert {g.data_file for g in manifest.graphs.values()} == {"weights.data"}
+    assert all(r and {loc for loc, _ in r} == {"weights.data"} for r in refs.values())
+    written = {ref: n for r in refs.values() for ref, n in r.items()}
+    # Shared: the graphs reference fewer bytes in the file than they hold between them.
+    assert sum(written.values()) < sum(sum(r.values()) for r in refs.values())
+    assert weights.stat().st_size >= max(o + n for (_, o), n in written.items())
+    assert max(refs["target_prefill"].values()) >= 512 * 64 * 4  # the embedding table
+    for name, graph in manifest.graphs.items():
+        inline = onnx.load(exported / graph.file, load_external_data=False).graph.initializer
+        assert all(len(t.raw_data) < INLINE_BYTES for t in inline), name
+
+
+class _Tables(torch.nn.Module):
+    """Three 1 GiB embedding tables: 3 GiB of initializers, over protobuf's 2 GiB."""
+
+    def __init__(self):
+        super().__init__()
+        rows, width = 2**16, 2**12  # 2**28 fp32 = 1 GiB each
+        self.tables = torch.nn.ParameterList(
+            torch.nn.Parameter(torch.zeros(rows, width), requires_grad=False) for _ in range(3)
+        )
+        for i, table in enumerate(self.tables):
+            table.data[rows - 1 - i] = i + 1.0  # one marked row in each, at either end of it
+
+    def forward(self, ids):  # [N] int64 -> [N, 4096]
+        return sum(torch.nn.functional.embedding(ids, t) for t in self.tables)
+
+
+def test_an_export_over_2_gib_is_saved_checked_and_runs(tmp_path):
+    """The > 2 GiB path for real (no lowered threshold): a graph with 3 GiB of initializers is
+    exported the way the pipeline exports (weights file, then the checker from the path), and
+    onnxruntime reads back the marked rows from the far end of the file."""
+    from flashspec_export.export.pipeline import _save
+    from flashspec_export.export.weights import WeightsFile
+    from flashspec_export.onnx import translation
+
+    module = _Tables().eval()
+    ids = torch.tensor([2**16 - 1, 2**16 - 2, 2**16 - 3, 0])
+    with WeightsFile(tmp_path) as weights:
+        proto = translation.export(module, (ids,), weights)
+        _save(proto, tmp_path / "tables.onnx")
+    del module
+    assert weights.size >= 3 * 2**30 and weights.tensors == 3
+    assert (tmp_path / "tables.onnx").stat().st_size < 2**20
+    session = ort.InferenceSession(
+        str(tmp_path / "tables.onnx"), providers=["CPUExecutionProvider"]
     )
-    step = manifest.graphs["target_step"]
-    assert step.external_data and (tmp_path / "target_step.onnx.data").is_file()
-    data_bytes = (tmp_path / "target_step.onnx.data").stat().st_size
-    assert data_bytes > (tmp_path / "target_step.onnx").stat().st_size  # the weights moved out
-    onnx.checker.check_model(str(tmp_path / "target_step.onnx"), full_check=True)
-    ort.InferenceSession(str(tmp_path / "target_step.onnx"), providers=["CPUExecutionProvider"])
+    (out,) = session.run(None, {session.get_inputs()[0].name: ids.numpy()})
+    assert out.shape == (4, 2**12)
+    assert [float(v) for v in out[:, 0]] == [1.0, 2.0, 3.0, 0.0]
+    assert (out == out[:, :1]).all()

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from flashspec_export.config import TargetConfig
+from flashspec_export.models.build import SHARED_TENSORS, ExportConfig
+from flashspec_export.models.drafters import EagleDrafter
+from flashspec_export.models.mtp import MtpDrafter
 from tests.runtime.tiny import BATCH, PEAKED_HEAD
 
 
@@ -26,4 +30,10 @@ def target_checkpoint(tmp_path_factory):
     with torch.no_grad():
         model.lm_head.weight.mul_(PEAKED_HEAD)
     model.save_pretrained(path)
+    # Random MTP / EAGLE heads as --draft-weights files (a checkpoint target requires them), the
+    # heads build_modules would draw from the export's seed.
+    for draft, head_cls in (("mtp", MtpDrafter), ("eagle", EagleDrafter)):
+        head = head_cls(model, seed=ExportConfig().seed + 1).state_dict()
+        own = {k: v.contiguous() for k, v in head.items() if not k.startswith(SHARED_TENSORS)}
+        save_file(own, path / f"{draft}.safetensors")
     return str(path)

@@ -23,6 +23,8 @@ def config_of(draft, target, out="unused", gamma=GAMMA):
         draft=draft,
         out=str(out),
         draft_model=target if draft == "model" else None,
+        # the random heads the target_checkpoint fixture writes beside the checkpoint
+        draft_weights=f"{target}/{draft}.safetensors" if draft in ("mtp", "eagle") else None,
         gamma=gamma,
         batch=BATCH,
         max_len=MAX_LEN,
