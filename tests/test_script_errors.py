@@ -12,6 +12,8 @@ import sys
 import pytest
 import torch
 
+from flashspec_export.export.manifest import FORMAT
+
 pytest.importorskip("transformers")
 
 SCRIPTS = pathlib.Path(__file__).parents[1] / "scripts"
@@ -202,7 +204,7 @@ DAMAGE = {
         "manifest.json is not valid JSON",
     ),
     "manifest without graphs": (
-        lambda d: (d / "manifest.json").write_text('{"format": 1, "config": {}}'),
+        lambda d: (d / "manifest.json").write_text(f'{{"format": {FORMAT}, "config": {{}}}}'),
         "manifest.json lacks source, architecture, vocab_size, padded_vocab, hidden_size, gamma, "
         "drafter, opset, ops, graphs",
     ),
