@@ -10,6 +10,9 @@ Graphs (static batch B and cache length S; T, the number of new tokens, is dynam
 - ``drafter_model.onnx`` (``--draft model --draft-model ...``): a small LM with the target's
   vocabulary over T tokens → greedy draft, its cache. ``--draft ngram`` needs no graph.
 
+The graphs' large initializers are in one ``weights.data`` beside them, each tensor once
+(``export/weights.py``), so an export of any size is about its weights' bytes on disk.
+
 ``runtime.sessions`` runs these graphs (or the same PyTorch modules) in the speculative loop.
 """
 
