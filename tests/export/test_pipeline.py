@@ -230,37 +230,23 @@ def test_draft_weights_must_match_the_target(tmp_path):
     from flashspec_export.config import TargetConfig
     from flashspec_export.models.mtp import MtpDrafter
 
+    def export_with(state: dict, name: str):
+        path = tmp_path / f"{name}.pt"
+        torch.save(state, path)
+        out = str(tmp_path / name)
+        return export(ExportConfig(target="tiny-llama", out=out, draft_weights=str(path)))
+
     other = TargetConfig("wide", "llama", 512, 96, 128, 1, 4, 2, 24).build(seed=0)
-    torch.save(MtpDrafter(other).state_dict(), tmp_path / "wide.pt")
     with pytest.raises(ValueError, match=r"draft-weights: .* the drafter does not match"):
-        export(
-            ExportConfig(
-                target="tiny-llama",
-                out=str(tmp_path / "a"),
-                draft_weights=str(tmp_path / "wide.pt"),
-            )
-        )
+        export_with(MtpDrafter(other).state_dict(), "wide")
     own = MtpDrafter(TargetConfig.from_name("tiny-llama").build(seed=0), seed=9)
     weights = {k: v for k, v in own.state_dict().items() if not k.startswith(SHARED_TENSORS)}
     assert {k.split(".")[0] for k in weights} == {"enorm", "hnorm", "eh_proj", "layers"}
-    torch.save(weights, tmp_path / "own.pt")
-    manifest = export(
-        ExportConfig(
-            target="tiny-llama", out=str(tmp_path / "b"), draft_weights=str(tmp_path / "own.pt")
-        )
-    )
-    assert "drafter_mtp" in manifest.graphs
+    assert "drafter_mtp" in export_with(weights, "own").graphs
     # A partial head (no enorm / hnorm) would draft from random norms: refused by name.
     partial = {k: v for k, v in weights.items() if k.startswith(("eh_proj", "layers"))}
-    torch.save(partial, tmp_path / "partial.pt")
     with pytest.raises(ValueError, match=r"lacks 2 of the head's own tensors.*enorm.weight"):
-        export(
-            ExportConfig(
-                target="tiny-llama",
-                out=str(tmp_path / "c"),
-                draft_weights=str(tmp_path / "partial.pt"),
-            )
-        )
+        export_with(partial, "partial")
 
 
 @pytest.mark.parametrize("draft", ["mtp", "eagle"])
