@@ -39,9 +39,16 @@ class WeightsFile:
             tensor = value.const_value
             if tensor is None or tensor.nbytes < INLINE_BYTES:
                 continue
-            key = _key(tensor)
+            raw = getattr(tensor, "raw", None)
+            if isinstance(raw, torch.Tensor):  # from the tensor's memory, no bytes copy
+                data = raw.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+                key = (raw.untyped_storage().data_ptr(), raw.storage_offset(), raw.stride())
+            else:
+                data = tensor.tobytes()
+                key = (hashlib.sha256(data).hexdigest(),)
+            key = (*key, tensor.dtype, tuple(tensor.shape))
             if key not in self._written:
-                self._written[key] = self._append(tensor)
+                self._written[key] = self._append(data)
             offset, length = self._written[key]
             value.const_value = ir.ExternalTensor(
                 FILE_NAME,
@@ -69,22 +76,9 @@ class WeightsFile:
         """Distinct tensors written."""
         return len(self._written)
 
-    def _append(self, tensor: ir.TensorProtocol) -> tuple[int, int]:
+    def _append(self, data) -> tuple[int, int]:
+        """Write ``data`` (bytes or a uint8 array) at the next aligned offset; (offset, length)."""
         offset = -self._file.tell() % ALIGNMENT + self._file.tell()
         self._file.seek(offset)
-        raw = getattr(tensor, "raw", None)
-        if isinstance(raw, torch.Tensor):  # written from the tensor's memory, no bytes copy
-            data = raw.detach().cpu().contiguous().view(torch.uint8).numpy()
-        else:
-            data = tensor.tobytes()
         self._file.write(data)
-        return offset, tensor.nbytes
-
-
-def _key(tensor: ir.TensorProtocol) -> tuple:
-    raw = getattr(tensor, "raw", None)
-    if isinstance(raw, torch.Tensor):
-        storage = raw.untyped_storage().data_ptr()
-        return ("torch", storage, raw.storage_offset(), tuple(raw.shape), raw.stride(), raw.dtype)
-    digest = hashlib.sha256(tensor.tobytes()).hexdigest()
-    return ("bytes", tensor.dtype, tuple(tensor.shape), digest)
+        return offset, len(data)

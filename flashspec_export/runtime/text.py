@@ -1,9 +1,9 @@
 """Text in, text out: an export's tokenizer, and the stream that decodes what the loop accepts.
 
 ``load_tokenizer(export_dir)`` opens the tokenizer the exporter copied next to the graphs (the
-manifest names its directory; Hugging Face checkpoints bring their own), with the checkpoint's
-``generation_config.json``. Prompts are encoded with the special tokens the tokenizer defines
-(Llama-3's BOS). ``TextStream`` receives each sequence's accepted tokens
+manifest names its directory; Hugging Face checkpoints bring their own; the checkpoint's
+``generation_config.json`` is copied beside it). Prompts are encoded with the special tokens
+the tokenizer defines (Llama-3's BOS). ``TextStream`` receives each sequence's accepted tokens
 (``loop.generate(stream=...)``), decodes them, hands finished text to ``echo`` as it becomes
 final, and stops a sequence at an end-of-sequence id (``eos_ids``: the generation config's, an
 instruct model's end-of-turn token among them, and the tokenizer's) or at a stop string (neither
