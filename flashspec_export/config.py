@@ -5,6 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+# The float types an export computes in (weights, activations, KV cache).
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
+
+
 class ConfigError(ValueError):
     """Bad user input (a preset, path, model or size): the message names the argument and what
     was expected. Scripts report it and exit with status 2; any other error is a bug."""

@@ -41,7 +41,9 @@ def held_out_prompts(tokenizer, files: int, prompt_tokens: int) -> list[list[int
 def evaluate(preset: str, draft: str, gamma: int, prompts, new_tokens: int) -> dict:
     batch = len(prompts)
     max_len = len(prompts[0]) + new_tokens + gamma + 1
-    config = ExportConfig(target=preset, draft=draft, gamma=gamma, batch=batch, max_len=max_len)
+    config = ExportConfig(
+        target=preset, draft=draft, gamma=gamma, batch=batch, max_len=max_len, dtype="float32"
+    )  # fp32: every drafter and γ give the same text at T = 0
     modules = build_modules(config)
     target, drafter = sessions.from_modules(modules, draft, batch, max_len)
     zeros = torch.zeros(batch)

@@ -11,7 +11,7 @@ import logging
 from flashspec_export import cli
 from flashspec_export.config import TARGET_PRESETS, ConfigError
 from flashspec_export.export.pipeline import export
-from flashspec_export.models.build import DRAFTERS, ExportConfig
+from flashspec_export.models.build import DRAFTERS, DTYPES, ExportConfig
 
 
 def main() -> None:
@@ -34,6 +34,12 @@ def main() -> None:
         default=None,
         help="--draft model: preset (e.g. tiny-draft-llama) or checkpoint directory",
     )
+    parser.add_argument(
+        "--dtype",
+        default=d.dtype,
+        choices=("auto", *DTYPES),
+        help="weights, activations and KV cache (auto: the checkpoint's; presets: float32)",
+    )
     parser.add_argument("--force", action="store_true", help="overwrite a non-empty --out")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
@@ -49,6 +55,7 @@ def main() -> None:
         args.force,
         args.draft_weights,
         args.draft_model,
+        args.dtype,
     )
     try:
         manifest = export(config)
@@ -58,7 +65,7 @@ def main() -> None:
         print(f"{out}/{graph.file}: {len(graph.inputs)} inputs, {len(graph.outputs)} outputs")
     print(
         f"{out}/manifest.json: {manifest.architecture}, vocab {manifest.vocab_size}, "
-        f"gamma {manifest.gamma}, drafter {manifest.drafter}"
+        f"{manifest.config['dtype']}, gamma {manifest.gamma}, drafter {manifest.drafter}"
     )
 
 

@@ -18,10 +18,10 @@ import pathlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from flashspec_export.config import ConfigError
+from flashspec_export.config import DTYPE_NAMES, ConfigError
 
 FILE_NAME = "manifest.json"
-FORMAT = 2  # bump when the layout changes; readers refuse other formats
+FORMAT = 3  # bump when the layout changes; readers refuse other formats
 
 
 def sha256(path: pathlib.Path) -> str:
@@ -101,6 +101,11 @@ class Manifest:
     @property
     def max_len(self) -> int:
         return int(self.config["max_len"])
+
+    @property
+    def dtype(self) -> str:
+        """The float type of the graphs' weights, hidden states and caches."""
+        return str(self.config["dtype"])
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=1)
@@ -208,6 +213,11 @@ def from_json(data, where: str = FILE_NAME) -> Manifest:
     config = _expect(d["config"], dict, f"{where}: config")
     for key in ("batch", "max_len"):
         _expect(config.get(key), int, f"{where}: config.{key}")
+    if config.get("dtype") not in DTYPE_NAMES:
+        raise ConfigError(
+            f"{where}: config.dtype: expected one of {', '.join(DTYPE_NAMES)}, got "
+            f"{config.get('dtype')!r}"
+        )
     ops = {
         name: _op(entry, f"{where}: ops.{name}")
         for name, entry in _expect(d["ops"], dict, f"{where}: ops").items()

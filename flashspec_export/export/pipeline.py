@@ -1,7 +1,9 @@
 """Export a target and a drafter to ONNX with the FlashSpec ops as ``flashspec`` custom nodes,
 plus a ``manifest.json`` describing every graph.
 
-Graphs (static batch B and cache length S; T, the number of new tokens, is dynamic where noted):
+Graphs (static batch B and cache length S; T, the number of new tokens, is dynamic where noted),
+in the export's dtype (``--dtype``; auto: the checkpoint's) for weights, hidden states and KV
+cache, while the FlashSpec ops sample in fp32:
 - ``target_prefill.onnx``: TargetStep over T prompt tokens → hidden, cache;
 - ``target_step.onnx``: SpeculativeTarget over [last accepted token, γ drafts] → emitted tokens,
   num_emitted, logprobs, hidden (for feature drafters), cache;
@@ -34,8 +36,10 @@ from flashspec_export.config import TARGET_PRESETS, ConfigError
 from flashspec_export.export import manifest
 from flashspec_export.export.weights import WeightsFile
 from flashspec_export.models.build import (
+    DTYPES,
     ExportConfig,
     build_modules_unchecked,
+    resolve_dtype,
     resolve_trained,
     validate,
 )
@@ -128,9 +132,11 @@ def export(config: ExportConfig) -> manifest.Manifest:
     validate(config)
     out = _output_dir(config)
     modules = build_modules_unchecked(config)
-    # Directories are recorded absolute, so the manifest works from any working directory.
+    # Directories are recorded absolute, so the manifest works from any working directory; the
+    # dtype as resolved, so the reference is rebuilt in it.
     config = replace(
         config,
+        dtype=resolve_dtype(config),
         target=_resolved(config.target),
         draft_model=config.draft_model and _resolved(config.draft_model),
         draft_weights=config.draft_weights and str(pathlib.Path(config.draft_weights).resolve()),
@@ -138,7 +144,8 @@ def export(config: ExportConfig) -> manifest.Manifest:
     model, target, drafter = modules.model, modules.target, modules.drafter
     b, s = config.batch, config.max_len
     zeros = torch.zeros(b, dtype=torch.int64)
-    cache = torch.zeros(target.step.cache_shape(b, s))
+    dtype = DTYPES[config.dtype]
+    cache = torch.zeros(target.step.cache_shape(b, s), dtype=dtype)
     caches_out = ["k_cache_out", "v_cache_out"]
     new = torch.export.Dim("new_tokens", min=1, max=s)  # T of prefill and drafter calls
     example = torch.zeros(b, 2, dtype=torch.int64)
@@ -164,14 +171,14 @@ def export(config: ExportConfig) -> manifest.Manifest:
         ),
     }
     if drafter is not None:
-        draft_cache = torch.zeros(drafter.cache_shape(b, s))
+        draft_cache = torch.zeros(drafter.cache_shape(b, s), dtype=dtype)
         draft_outputs = ["draft", "max_logit", *caches_out]
         rows = zeros.clone()  # a tensor of its own: one tensor passed twice becomes one input
         if config.draft == "model":
             args = (example, zeros, rows, draft_cache, draft_cache.clone())
             dynamic = ({1: new}, None, None, None, None)
         else:
-            hidden = torch.zeros(b, 2, model.config.hidden_size)
+            hidden = torch.zeros(b, 2, model.config.hidden_size, dtype=dtype)
             args = (hidden, example, zeros, rows, draft_cache, draft_cache.clone())
             dynamic = ({1: new}, {1: new}, None, None, None, None)
             draft_outputs.insert(2, "hidden_out")

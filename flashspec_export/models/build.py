@@ -15,12 +15,13 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from flashspec_export.config import TARGET_PRESETS, ConfigError, TargetConfig
+from flashspec_export.config import DTYPE_NAMES, TARGET_PRESETS, ConfigError, TargetConfig
 from flashspec_export.models.drafters import EagleDrafter, ModelDrafter
 from flashspec_export.models.mtp import MtpDrafter
 from flashspec_export.models.target import SpeculativeTarget, check_architecture
 
 DRAFTERS = ("mtp", "eagle", "model", "ngram")
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 # The target's tensors an MTP / EAGLE head uses as they are; --draft-weights holds the rest.
 SHARED_TENSORS = ("embed_tokens.", "norm.", "lm_head")
 # Trained presets: directories written by scripts/train_tiny.py, shipped with the package.
@@ -47,6 +48,7 @@ class ExportConfig:
     force: bool = False
     draft_weights: str | None = None  # state dict of an mtp / eagle drafter
     draft_model: str | None = None  # --draft model: a preset name or checkpoint directory
+    dtype: str = "auto"  # weights, activations and KV cache: auto = the checkpoint's dtype
 
 
 def trained_directory(spec: str) -> pathlib.Path | None:
@@ -99,6 +101,24 @@ def checkpoint_config(spec: str, argument: str = "target") -> dict | None:
     return config
 
 
+def resolve_dtype(config: ExportConfig) -> str:
+    """The float type an export computes in: ``config.dtype``, or for ``auto`` the
+    checkpoint's own (``dtype`` / ``torch_dtype`` of its config.json; float32 for the random
+    presets and a checkpoint that names none)."""
+    if config.dtype != "auto":
+        if config.dtype not in DTYPES:
+            raise ConfigError(f"dtype: expected auto or one of {', '.join(DTYPES)}, got {config.dtype!r}")
+        return config.dtype
+    checkpoint = checkpoint_config(config.target) or {}
+    named = checkpoint.get("dtype") or checkpoint.get("torch_dtype") or "float32"
+    if named not in DTYPES:
+        raise ConfigError(
+            f"dtype: {config.target}/config.json names dtype {named!r}; pass --dtype "
+            f"({', '.join(DTYPES)})"
+        )
+    return named
+
+
 def target_geometry(spec: str) -> tuple[int, int, int, int]:
     """(layers, KV heads, head dim, max positions) of a preset or checkpoint, without weights."""
     config = checkpoint_config(spec)
@@ -117,15 +137,18 @@ def target_geometry(spec: str) -> tuple[int, int, int, int]:
         ) from None
 
 
-def load_target(spec: str, seed: int, argument: str = "target") -> torch.nn.Module:
-    """A Hugging Face causal LM from a preset name or a local checkpoint directory (fp32)."""
+def load_target(
+    spec: str, seed: int, dtype: torch.dtype, argument: str = "target"
+) -> torch.nn.Module:
+    """A Hugging Face causal LM in ``dtype`` from a preset name or a local checkpoint directory
+    (loaded straight into ``dtype``: no wider copy of the weights is ever held)."""
     if checkpoint_config(spec, argument) is None:
-        return TargetConfig.from_name(spec).build(seed)
+        return TargetConfig.from_name(spec).build(seed, dtype=dtype)
     import transformers
 
     try:
         model = transformers.AutoModelForCausalLM.from_pretrained(
-            spec, dtype=torch.float32, local_files_only=True
+            spec, dtype=dtype, local_files_only=True
         )
     except (OSError, ValueError, KeyError) as error:
         raise ConfigError(
@@ -192,15 +215,17 @@ def build_modules(config: ExportConfig) -> Modules:
 
 def build_modules_unchecked(config: ExportConfig) -> Modules:
     """``build_modules`` for a config that ``validate`` already passed."""
-    model = load_target(config.target, config.seed)
+    dtype = DTYPES[resolve_dtype(config)]
+    model = load_target(config.target, config.seed, dtype)
     drafter = None
     if config.draft in ("mtp", "eagle"):
         drafter_cls = MtpDrafter if config.draft == "mtp" else EagleDrafter
         drafter = drafter_cls(model, seed=config.seed + 1)
         if config.draft_weights:
             load_draft_weights(drafter, config.draft_weights)
+        drafter.to(dtype)
     elif config.draft == "model":
-        draft_lm = load_target(config.draft_model, config.seed + 1, "draft-model")
+        draft_lm = load_target(config.draft_model, config.seed + 1, dtype, "draft-model")
         drafter = ModelDrafter(draft_lm, model.config.vocab_size)
     return Modules(model.eval(), SpeculativeTarget(model).eval(), drafter and drafter.eval())
 
@@ -227,6 +252,7 @@ def validate(config: ExportConfig) -> None:
             f"max_len: {config.max_len} cannot hold a token and gamma + 1 = {config.gamma + 1} more"
         )
     layers, kv_heads, head_dim, positions = target_geometry(config.target)
+    itemsize = DTYPES[resolve_dtype(config)].itemsize
     head_without_weights = config.draft in ("mtp", "eagle") and not config.draft_weights
     if head_without_weights and checkpoint_config(config.target) is not None:
         raise ConfigError(
@@ -237,11 +263,11 @@ def validate(config: ExportConfig) -> None:
         )
     if config.max_len > positions:
         raise ConfigError(f"max_len: {config.max_len} exceeds the target's {positions} positions")
-    cache_bytes = 2 * 4 * layers * config.batch * kv_heads * config.max_len * head_dim
+    cache_bytes = 2 * itemsize * layers * config.batch * kv_heads * config.max_len * head_dim
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     if cache_bytes > memory // 2:
         raise ConfigError(
-            f"batch / max_len: the fp32 KV cache of batch {config.batch} x max_len "
+            f"batch / max_len: the KV cache of batch {config.batch} x max_len "
             f"{config.max_len} needs {cache_bytes / 2**30:.1f} GiB, more than half of this "
             f"machine's {memory / 2**30:.0f} GiB"
         )

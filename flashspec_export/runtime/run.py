@@ -41,6 +41,7 @@ class RunReport:
     seconds: float
     reference: GenerationResult | None  # with check=True
     texts: list[str] | None  # the generated text per sequence (text prompts)
+    dtype: str = "float32"  # the export's: tokens match the reference exactly only in float32
 
     @property
     def matches(self) -> bool | None:
@@ -49,6 +50,18 @@ class RunReport:
             return None
         same_steps = bool(self.onnx.metrics.arms) or self.onnx.steps == self.reference.steps
         return self.onnx.tokens == self.reference.tokens and same_steps
+
+    @property
+    def first_difference(self) -> tuple[int, int] | None:
+        """(sequence, token index) of the first token that differs from the reference."""
+        if self.reference is None:
+            return None
+        pairs = zip(self.onnx.tokens, self.reference.tokens, strict=True)
+        for row, (ours, theirs) in enumerate(pairs):
+            for index, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+                if a != b:
+                    return row, index
+        return None
 
 
 def _check(config: RunConfig) -> None:
@@ -127,4 +140,4 @@ def run(config: RunConfig) -> RunReport:
         ref_drafting = _selecting(ref_drafter, manifest, config)
         reference = generate(ref_target, ref_drafting, *args, stream=stream())
     texts = streaming.texts if streaming is not None else None
-    return RunReport(prompt, result, seconds, reference, texts)
+    return RunReport(prompt, result, seconds, reference, texts, manifest.dtype)

@@ -11,13 +11,15 @@ from __future__ import annotations
 import pathlib
 
 import numpy as np
+import onnx
 import torch
 
 from flashspec_export.config import ConfigError
 from flashspec_export.engine import plugins
 from flashspec_export.export import manifest as export_manifest
-from flashspec_export.models.build import ExportConfig, Modules, build_modules
+from flashspec_export.models.build import DTYPES, ExportConfig, Modules, build_modules
 from flashspec_export.models.ngram import NgramDrafter
+from flashspec_export.runtime import cpu_bfloat16
 from flashspec_export.runtime.drafting import GraphDrafter
 from flashspec_export.runtime.loop import Graph, Target
 
@@ -44,15 +46,42 @@ def torch_graph(
     return run
 
 
+# onnxruntime's input types -> the numpy type fed (the loop's host tensors are fp32 / int64)
+_NUMPY = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64}
+
+
 def onnx_graph(session) -> Graph:
-    """An onnxruntime ``InferenceSession`` as a callable on CPU tensors."""
-    names = [i.name for i in session.get_inputs()]
+    """An onnxruntime ``InferenceSession`` as a callable on CPU tensors: inputs are cast to the
+    graph's types (fp32 host values of an fp16 graph are fp16-exact), float outputs return as
+    fp32."""
+    feeds = [(i.name, _NUMPY[i.type]) for i in session.get_inputs()]
 
     def run(*args):
-        feed = {n: np.ascontiguousarray(a.numpy()) for n, a in zip(names, args, strict=True)}
-        return tuple(torch.from_numpy(o) for o in session.run(None, feed))
+        feed = {
+            name: np.ascontiguousarray(a.numpy(), dtype=dtype)
+            for (name, dtype), a in zip(feeds, args, strict=True)
+        }
+        outputs = (torch.from_numpy(o) for o in session.run(None, feed))
+        return tuple(o.float() if o.is_floating_point() else o for o in outputs)
 
     return run
+
+
+def onnx_session(path: pathlib.Path, providers):
+    """An onnxruntime session of the graph at ``path``; a bf16 graph on the CPU provider (which
+    has no bf16 arithmetic) runs as ``cpu_bfloat16.widen`` rewrites it, fp32 compute rounded to
+    bf16 after every op, with its external weights read from beside ``path``."""
+    import onnxruntime as ort
+
+    model = onnx.load(path, load_external_data=False)
+    if not (cpu_bfloat16.is_bfloat16(model) and "CPUExecutionProvider" == providers[0]):
+        return ort.InferenceSession(str(path), providers=list(providers))
+    options = ort.SessionOptions()
+    options.add_session_config_entry(
+        "session.model_external_initializers_file_folder_path", str(path.parent)
+    )
+    widened = cpu_bfloat16.widen(model).SerializeToString()
+    return ort.InferenceSession(widened, options, providers=list(providers))
 
 
 def tensorrt_graph(trt, engine_path: pathlib.Path, graph: export_manifest.Graph) -> Graph:
@@ -68,11 +97,17 @@ def tensorrt_graph(trt, engine_path: pathlib.Path, graph: export_manifest.Graph)
     outputs = [spec.name for spec in graph.outputs]
 
     def torch_dtype(name: str) -> torch.dtype:
-        return torch.from_numpy(np.empty(0, trt.nptype(engine.get_tensor_dtype(name)))).dtype
+        dtype = engine.get_tensor_dtype(name)
+        if dtype == trt.DataType.BF16:  # numpy has no bf16
+            return torch.bfloat16
+        return torch.from_numpy(np.empty(0, trt.nptype(dtype))).dtype
 
     @torch.no_grad()
     def run(*args):
-        feed = {n: a.cuda().contiguous() for n, a in zip(inputs, args, strict=True)}
+        feed = {
+            n: a.to("cuda", torch_dtype(n)).contiguous()
+            for n, a in zip(inputs, args, strict=True)
+        }
         for name, tensor in feed.items():
             context.set_input_shape(name, tuple(tensor.shape))
             context.set_tensor_address(name, tensor.data_ptr())
@@ -84,7 +119,8 @@ def tensorrt_graph(trt, engine_path: pathlib.Path, graph: export_manifest.Graph)
         stream = torch.cuda.current_stream()
         if not context.execute_async_v3(stream.cuda_stream):
             raise RuntimeError(f"engine: {engine_path.name} failed to run")
-        return tuple(results[name].cpu() for name in outputs)
+        host = (results[name].cpu() for name in outputs)
+        return tuple(t.float() if t.is_floating_point() else t for t in host)
 
     return run
 
@@ -124,20 +160,24 @@ def reference_of(directory: str | pathlib.Path):
     """The PyTorch (Target, drafter) an export was made from (its manifest's config)."""
     manifest = export_manifest.read(directory)
     config = ExportConfig(**manifest.config)
-    return from_modules(build_modules(config), config.draft, config.batch, config.max_len)
+    return from_modules(
+        build_modules(config),
+        config.draft,
+        config.batch,
+        config.max_len,
+        dtype=DTYPES[manifest.dtype],
+    )
 
 
 def from_export(directory: str | pathlib.Path, providers=("CPUExecutionProvider",)):
     """(Target, drafter) running the exported graphs of ``directory`` in onnxruntime."""
-    import onnxruntime as ort
-
     directory = pathlib.Path(directory)
     manifest = export_manifest.read(directory)
     export_manifest.verify(directory, manifest)
     graphs = manifest.graphs
 
     def load(name):
-        session = ort.InferenceSession(str(directory / graphs[name].file), providers=providers)
+        session = onnx_session(directory / graphs[name].file, providers)
         return onnx_graph(session), graphs[name].input("k_cache").shape
 
     prefill, cache_shape = load("target_prefill")

@@ -242,7 +242,7 @@ def test_generate_script_checks_the_export_against_pytorch(exported):
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.count("sequence ") == BATCH
-    assert "PyTorch modules: same tokens" in result.stdout
+    assert "PyTorch modules (float32): same tokens" in result.stdout
     missing = subprocess.run(
         [*command[:2], str(exported / "nowhere")], cwd=root, capture_output=True, text=True
     )

@@ -38,7 +38,9 @@ def prompts(tokenizer):
 
 
 def _runtime(draft, batch, gamma=3):
-    config = ExportConfig(target=PRESET, draft=draft, gamma=gamma, batch=batch, max_len=MAX_LEN)
+    config = ExportConfig(
+        target=PRESET, draft=draft, gamma=gamma, batch=batch, max_len=MAX_LEN, dtype="float32"
+    )
     return sessions.from_modules(build_modules(config), draft, batch, MAX_LEN)
 
 
