@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-
 # The float types an export computes in (weights, activations, KV cache).
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 

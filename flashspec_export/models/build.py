@@ -107,7 +107,9 @@ def resolve_dtype(config: ExportConfig) -> str:
     presets and a checkpoint that names none)."""
     if config.dtype != "auto":
         if config.dtype not in DTYPES:
-            raise ConfigError(f"dtype: expected auto or one of {', '.join(DTYPES)}, got {config.dtype!r}")
+            raise ConfigError(
+                f"dtype: expected auto or one of {', '.join(DTYPES)}, got {config.dtype!r}"
+            )
         return config.dtype
     checkpoint = checkpoint_config(config.target) or {}
     named = checkpoint.get("dtype") or checkpoint.get("torch_dtype") or "float32"

@@ -74,7 +74,7 @@ def onnx_session(path: pathlib.Path, providers):
     import onnxruntime as ort
 
     model = onnx.load(path, load_external_data=False)
-    if not (cpu_bfloat16.is_bfloat16(model) and "CPUExecutionProvider" == providers[0]):
+    if not (cpu_bfloat16.is_bfloat16(model) and providers[0] == "CPUExecutionProvider"):
         return ort.InferenceSession(str(path), providers=list(providers))
     options = ort.SessionOptions()
     options.add_session_config_entry(
@@ -105,8 +105,7 @@ def tensorrt_graph(trt, engine_path: pathlib.Path, graph: export_manifest.Graph)
     @torch.no_grad()
     def run(*args):
         feed = {
-            n: a.to("cuda", torch_dtype(n)).contiguous()
-            for n, a in zip(inputs, args, strict=True)
+            n: a.to("cuda", torch_dtype(n)).contiguous() for n, a in zip(inputs, args, strict=True)
         }
         for name, tensor in feed.items():
             context.set_input_shape(name, tuple(tensor.shape))
