@@ -6,6 +6,9 @@ from dataclasses import dataclass
 
 # The float types an export computes in (weights, activations, KV cache).
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
+# ONNX opsets an export's graphs use: 24 (Attention, TensorScatter: the KV cache written in
+# place, attention over the live window) or 18, the fallback for runtimes without them.
+GRAPH_OPSETS = (24, 18)
 
 
 class ConfigError(ValueError):

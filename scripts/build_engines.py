@@ -36,7 +36,10 @@ def main() -> None:
         plugins = ", ".join(report.plugin_layers) or (
             "none (function bodies inlined)" if report.flashspec_nodes else "no flashspec node"
         )
-        print(f"{name}: {report.path} ({size:.1f} MiB, {report.layers} layers, plugins: {plugins})")
+        print(
+            f"{name}: {report.path} ({size:.1f} MiB, {report.layers} layers, cache "
+            f"{report.cache_dtype}, plugins: {plugins})"
+        )
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 
 from flashspec_export import cli
-from flashspec_export.config import TARGET_PRESETS, ConfigError
+from flashspec_export.config import GRAPH_OPSETS, TARGET_PRESETS, ConfigError
 from flashspec_export.export.pipeline import export
 from flashspec_export.models.build import DRAFTERS, DTYPES, ExportConfig
 
@@ -40,6 +40,13 @@ def main() -> None:
         choices=("auto", *DTYPES),
         help="weights, activations and KV cache (auto: the checkpoint's; presets: float32)",
     )
+    parser.add_argument(
+        "--opset",
+        type=int,
+        default=d.opset,
+        choices=GRAPH_OPSETS,
+        help="24: Attention + TensorScatter (cache written in place); 18: for runtimes without",
+    )
     parser.add_argument("--force", action="store_true", help="overwrite a non-empty --out")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
@@ -56,6 +63,7 @@ def main() -> None:
         args.draft_weights,
         args.draft_model,
         args.dtype,
+        args.opset,
     )
     try:
         manifest = export(config)
@@ -65,7 +73,7 @@ def main() -> None:
         print(f"{out}/{graph.file}: {len(graph.inputs)} inputs, {len(graph.outputs)} outputs")
     print(
         f"{out}/manifest.json: {manifest.architecture}, vocab {manifest.vocab_size}, "
-        f"{manifest.config['dtype']}, gamma {manifest.gamma}, drafter {manifest.drafter}"
+        f"{manifest.config['dtype']}, opset {manifest.opset}, gamma {manifest.gamma}, drafter {manifest.drafter}"
     )
 
 

@@ -64,6 +64,7 @@ class EngineReport:
     layers: int  # layers of the parsed network
     plugin_layers: tuple[str, ...]  # its PLUGIN_V3 layers (the flashspec nodes, when resolved)
     flashspec_nodes: int  # flashspec nodes in the ONNX graph
+    cache_dtype: str | None = None  # the k_cache_0 input's type in the network (strongly typed)
 
 
 def _flashspec_nodes(path: pathlib.Path) -> int:
@@ -76,12 +77,17 @@ def _flashspec_nodes(path: pathlib.Path) -> int:
 def _build_one(trt, source: pathlib.Path, shapes: dict, engine: pathlib.Path, with_plugins: bool):
     log = trt.Logger(trt.Logger.ERROR)
     builder = trt.Builder(log)
-    network = builder.create_network(0)
+    # Strongly typed: every tensor keeps the graph's type (a bf16 export builds a bf16 engine,
+    # fp32 stays fp32 without TF32), so the engine computes what the ONNX graph says.
+    network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
     parser = trt.OnnxParser(network, log)
     if not parser.parse_from_file(str(source)):
         errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
         raise RuntimeError(f"{source.name}: the TensorRT ONNX parser failed: {errors}")
     layers = [network.get_layer(i) for i in range(network.num_layers)]
+    inputs = {network.get_input(i).name: network.get_input(i) for i in range(network.num_inputs)}
+    cache = inputs.get("k_cache_0")
+    cache_dtype = str(cache.dtype).split(".")[-1] if cache is not None else None
     plugin_layers = tuple(layer.name for layer in layers if layer.type == trt.LayerType.PLUGIN_V3)
     nodes = _flashspec_nodes(source)
     if with_plugins and len(plugin_layers) != nodes:
@@ -98,7 +104,7 @@ def _build_one(trt, source: pathlib.Path, shapes: dict, engine: pathlib.Path, wi
     if serialized is None:
         raise RuntimeError(f"{source.name}: the TensorRT builder failed")
     engine.write_bytes(bytes(serialized))
-    return EngineReport(engine, len(layers), plugin_layers, nodes)
+    return EngineReport(engine, len(layers), plugin_layers, nodes, cache_dtype)
 
 
 def build_engines(

@@ -62,6 +62,13 @@ class Graph:
     def input(self, name: str) -> TensorSpec:
         return next(i for i in self.inputs if i.name == name)
 
+    @property
+    def cache_shape(self) -> tuple[int, ...]:
+        """[L, N, KV, S, D] of the graph's KV cache: one input per layer, ``k_cache_<i>`` and
+        ``v_cache_<i>`` of shape [N, KV, S, D]."""
+        layers = sum(i.name.startswith("k_cache_") for i in self.inputs)
+        return (layers, *self.input("k_cache_0").shape)
+
 
 @dataclass(frozen=True)
 class OpVersion:

@@ -143,16 +143,24 @@ def export(config: ExportConfig) -> manifest.Manifest:
     )
     model, target, drafter = modules.model, modules.target, modules.drafter
     b, s = config.batch, config.max_len
-    zeros = torch.zeros(b, dtype=torch.int64)
     dtype = DTYPES[config.dtype]
-    cache = torch.zeros(target.step.cache_shape(b, s), dtype=dtype)
-    caches_out = ["k_cache_out", "v_cache_out"]
+
+    def caches(shape):
+        """Per-layer caches, each its own graph input (``k_cache_<i>``) and output
+        (``k_cache_out_<i>``), and the output names."""
+        layers = range(shape[0])
+        k, v = ([torch.zeros(shape[1:], dtype=dtype) for _ in layers] for _ in "kv")
+        names = [f"{kv}_cache_out_{i}" for kv in "kv" for i in layers]
+        return k, v, names
+
+    zeros = torch.zeros(b, dtype=torch.int64)
+    k, v, caches_out = caches(target.step.cache_shape(b, s))
     new = torch.export.Dim("new_tokens", min=1, max=s)  # T of prefill and drafter calls
     example = torch.zeros(b, 2, dtype=torch.int64)
     jobs = {  # name -> (module, example inputs, dynamic shapes, output names)
         "target_prefill": (
             target.step,
-            (example, zeros, cache, cache.clone()),
+            (example, zeros, k, v),
             ({1: new}, None, None, None),
             ["hidden", *caches_out],
         ),
@@ -161,8 +169,8 @@ def export(config: ExportConfig) -> manifest.Manifest:
             (
                 torch.zeros(b, config.gamma + 1, dtype=torch.int64),
                 zeros,
-                cache,
-                cache.clone(),
+                [c.clone() for c in k],
+                [c.clone() for c in v],
                 torch.ones(b),
                 zeros.clone(),
             ),
@@ -171,15 +179,15 @@ def export(config: ExportConfig) -> manifest.Manifest:
         ),
     }
     if drafter is not None:
-        draft_cache = torch.zeros(drafter.cache_shape(b, s), dtype=dtype)
-        draft_outputs = ["draft", "max_logit", *caches_out]
+        dk, dv, draft_caches_out = caches(drafter.cache_shape(b, s))
+        draft_outputs = ["draft", "max_logit", *draft_caches_out]
         rows = zeros.clone()  # a tensor of its own: one tensor passed twice becomes one input
         if config.draft == "model":
-            args = (example, zeros, rows, draft_cache, draft_cache.clone())
+            args = (example, zeros, rows, dk, dv)
             dynamic = ({1: new}, None, None, None, None)
         else:
             hidden = torch.zeros(b, 2, model.config.hidden_size, dtype=dtype)
-            args = (hidden, example, zeros, rows, draft_cache, draft_cache.clone())
+            args = (hidden, example, zeros, rows, dk, dv)
             dynamic = ({1: new}, {1: new}, None, None, None, None)
             draft_outputs.insert(2, "hidden_out")
         jobs[f"drafter_{config.draft}"] = (drafter, args, dynamic, draft_outputs)
@@ -196,8 +204,18 @@ def export(config: ExportConfig) -> manifest.Manifest:
                 jobs.items(), desc="export", unit="graph"
             ):
                 logger.info("exporting %s", name)
+                # per-layer caches are lists: static, one None per layer
+                dynamic = tuple(
+                    [None] * len(a) if isinstance(a, list) else d
+                    for a, d in zip(args, dynamic, strict=True)
+                )
                 proto = translation.export(
-                    module, args, weights, dynamic_shapes=dynamic, output_names=names
+                    module,
+                    args,
+                    weights,
+                    config.opset,
+                    dynamic_shapes=dynamic,
+                    output_names=names,
                 )
                 io[name] = (_io(proto.graph.input), _io(proto.graph.output))
                 _save(proto, staging / f"{name}.onnx")
@@ -220,7 +238,7 @@ def export(config: ExportConfig) -> manifest.Manifest:
             hidden_size=model.config.hidden_size,
             gamma=config.gamma,
             drafter=config.draft,
-            opset=functions.OPSET,
+            opset=config.opset,
             ops={
                 op: manifest.OpVersion(
                     functions.DOMAIN,

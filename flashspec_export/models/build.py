@@ -15,7 +15,13 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from flashspec_export.config import DTYPE_NAMES, TARGET_PRESETS, ConfigError, TargetConfig
+from flashspec_export.config import (
+    DTYPE_NAMES,
+    GRAPH_OPSETS,
+    TARGET_PRESETS,
+    ConfigError,
+    TargetConfig,
+)
 from flashspec_export.models.drafters import EagleDrafter, ModelDrafter
 from flashspec_export.models.mtp import MtpDrafter
 from flashspec_export.models.target import SpeculativeTarget, check_architecture
@@ -49,6 +55,7 @@ class ExportConfig:
     draft_weights: str | None = None  # state dict of an mtp / eagle drafter
     draft_model: str | None = None  # --draft model: a preset name or checkpoint directory
     dtype: str = "auto"  # weights, activations and KV cache: auto = the checkpoint's dtype
+    opset: int = GRAPH_OPSETS[0]  # 24: Attention + in-place TensorScatter; 18: the fallback
 
 
 def trained_directory(spec: str) -> pathlib.Path | None:
@@ -245,6 +252,10 @@ def validate(config: ExportConfig) -> None:
             f"draft-weights: only --draft mtp or eagle takes them (got --draft {config.draft})"
         )
 
+    if config.opset not in GRAPH_OPSETS:
+        raise ConfigError(
+            f"opset: expected one of {', '.join(map(str, GRAPH_OPSETS))}, got {config.opset}"
+        )
     for name, low, high in LIMITS:
         value = getattr(config, name)
         if not low <= value <= high:

@@ -9,6 +9,7 @@ attend to them (the mask only admits keys at positions <= the query's).
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from flashspec_export.config import ConfigError
@@ -98,18 +99,50 @@ def select_rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     return torch.gather(x, 1, rows[:, None, None].expand(-1, 1, x.shape[-1]))
 
 
+@torch.library.custom_op("kvcache::write", mutates_args=())
+def write_cache(cache: torch.Tensor, update: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """``cache [N, KV, S, D]`` with ``update [N, KV, T, D]`` written at slots ``positions[i]``
+    .. ``positions[i] + T - 1`` of sequence i (a new tensor). The exporter turns it into ONNX
+    ``TensorScatter`` (opset 24: a runtime writes the cache in place) or, for runtimes without
+    it, ``ScatterElements`` (``onnx/translation.py``)."""
+    t = update.shape[2]
+    slots = (positions[:, None] + torch.arange(t, device=positions.device))[:, None, :, None]
+    return cache.scatter(2, slots.expand_as(update), update)
+
+
+@write_cache.register_fake
+def _(cache, update, positions):
+    return torch.empty_like(cache)
+
+
+def live_window(positions: torch.Tensor, new_tokens: int, max_len: int) -> int:
+    """Cache slots any query of this call can see: the longest sequence's length after it."""
+    longest = positions.max().item()  # an unbacked size when exporting
+    torch._check(longest >= 0)
+    torch._check(longest + new_tokens <= max_len)
+    return longest + new_tokens
+
+
 def run_layers(layers, rotary, geometry, x, positions, k_cache, v_cache, inplace=False):
     """HF decoder ``layers`` over ``x [N, T, H]`` at absolute ``positions [N]`` with a static
-    cache ``[len(layers), N, KV, S, D]``; returns (x, k_cache, v_cache).
+    cache of ``len(layers)`` layers ``[N, KV, S, D]`` each; returns (x, k_cache, v_cache).
 
-    ``inplace``: write the new slots into the given caches (the GPU runtime's resident cache)
-    instead of returning new ones (the functional form that ``torch.onnx.export`` captures)."""
+    The caches are a stacked tensor ``[L, N, KV, S, D]`` or a list of per-layer tensors (the
+    exported graphs' form: one input and output per layer, which a runtime binds to one buffer
+    so that ``TensorScatter`` writes in place); they are returned in the form given.
+    Attention (GQA, K / V not expanded) covers the live window, the slots up to the longest
+    sequence's end, so a call's cost follows the context, not ``S``.
+
+    ``inplace``: write the new slots into the given caches (the GPU runtime's resident cache,
+    captured in a CUDA graph: attention then covers all ``S`` slots behind the mask) instead of
+    returning new ones (the functional form that ``torch.onnx.export`` captures)."""
     n, t, _ = x.shape
     heads, kv_heads, d = geometry
     pos = positions[:, None] + torch.arange(t, device=x.device)  # [N, T]
     cos, sin = (t.to(x.dtype) for t in rope(rotary, pos))  # as HF: in the model's dtype
-    key_pos = torch.arange(k_cache.shape[3], device=x.device)  # [S]
-    visible = (key_pos[None, None, :] <= pos[:, :, None])[:, None]  # [N, 1, T, S]
+    window = k_cache[0].shape[2] if inplace else live_window(positions, t, k_cache[0].shape[2])
+    key_pos = torch.arange(window, device=x.device)  # [W]
+    visible = (key_pos[None, None, :] <= pos[:, :, None])[:, None]  # [N, 1, T, W]
     slots = pos[:, None, :, None].expand(n, kv_heads, t, d)  # [N, KV, T, D]
     new_k, new_v = [], []
     for i, layer in enumerate(layers):
@@ -127,22 +160,25 @@ def run_layers(layers, rotary, geometry, x, positions, k_cache, v_cache, inplace
             keys = k_cache[i].scatter_(2, slots, k.to(k_cache.dtype))  # [N, KV, S, D]
             values = v_cache[i].scatter_(2, slots, v.to(v_cache.dtype))
         else:
-            keys = k_cache[i].scatter(2, slots, k.to(k_cache.dtype))
-            values = v_cache[i].scatter(2, slots, v.to(v_cache.dtype))
+            keys = write_cache(k_cache[i], k.to(k_cache[i].dtype), positions)
+            values = write_cache(v_cache[i], v.to(v_cache[i].dtype), positions)
             new_k.append(keys)
             new_v.append(values)
-        group = heads // kv_heads
-        keys = keys.repeat_interleave(group, dim=1).to(q.dtype)  # [N, heads, S, D]
-        values = values.repeat_interleave(group, dim=1).to(q.dtype)
-        scores = (q @ keys.transpose(-1, -2)) * attn.scaling  # [N, heads, T, S]
-        scores = scores.masked_fill(~visible, float("-inf"))
-        probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
-        out = (probs @ values).transpose(1, 2).reshape(n, t, heads * d)
-        x = x + attn.o_proj(out)
+        out = F.scaled_dot_product_attention(
+            q,
+            keys[:, :, :window].to(q.dtype),
+            values[:, :, :window].to(q.dtype),
+            attn_mask=visible,
+            scale=attn.scaling,
+            enable_gqa=True,
+        )  # [N, heads, T, D]
+        x = x + attn.o_proj(out.transpose(1, 2).reshape(n, t, heads * d))
         x = x + layer.mlp(layer.post_attention_layernorm(x))
     if inplace:
         return x, k_cache, v_cache
-    return x, torch.stack(new_k), torch.stack(new_v)
+    if isinstance(k_cache, torch.Tensor):
+        return x, torch.stack(new_k), torch.stack(new_v)
+    return x, new_k, new_v
 
 
 class SpeculativeTarget(nn.Module):

@@ -13,7 +13,9 @@ import onnx
 import torch
 from onnxscript import values
 
+from flashspec_export.config import GRAPH_OPSETS
 from flashspec_export.export.weights import WeightsFile
+from flashspec_export.models import target  # noqa: F401  (registers torch.ops.kvcache)
 from flashspec_export.onnx import functions, schemas
 from flashspec_export.ops import (
     specs,
@@ -51,20 +53,62 @@ TRANSLATIONS = {
     getattr(torch.ops.flashspec, spec.name).default: translation(spec)
     for spec in specs.SPECS.values()
 }
+# Opset 24 writes the KV cache with TensorScatter (in place where the runtime binds the past and
+# present caches to one buffer) and attends with Attention (GQA, K / V not expanded); 18 is the
+# fallback for runtimes without them (ScatterElements into a copy, attention as MatMul /
+# Softmax over K / V expanded to every head).
+OPSETS = GRAPH_OPSETS
+
+
+def _tensor_scatter(cache, update, positions):
+    return values.Op(values.Opset("", 24), "TensorScatter")(cache, update, positions, axis=2)
+
+
+def _scatter_elements(cache, update, positions):
+    op = values.Opset("", 18)
+
+    def call(name, *args, **kwargs):
+        return values.Op(op, name)(*args, **kwargs)
+
+    shape = call("Shape", update)
+    new = call("Gather", shape, call("Constant", value_int=2))  # T
+    one = call("Constant", value_int=1)
+    steps = call("Range", call("Constant", value_int=0), new, one)  # [T]
+    slots = call("Add", call("Unsqueeze", positions, call("Constant", value_ints=[1])), steps)
+    slots = call("Unsqueeze", slots, call("Constant", value_ints=[1, 3]))  # [N, 1, T, 1]
+    return call("ScatterElements", cache, call("Expand", slots, shape), update, axis=2)
+
+
+def translations(opset: int) -> dict:
+    """The custom translation table of a graph of ``opset``."""
+    if opset not in OPSETS:
+        raise ValueError(f"opset: expected one of {OPSETS}, got {opset}")
+    write = _tensor_scatter if opset == 24 else _scatter_elements
+    return {**TRANSLATIONS, torch.ops.kvcache.write.default: write}
 
 
 def attach_functions(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Add the function body of every ``flashspec`` op the graph uses (once each)."""
+    """Add the function body of every ``flashspec`` op the graph uses (once each), importing
+    the model's standard opset (the bodies' ops mean the same from opset 18 to 24)."""
     used = {n.op_type for n in model.graph.node if n.domain == functions.DOMAIN}
     present = {(f.domain, f.name) for f in model.functions}
+    opset = next(o.version for o in model.opset_import if o.domain == "")
     for op_type in sorted(used):
         if (functions.DOMAIN, op_type) not in present:
-            model.functions.append(functions.FUNCTIONS[op_type]())
+            function = functions.FUNCTIONS[op_type]()
+            for imported in function.opset_import:
+                if imported.domain == "":
+                    imported.version = opset
+            model.functions.append(function)
     return model
 
 
 def export(
-    module: torch.nn.Module, args: tuple, weights: WeightsFile | None = None, **kwargs
+    module: torch.nn.Module,
+    args: tuple,
+    weights: WeightsFile | None = None,
+    opset: int = OPSETS[0],
+    **kwargs,
 ) -> onnx.ModelProto:
     """Export ``module(*args)`` with the FlashSpec ops as custom nodes plus function bodies.
 
@@ -82,8 +126,8 @@ def export(
         module,
         args,
         dynamo=True,
-        custom_translation_table=TRANSLATIONS,
-        opset_version=functions.OPSET,
+        custom_translation_table=translations(opset),
+        opset_version=opset,
         verbose=False,
         **kwargs,
     )

@@ -24,15 +24,23 @@ class GraphDrafter:
     -> (draft [N], max_logit [N], k, v)``, ``positions`` of ``tokens[:, 0]``.
     """
 
-    def __init__(self, graph: Graph, cache_shape: tuple[int, ...], features: bool):
+    def __init__(
+        self,
+        graph: Graph,
+        cache_shape: tuple[int, ...],
+        features: bool,
+        cache_dtype: torch.dtype = torch.float32,
+        cache_device: str = "cpu",
+    ):
         self.graph = graph
+        self.cache = dict(size=cache_shape, dtype=cache_dtype, device=cache_device)
         self.cache_shape = cache_shape
         self.features = features
         self._pending = None  # (tokens [N, T], position of tokens[:, 0] [N], last_row [N], hidden)
 
     def start(self, prompt: torch.Tensor, hidden: torch.Tensor, lengths: torch.Tensor) -> None:
         n = len(prompt)
-        self._k, self._v = torch.zeros(self.cache_shape), torch.zeros(self.cache_shape)
+        self._k, self._v = torch.zeros(**self.cache), torch.zeros(**self.cache)
         zeros = torch.zeros(n, dtype=torch.int64)
         if self.features:  # hidden row i (position i) pairs with prompt token i + 1
             self._pending = (prompt[:, 1:], zeros + 1, lengths - 2, hidden)

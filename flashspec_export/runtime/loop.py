@@ -28,11 +28,20 @@ class Target:
     step(tokens [N, γ + 1], positions [N], k, v, temperature [N], seed [N])
         -> (emitted [N, γ + 1], num_emitted [N], logprobs [N, γ + 1], hidden [N, γ + 1, H], k, v)
     cache_shape: [L, N, KV, S, D] of k and v (N and S are fixed by an export)
+
+    A graph may return the k and v it was given, written in place (onnxruntime and TensorRT
+    bind an opset-24 export's past and present caches to one buffer), or new tensors.
     """
 
     prefill: Graph
     step: Graph
     cache_shape: tuple[int, ...]
+    cache_dtype: torch.dtype = torch.float32  # what the graphs take (written in place by some)
+    cache_device: str = "cpu"  # TensorRT engines keep their caches on the GPU
+
+    def new_cache(self) -> torch.Tensor:
+        """A zeroed cache tensor (k or v) as the graphs take it."""
+        return torch.zeros(self.cache_shape, dtype=self.cache_dtype, device=self.cache_device)
 
     @property
     def batch(self) -> int:
@@ -142,7 +151,7 @@ def generate(
     lengths = torch.tensor([len(s) for s in sequences])
     longest = int(lengths.max())
     padded = torch.tensor([s + s[-1:] * (longest - len(s)) for s in sequences])
-    k, v = torch.zeros(target.cache_shape), torch.zeros(target.cache_shape)
+    k, v = target.new_cache(), target.new_cache()
     hidden, k, v = target.prefill(padded[:, :-1], torch.zeros(n, dtype=torch.int64), k, v)
     drafter.start(padded, hidden, lengths)
     totals = lengths + max_new_tokens

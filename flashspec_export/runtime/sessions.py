@@ -9,6 +9,7 @@ With the same seeds all give the same tokens (``tests/runtime/test_loop.py``).
 from __future__ import annotations
 
 import pathlib
+import re
 
 import numpy as np
 import onnx
@@ -48,21 +49,77 @@ def torch_graph(
 
 # onnxruntime's input types -> the numpy type fed (the loop's host tensors are fp32 / int64)
 _NUMPY = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64}
+_TORCH = {"FLOAT": torch.float32, "FLOAT16": torch.float16, "BFLOAT16": torch.bfloat16}
+_CACHE = re.compile(r"^([kv])_cache(?:_out)?_\d+$")  # one graph input / output per layer
 
 
-def onnx_graph(session) -> Graph:
-    """An onnxruntime ``InferenceSession`` as a callable on CPU tensors: inputs are cast to the
-    graph's types (fp32 host values of an fp16 graph are fp16-exact), float outputs return as
-    fp32."""
-    feeds = [(i.name, _NUMPY[i.type]) for i in session.get_inputs()]
+def cache_layout(names: list[str]) -> list[str | tuple[str, list[str]]]:
+    """A graph's input or output names with each run of per-layer caches (``k_cache_0`` ..
+    ``k_cache_<L-1>``) as one entry ("k", names): the loop passes and gets a cache as one
+    stacked [L, N, KV, S, D] tensor, whose layer i is the graph's tensor i."""
+    layout = []
+    for name in names:
+        match = _CACHE.match(name)
+        if match is None:
+            layout.append(name)
+        elif layout and isinstance(layout[-1], tuple) and layout[-1][0] == match.group(1):
+            layout[-1][1].append(name)
+        else:
+            layout.append((match.group(1), [name]))
+    return layout
+
+
+def onnx_graph(session, in_place: bool) -> Graph:
+    """An onnxruntime ``InferenceSession`` as a callable on CPU tensors.
+
+    Inputs are cast to the graph's types (fp32 host values of an fp16 graph are fp16-exact);
+    float outputs return as fp32. Caches are bound layer by layer: ``in_place`` (an opset-24
+    graph, whose TensorScatter writes the cache) binds each layer's present cache to its past
+    one, so the step writes only its new slots and returns the k and v it was given; otherwise
+    the present caches go to new tensors."""
+    inputs, outputs = session.get_inputs(), session.get_outputs()
+    types = {i.name: _NUMPY[i.type] for i in inputs}
+    layout_in = cache_layout([i.name for i in inputs])
+    layout_out = cache_layout([o.name for o in outputs])
+
+    def bind(bound, name, tensor, output=False):
+        where = (name, "cpu", 0, tensor.numpy().dtype, tuple(tensor.shape), tensor.data_ptr())
+        (bound.bind_output if output else bound.bind_input)(*where)
 
     def run(*args):
-        feed = {
-            name: np.ascontiguousarray(a.numpy(), dtype=dtype)
-            for (name, dtype), a in zip(feeds, args, strict=True)
-        }
-        outputs = (torch.from_numpy(o) for o in session.run(None, feed))
-        return tuple(o.float() if o.is_floating_point() else o for o in outputs)
+        bound = session.io_binding()
+        caches = {}
+        for entry, a in zip(layout_in, args, strict=True):
+            if isinstance(entry, str):
+                bound.bind_cpu_input(entry, np.ascontiguousarray(a.numpy(), dtype=types[entry]))
+                continue
+            kind, names = entry
+            if a.dtype != torch.from_numpy(np.empty(0, types[names[0]])).dtype:
+                raise ValueError(f"{kind}_cache: {a.dtype}, the graph takes {types[names[0]]}")
+            caches[kind] = a.contiguous()
+            for layer, name in enumerate(names):
+                bind(bound, name, caches[kind][layer])
+        results = []
+        for entry in layout_out:
+            if isinstance(entry, str):
+                bound.bind_output(entry, "cpu")
+                results.append(entry)
+                continue
+            kind, names = entry
+            present = caches[kind] if in_place else torch.empty_like(caches[kind])
+            for layer, name in enumerate(names):
+                bind(bound, name, present[layer], output=True)
+            results.append(present)
+        session.run_with_iobinding(bound)
+        values = dict(zip([o.name for o in outputs], bound.get_outputs(), strict=True))
+
+        def host(result):
+            if not isinstance(result, str):
+                return result
+            tensor = torch.from_numpy(values[result].numpy())
+            return tensor.float() if tensor.is_floating_point() else tensor
+
+        return tuple(host(r) for r in results)
 
     return run
 
@@ -84,44 +141,69 @@ def onnx_session(path: pathlib.Path, providers):
     return ort.InferenceSession(widened, options, providers=list(providers))
 
 
-def tensorrt_graph(trt, engine_path: pathlib.Path, graph: export_manifest.Graph) -> Graph:
-    """A serialized TensorRT engine as a callable on CPU tensors: inputs (in the order of the
-    manifest's graph) go to the GPU, the engine runs on torch's current stream, outputs come back.
-    The plugin library must be registered before (``from_engines`` does it)."""
+def tensorrt_graph(
+    trt, engine_path: pathlib.Path, graph: export_manifest.Graph, in_place: bool
+) -> Graph:
+    """A serialized TensorRT engine as a callable: the caches are CUDA tensors of the engine's
+    type that stay on the GPU (``in_place``: each layer's present cache bound to its past one,
+    as for onnxruntime), the other inputs go to the GPU and the other outputs, the step's small
+    ones, come back to the host. The engine runs on torch's current stream. The plugin library
+    must be registered before (``from_engines`` does it)."""
     logger = trt.Logger(trt.Logger.WARNING)
     engine = trt.Runtime(logger).deserialize_cuda_engine(engine_path.read_bytes())
     if engine is None:
         raise ConfigError(f"engine: {engine_path} does not deserialize (TensorRT version or GPU)")
     context = engine.create_execution_context()
-    inputs = [spec.name for spec in graph.inputs]
-    outputs = [spec.name for spec in graph.outputs]
-
-    def torch_dtype(name: str) -> torch.dtype:
-        dtype = engine.get_tensor_dtype(name)
-        if dtype == trt.DataType.BF16:  # numpy has no bf16
-            return torch.bfloat16
-        return torch.from_numpy(np.empty(0, trt.nptype(dtype))).dtype
+    layout_in = cache_layout([spec.name for spec in graph.inputs])
+    layout_out = cache_layout([spec.name for spec in graph.outputs])
 
     @torch.no_grad()
     def run(*args):
-        feed = {
-            n: a.to("cuda", torch_dtype(n)).contiguous() for n, a in zip(inputs, args, strict=True)
-        }
-        for name, tensor in feed.items():
-            context.set_input_shape(name, tuple(tensor.shape))
-            context.set_tensor_address(name, tensor.data_ptr())
-        results = {}
-        for name in outputs:
-            shape = tuple(context.get_tensor_shape(name))
-            results[name] = torch.empty(shape, dtype=torch_dtype(name), device="cuda")
-            context.set_tensor_address(name, results[name].data_ptr())
+        caches = {}
+        for entry, a in zip(layout_in, args, strict=True):
+            if isinstance(entry, str):
+                tensor = a.to("cuda", engine_dtype(trt, engine, entry)).contiguous()
+                caches[entry] = tensor  # kept alive until the engine has run
+                context.set_input_shape(entry, tuple(tensor.shape))
+                context.set_tensor_address(entry, tensor.data_ptr())
+                continue
+            kind, names = entry
+            caches[kind] = a
+            for layer, name in enumerate(names):
+                context.set_input_shape(name, tuple(a[layer].shape))
+                context.set_tensor_address(name, a[layer].data_ptr())
+        results = []
+        for entry in layout_out:
+            if isinstance(entry, str):
+                shape = tuple(context.get_tensor_shape(entry))
+                dtype = engine_dtype(trt, engine, entry)
+                results.append(torch.empty(shape, dtype=dtype, device="cuda"))
+                context.set_tensor_address(entry, results[-1].data_ptr())
+                continue
+            kind, names = entry
+            present = caches[kind] if in_place else torch.empty_like(caches[kind])
+            for layer, name in enumerate(names):
+                context.set_tensor_address(name, present[layer].data_ptr())
+            results.append(present)
         stream = torch.cuda.current_stream()
         if not context.execute_async_v3(stream.cuda_stream):
             raise RuntimeError(f"engine: {engine_path.name} failed to run")
-        host = (results[name].cpu() for name in outputs)
-        return tuple(t.float() if t.is_floating_point() else t for t in host)
+        small = [isinstance(entry, str) for entry in layout_out]
+        host = [r.cpu() if is_small else r for r, is_small in zip(results, small, strict=True)]
+        return tuple(
+            t.float() if is_small and t.is_floating_point() else t
+            for t, is_small in zip(host, small, strict=True)
+        )
 
     return run
+
+
+def engine_dtype(trt, engine, name: str) -> torch.dtype:
+    """The torch type of an engine's tensor."""
+    dtype = engine.get_tensor_dtype(name)
+    if dtype == trt.DataType.BF16:  # numpy has no bf16
+        return torch.bfloat16
+    return torch.from_numpy(np.empty(0, trt.nptype(dtype))).dtype
 
 
 def from_modules(
@@ -174,19 +256,22 @@ def from_export(directory: str | pathlib.Path, providers=("CPUExecutionProvider"
     manifest = export_manifest.read(directory)
     export_manifest.verify(directory, manifest)
     graphs = manifest.graphs
+    in_place = manifest.opset >= 24  # TensorScatter writes the caches
 
     def load(name):
         session = onnx_session(directory / graphs[name].file, providers)
-        return onnx_graph(session), graphs[name].input("k_cache").shape
+        cache_type = next(i.type for i in session.get_inputs() if i.name == "k_cache_0")
+        dtype = torch.from_numpy(np.empty(0, _NUMPY[cache_type])).dtype
+        return onnx_graph(session, in_place), graphs[name].cache_shape, dtype
 
-    prefill, cache_shape = load("target_prefill")
-    step, _ = load("target_step")
-    target = Target(prefill, step, cache_shape)
+    prefill, cache_shape, dtype = load("target_prefill")
+    step, _, _ = load("target_step")
+    target = Target(prefill, step, cache_shape, dtype)
     draft = manifest.drafter
     if draft == "ngram":
         return target, NgramDrafter()
-    graph, draft_cache = load(f"drafter_{draft}")
-    return target, GraphDrafter(graph, draft_cache, features=draft != "model")
+    graph, draft_cache, dtype = load(f"drafter_{draft}")
+    return target, GraphDrafter(graph, draft_cache, draft != "model", dtype)
 
 
 def from_engines(directory: str | pathlib.Path):
@@ -212,15 +297,19 @@ def from_engines(directory: str | pathlib.Path):
             f"engines: {engines} lacks {', '.join(missing)}; run scripts/build_engines.py first"
         )
 
+    in_place = manifest.opset >= 24
+
     def load(name):
         graph = manifest.graphs[name]
-        run = tensorrt_graph(trt, engines / f"{name}.engine", graph)
-        return run, graph.input("k_cache").shape
+        engine = engines / f"{name}.engine"
+        run = tensorrt_graph(trt, engine, graph, in_place)
+        dtype = _TORCH[graph.input("k_cache_0").dtype]  # a strongly typed engine's too
+        return run, graph.cache_shape, dtype
 
-    prefill, cache_shape = load("target_prefill")
-    step, _ = load("target_step")
-    target = Target(prefill, step, cache_shape)
+    prefill, cache_shape, dtype = load("target_prefill")
+    step, _, _ = load("target_step")
+    target = Target(prefill, step, cache_shape, dtype, "cuda")  # caches stay on the GPU
     if manifest.drafter == "ngram":
         return target, NgramDrafter()
-    graph, draft_cache = load(f"drafter_{manifest.drafter}")
-    return target, GraphDrafter(graph, draft_cache, features=manifest.drafter != "model")
+    graph, draft_cache, dtype = load(f"drafter_{manifest.drafter}")
+    return target, GraphDrafter(graph, draft_cache, manifest.drafter != "model", dtype, "cuda")

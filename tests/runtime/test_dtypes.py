@@ -95,7 +95,7 @@ def test_an_export_takes_its_checkpoints_dtype(exports):
     written = manifest.read(exports["bfloat16"])
     assert written.dtype == "bfloat16"
     step = written.graphs["target_step"]
-    assert step.input("k_cache").dtype == "BFLOAT16"
+    assert step.input("k_cache_0").dtype == "BFLOAT16"
     assert step.input("temperature").dtype == "FLOAT"
     assert {o.name: o.dtype for o in step.outputs}["logprobs"] == "FLOAT"
     assert {o.name: o.dtype for o in step.outputs}["hidden"] == "BFLOAT16"
@@ -128,3 +128,15 @@ def test_tokens_agree_with_pytorch_in_the_same_dtype(exports, dtype):
         if dtype == "float32":
             assert ours == theirs
     assert flips / compared <= FLIP_RATE_BOUND[dtype], (flips, compared)
+
+
+def test_a_bf16_export_builds_a_bf16_engine(exports):
+    """TensorRT-RTX (CPU) builds the bf16 graphs strongly typed: the engine's caches are bf16."""
+    pytest.importorskip("tensorrt_rtx", reason="needs TensorRT-RTX (pip install tensorrt-rtx)")
+    from flashspec_export.engine import build
+
+    reports = build.build_engines(exports["bfloat16"], function_bodies=True, force=True)
+    assert {name: r.cache_dtype for name, r in reports.items()} == {
+        "target_prefill": "BF16",
+        "target_step": "BF16",
+    }
