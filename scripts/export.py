@@ -73,7 +73,8 @@ def main() -> None:
         print(f"{out}/{graph.file}: {len(graph.inputs)} inputs, {len(graph.outputs)} outputs")
     print(
         f"{out}/manifest.json: {manifest.architecture}, vocab {manifest.vocab_size}, "
-        f"{manifest.config['dtype']}, opset {manifest.opset}, gamma {manifest.gamma}, drafter {manifest.drafter}"
+        f"{manifest.dtype}, opset {manifest.opset}, gamma {manifest.gamma}, "
+        f"drafter {manifest.drafter}"
     )
 
 
