@@ -74,7 +74,9 @@ def _flashspec_nodes(path: pathlib.Path) -> int:
     return sum(node.domain == plugins.PLUGIN_NAMESPACE for node in model.graph.node)
 
 
-def _build_one(trt, source: pathlib.Path, shapes: dict, engine: pathlib.Path, with_plugins: bool):
+def _build_one(
+    trt, source: pathlib.Path, shapes: dict, max_len: int, engine: pathlib.Path, with_plugins: bool
+):
     log = trt.Logger(trt.Logger.ERROR)
     builder = trt.Builder(log)
     # Strongly typed: every tensor keeps the graph's type (a bf16 export builds a bf16 engine,
@@ -85,6 +87,11 @@ def _build_one(trt, source: pathlib.Path, shapes: dict, engine: pathlib.Path, wi
         errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
         raise RuntimeError(f"{source.name}: the TensorRT ONNX parser failed: {errors}")
     layers = [network.get_layer(i) for i in range(network.num_layers)]
+    for layer in layers:
+        if layer.type == trt.LayerType.ATTENTION_OUTPUT:
+            # fp32 (and shapes without a fused kernel) build as MatMul / Softmax
+            layer.__class__ = trt.IAttentionOutputLayer
+            layer.attention.decomposable = True
     inputs = {network.get_input(i).name: network.get_input(i) for i in range(network.num_inputs)}
     cache = inputs.get("k_cache_0")
     cache_dtype = str(cache.dtype).split(".")[-1] if cache is not None else None
@@ -99,6 +106,10 @@ def _build_one(trt, source: pathlib.Path, shapes: dict, engine: pathlib.Path, wi
     profile = builder.create_optimization_profile()
     for name, (low, opt, high) in shapes.items():
         profile.set_shape(name, low, opt, high)
+    for name, tensor in inputs.items():
+        if tensor.is_shape_tensor:  # positions: the live attention window is sliced by them
+            rows = shapes[name][0][0]
+            profile.set_shape_input(name, [0] * rows, [0] * rows, [max_len - 1] * rows)
     config.add_optimization_profile(profile)
     serialized = builder.build_serialized_network(network, config)
     if serialized is None:
@@ -154,7 +165,7 @@ def build_engines(
             shapes = profile(entry.inputs, manifest.max_len)
             source = directory / entry.file
             engine = staging / f"{name}.engine"
-            report = _build_one(trt, source, shapes, engine, library is not None)
+            report = _build_one(trt, source, shapes, manifest.max_len, engine, library is not None)
             reports[name] = report
             logger.info("%s: %d layers, plugins %s", name, report.layers, report.plugin_layers)
         out.mkdir(exist_ok=True)

@@ -162,7 +162,9 @@ def tensorrt_graph(
         caches = {}
         for entry, a in zip(layout_in, args, strict=True):
             if isinstance(entry, str):
-                tensor = a.to("cuda", engine_dtype(trt, engine, entry)).contiguous()
+                # positions size the live attention window: a shape input, read from the host
+                where = "cpu" if engine.is_shape_inference_io(entry) else "cuda"
+                tensor = a.to(where, engine_dtype(trt, engine, entry)).contiguous()
                 caches[entry] = tensor  # kept alive until the engine has run
                 context.set_input_shape(entry, tuple(tensor.shape))
                 context.set_tensor_address(entry, tensor.data_ptr())

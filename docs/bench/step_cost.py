@@ -1,0 +1,77 @@
+"""The exported target step's cost on onnxruntime (CPU) against the cache length: opset 24
+(TensorScatter writing the bound cache in place, GQA Attention over the live window) against
+the opset-18 fallback (ScatterElements into a copy, K / V expanded, attention over all slots).
+
+python docs/bench/step_cost.py --json docs/bench/step_cost_cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import statistics
+import tempfile
+import time
+
+import torch
+
+from flashspec_export.export.pipeline import export
+from flashspec_export.models.build import ExportConfig
+from flashspec_export.runtime import sessions
+
+
+def time_step(directory: pathlib.Path, position: int, tokens: int, repeats: int) -> float:
+    """Median ms of one target step over ``tokens`` tokens at ``position``."""
+    target, _ = sessions.from_export(directory)
+    k, v = target.new_cache(), target.new_cache()
+    n = target.batch
+    args = (
+        torch.zeros(n, tokens, dtype=torch.int64),
+        torch.full((n,), position, dtype=torch.int64),
+    )
+    times = []
+    for _ in range(repeats + 3):
+        start = time.perf_counter()
+        out = target.step(*args, k, v, torch.ones(n), torch.zeros(n, dtype=torch.int64))
+        times.append(time.perf_counter() - start)
+        k, v = out[4], out[5]
+    return statistics.median(times[3:]) * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--target", default="stdlib-tiny")
+    parser.add_argument("--max-lens", type=int, nargs="+", default=[256, 1024])
+    parser.add_argument("--positions", type=int, nargs="+", default=[32, 200])
+    parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    rows = []
+    print("| opset | max_len | position | step ms (4 tokens) |")
+    print("|---:|---:|---:|---:|")
+    with tempfile.TemporaryDirectory() as tmp:
+        for opset in (24, 18):
+            for max_len in args.max_lens:
+                out = pathlib.Path(tmp) / f"o{opset}-{max_len}"
+                config = ExportConfig(
+                    target=args.target,
+                    draft="ngram",
+                    out=str(out),
+                    max_len=max_len,
+                    dtype="float32",
+                    opset=opset,
+                )
+                export(config)
+                for position in args.positions:
+                    ms = time_step(out, position, 4, args.repeats)
+                    rows.append(dict(opset=opset, max_len=max_len, position=position, ms=ms))
+                    print(f"| {opset} | {max_len} | {position} | {ms:.2f} |", flush=True)
+    if args.json:
+        pathlib.Path(args.json).write_text(
+            json.dumps({"setup": vars(args), "rows": rows}, indent=1)
+        )
+
+
+if __name__ == "__main__":
+    main()
