@@ -204,9 +204,9 @@ def export(config: ExportConfig) -> manifest.Manifest:
                 jobs.items(), desc="export", unit="graph"
             ):
                 logger.info("exporting %s", name)
-                # per-layer caches are lists: static, one None per layer
+                # per-layer caches are lists: static, one {} per layer
                 dynamic = tuple(
-                    [None] * len(a) if isinstance(a, list) else d
+                    [{}] * len(a) if isinstance(a, list) else d
                     for a, d in zip(args, dynamic, strict=True)
                 )
                 proto = translation.export(

@@ -99,20 +99,38 @@ def select_rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     return torch.gather(x, 1, rows[:, None, None].expand(-1, 1, x.shape[-1]))
 
 
+def _slots(update: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Cache slot of every element of ``update [N, KV, T, D]`` written at ``positions [N]``."""
+    t = update.shape[2]
+    slots = (positions[:, None] + torch.arange(t, device=positions.device))[:, None, :, None]
+    return slots.expand_as(update)
+
+
 @torch.library.custom_op("kvcache::write", mutates_args=())
 def write_cache(cache: torch.Tensor, update: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """``cache [N, KV, S, D]`` with ``update [N, KV, T, D]`` written at slots ``positions[i]``
     .. ``positions[i] + T - 1`` of sequence i (a new tensor). The exporter turns it into ONNX
     ``TensorScatter`` (opset 24: a runtime writes the cache in place) or, for runtimes without
     it, ``ScatterElements`` (``onnx/translation.py``)."""
-    t = update.shape[2]
-    slots = (positions[:, None] + torch.arange(t, device=positions.device))[:, None, :, None]
-    return cache.scatter(2, slots.expand_as(update), update)
+    return cache.scatter(2, _slots(update, positions), update)
 
 
 @write_cache.register_fake
 def _(cache, update, positions):
     return torch.empty_like(cache)
+
+
+def _keep_slots(ctx, inputs, output):
+    ctx.save_for_backward(_slots(inputs[1], inputs[2]))
+
+
+def _write_cache_backward(ctx, grad):
+    """The written slots' gradient goes to ``update``, the rest to ``cache`` (training)."""
+    (slots,) = ctx.saved_tensors
+    return grad.scatter(2, slots, 0.0), grad.gather(2, slots), None
+
+
+write_cache.register_autograd(_write_cache_backward, setup_context=_keep_slots)
 
 
 def live_window(positions: torch.Tensor, new_tokens: int, max_len: int) -> int:

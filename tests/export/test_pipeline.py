@@ -149,6 +149,7 @@ def test_polygraphy_onnxrt_matches_pytorch(exported, tmp_path, graph):
     from polygraphy.json import save_json
 
     from flashspec_export.models.build import build_modules
+    from flashspec_export.runtime.sessions import cache_layout
 
     manifest = export_manifest.read(exported)
     modules = build_modules(ExportConfig(**manifest.config))
@@ -159,8 +160,13 @@ def test_polygraphy_onnxrt_matches_pytorch(exported, tmp_path, graph):
     }[graph]
     entry = manifest.graphs[graph]
     args = _random_inputs(entry, manifest.vocab_size, new_tokens=5, seed=5)
+    # the modules take each per-layer cache run (k_cache_0 .. k_cache_<L-1>) as one list
+    grouped = [
+        args[e] if isinstance(e, str) else [args[n] for n in e[1]] for e in cache_layout(list(args))
+    ]
     with torch.no_grad():
-        outputs = module(*args.values())
+        results = module(*grouped)
+    outputs = [t for r in results for t in (r if isinstance(r, list) else [r])]
     names = [o.name for o in entry.outputs]
     save_json([{k: v.numpy() for k, v in args.items()}], tmp_path / "inputs.json")
     reference = RunResults()
