@@ -134,5 +134,8 @@ def export(
     if weights is not None:
         weights.externalize(program.model)
     model = attach_functions(program.model_proto)
-    model.ir_version = min(model.ir_version, functions.IR_VERSION)
+    # the lowest IR version its opsets allow (runtimes lag behind the newest onnx): 10 for
+    # opset 18, 12 for opset 24
+    needed = onnx.helper.find_min_ir_version_for(model.opset_import, ignore_unknown=True)
+    model.ir_version = max(functions.IR_VERSION, needed)
     return model

@@ -16,6 +16,7 @@ from flashspec_export.config import TargetConfig
 from flashspec_export.export import manifest
 from flashspec_export.export.pipeline import export
 from flashspec_export.models.build import ExportConfig
+from flashspec_export.onnx import functions
 from flashspec_export.runtime import cpu_bfloat16
 from flashspec_export.runtime.run import RunConfig, run
 
@@ -38,7 +39,8 @@ def _sum_times_scale(scale: torch.Tensor):
         [c],
         value_info=[helper.make_tensor_value_info("s", BF16, [64])],
     )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    opsets = [helper.make_opsetid("", 18)]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=functions.IR_VERSION)
 
 
 def test_widen_rounds_every_result_to_bf16():
