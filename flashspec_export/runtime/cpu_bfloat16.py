@@ -16,6 +16,13 @@ import onnx
 from onnx import TensorProto, helper
 
 BF16, F32 = TensorProto.BFLOAT16, TensorProto.FLOAT
+# Ops that only move or select values: their results are bf16 values already, so they need no
+# rounding, and TensorScatter's output stays the graph's present cache (written in place when
+# bound to the past cache's buffer).
+MOVES = {
+    "Concat", "Expand", "Gather", "Identity", "Reshape", "ScatterElements", "Slice", "Squeeze",
+    "TensorScatter", "Transpose", "Unsqueeze",
+}  # fmt: skip
 
 
 def is_bfloat16(model: onnx.ModelProto) -> bool:
@@ -50,6 +57,8 @@ def widen(model: onnx.ModelProto) -> onnx.ModelProto:
     nodes = []
     for node in g.node:
         nodes.append(node)
+        if node.op_type in MOVES and node.domain == "":
+            continue
         for i, name in enumerate(node.output):
             if types.get(name) == BF16:  # compute wide, round to bf16, carry in fp32
                 node.output[i] = f"{name}__wide"
