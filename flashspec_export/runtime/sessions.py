@@ -159,13 +159,13 @@ def tensorrt_graph(
 
     @torch.no_grad()
     def run(*args):
-        caches = {}
+        caches, held = {}, []  # k / v by kind; the other inputs, alive until the engine ran
         for entry, a in zip(layout_in, args, strict=True):
             if isinstance(entry, str):
                 # positions size the live attention window: a shape input, read from the host
                 where = "cpu" if engine.is_shape_inference_io(entry) else "cuda"
                 tensor = a.to(where, engine_dtype(trt, engine, entry)).contiguous()
-                caches[entry] = tensor  # kept alive until the engine has run
+                held.append(tensor)
                 context.set_input_shape(entry, tuple(tensor.shape))
                 context.set_tensor_address(entry, tensor.data_ptr())
                 continue
