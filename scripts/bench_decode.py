@@ -9,17 +9,22 @@ CUDA graphs) in one process:
   row, then argmax at T = 0) and matmul + argmax drafting;
 - ``plain``: no speculation (one token per step, the materialised sampler).
 
-Acceptance is controlled (T = 0): the drafter runs the real MTP compute, then proposes the
-target's own greedy continuation with each draft kept with probability alpha (a fixed random
-table per (sequence, position), the same for both speculative decoders) and otherwise corrupted,
-so the expected tokens per step is (1 - alpha^(γ+1)) / (1 - alpha). "The target's own greedy
-continuation" is that of the decoder being timed: a random-weight model's near-flat logits make
-its argmax flip with bf16 rounding, and a (γ+1)-row forward rounds unlike the plain one-row
-forward, so the untimed first run of each decoder (drafts from the plain run's text) records its
-own greedy text, which then drafts the timed runs.
+Acceptance is controlled: the drafter runs the real MTP compute, then proposes the decoder's own
+continuation with each draft kept with probability alpha (a fixed random table per (sequence,
+position), the same for both speculative decoders) and otherwise corrupted, so the expected
+tokens per step is (1 - alpha^(γ+1)) / (1 - alpha). "The decoder's own continuation" is that of
+the decoder being timed: a random-weight model's near-flat logits make its argmax flip with bf16
+rounding, and a (γ+1)-row forward rounds unlike the plain one-row forward, so the untimed first
+run of each decoder (drafts from the plain run's text) records its own text, which then drafts
+the timed runs. At T > 0 (``--temperature``) FlashSpec's text is still a function of the seeds
+and positions (one Gumbel-max sample per position), so the same control holds; the materialised
+decoder runs its whole rejection sampler (softmax, p(draft), torch uniforms, the residual, the
+exponential race) and then takes the controlled outcome, so both emit the same tokens per step
+and only the compute differs.
 
 python scripts/bench_decode.py --out decode.json --plot decode.png
 python scripts/bench_decode.py --models llama3.2-1b-shape --batches 1 --gammas 3
+python scripts/bench_decode.py --temperature 1.0 --gammas 3 --out decode_t1.json
 """
 
 from __future__ import annotations
@@ -38,18 +43,40 @@ from flashspec_export.runtime.device_loop import DeviceLoop
 MODELS = ("llama3.2-1b-shape", "qwen3-1.7b-shape", "llama3-8b-shape")
 
 
-def materialised_ops():
-    """The unfused baseline at T = 0: fp32 logits of every row, argmax, accept while equal."""
+def materialised_ops(sampling: bool, oracle: torch.Tensor | None = None):
+    """The unfused baseline: fp32 logits of every row, then the sampler a serving stack runs.
+
+    T = 0 (``sampling`` False): argmax, accept while equal. T > 0: softmax, p(draft), a torch
+    uniform per draft, the residual without the draft and the exponential race over it (the
+    bonus row over p): what vLLM's rejection sampler computes for greedy (one-hot) drafts.
+    With ``oracle`` (the controlled drafter's text, per absolute position) that sampler still
+    runs in full, but its outcome is replaced by the controlled table — accept while the draft
+    is the oracle's token, then emit the oracle's token — so it emits what FlashSpec emits and
+    only the compute differs.
+    """
 
     def logits(hidden, lm_head, vocab_size):
         return (hidden @ lm_head.T)[..., :vocab_size].float()
 
     def verify(hidden, lm_head, drafts, temperature, seed, positions, vocab_size):
-        y = logits(hidden, lm_head, vocab_size).argmax(dim=-1)  # [N, γ + 1]
+        scores = logits(hidden, lm_head, vocab_size)  # [N, γ + 1, V]
         gamma = drafts.shape[1]
+        rows = torch.arange(gamma + 1, device=scores.device)[None, :]
+        if not sampling:
+            y = scores.argmax(dim=-1)  # [N, γ + 1]
+        else:
+            probs = torch.softmax(scores / temperature.clamp(min=1e-6)[:, None, None], dim=-1)
+            p_draft = probs[:, :gamma].gather(2, drafts[..., None])[..., 0]  # [N, γ]
+            kept = torch.rand_like(p_draft) < p_draft  # q(draft) = 1
+            residual = probs[:, :gamma].scatter(2, drafts[..., None], 0.0)
+            race = torch.cat([residual, probs[:, gamma:]], dim=1)
+            sampled = (race / torch.empty_like(race).exponential_()).argmax(dim=-1)
+            y = torch.cat([torch.where(kept, drafts, sampled[:, :gamma]), sampled[:, gamma:]], 1)
+            if oracle is not None:  # the controlled outcome
+                index = (positions[:, None] + rows).clamp(max=oracle.shape[1] - 1)
+                y = oracle.gather(1, index)
         accept = (drafts == y[:, :gamma]).long().cumprod(dim=1)  # leading accepts
         k = accept.sum(dim=1)
-        rows = torch.arange(gamma + 1, device=y.device)[None, :]
         return torch.where(rows <= k[:, None], y, -1), k + 1
 
     def argmax(hidden, lm_head, vocab_size):
@@ -73,10 +100,10 @@ def controlled_filter(oracle: torch.Tensor, keep: torch.Tensor, vocab_size: int)
     return draft_filter
 
 
-def timed(loop: DeviceLoop, prompt, new_tokens, repeats: int, oracle=None):
+def timed(loop: DeviceLoop, prompt, new_tokens, repeats: int, temperature: float, oracle=None):
     """Median wall seconds of ``repeats`` runs after one warm-up (capture), and the last run's
     (tokens, metrics). ``oracle``: the controlled drafter's text, set to the warm-up's own text."""
-    temps = torch.zeros(loop.batch)
+    temps = torch.full((loop.batch,), temperature)
     seeds = torch.arange(loop.batch)
     tokens, _ = loop.generate(prompt, new_tokens, temps, seeds)
     if oracle is not None:
@@ -136,7 +163,8 @@ def run(args) -> list[dict]:
         model = preset.build(seed=0, device="cuda", dtype=torch.bfloat16)
         with torch.device("cuda"):
             drafter = MtpDrafter(model, seed=1).to(torch.bfloat16).eval()
-        baseline_verify, baseline_argmax = materialised_ops()
+        sampling = args.temperature > 0
+        baseline_verify, baseline_argmax = materialised_ops(sampling)
         for batch in args.batches:
             g = torch.Generator().manual_seed(batch)
             prompt = torch.randint(0, preset.vocab_size, (batch, args.prompt_len), generator=g)
@@ -144,12 +172,20 @@ def run(args) -> list[dict]:
             plain = DeviceLoop(
                 model, None, batch, max_len, 0, verify=baseline_verify, argmax=baseline_argmax
             )
-            seconds, (tokens, metrics) = timed(plain, prompt, args.new_tokens, args.repeats)
+            seconds, (tokens, metrics) = timed(
+                plain, prompt, args.new_tokens, args.repeats, args.temperature
+            )
             oracle = torch.cat([prompt, torch.tensor(tokens)], dim=1).cuda()
             pad = torch.zeros(batch, max_len + 1 - oracle.shape[1], dtype=torch.int64).cuda()
             oracle = torch.cat([oracle, pad], dim=1)
             keep = torch.rand(oracle.shape, generator=g).cuda() < args.alpha
-            base = dict(model=name, batch=batch, new_tokens=args.new_tokens, alpha=args.alpha)
+            base = dict(
+                model=name,
+                batch=batch,
+                new_tokens=args.new_tokens,
+                alpha=args.alpha,
+                temperature=args.temperature,
+            )
             rows.append(
                 dict(base, decoder="plain", gamma=0, seconds=seconds, **_figures(metrics, seconds))
             )
@@ -158,12 +194,11 @@ def run(args) -> list[dict]:
             for gamma in args.gammas:
                 expected = (1 - args.alpha ** (gamma + 1)) / (1 - args.alpha)
                 for decoder in ("flashspec", "materialised"):
-                    ops = (
-                        {}
-                        if decoder == "flashspec"
-                        else dict(verify=baseline_verify, argmax=baseline_argmax)
-                    )
                     own = oracle.clone()
+                    ops = {}
+                    if decoder == "materialised":
+                        verify, _ = materialised_ops(sampling, own if sampling else None)
+                        ops = dict(verify=verify, argmax=baseline_argmax)
                     loop = DeviceLoop(
                         model,
                         drafter,
@@ -174,7 +209,7 @@ def run(args) -> list[dict]:
                         **ops,
                     )
                     seconds, (got, metrics) = timed(
-                        loop, prompt, args.new_tokens, args.repeats, oracle=own
+                        loop, prompt, args.new_tokens, args.repeats, args.temperature, own
                     )
                     profiled = args.profile and batch == 1 and gamma == 3
                     idle = step_idle_fraction(loop) if profiled else None
@@ -185,7 +220,8 @@ def run(args) -> list[dict]:
                             gamma=gamma,
                             seconds=seconds,
                             expected_tokens_per_step=expected,
-                            same_tokens_as_plain=got == tokens,
+                            # at T > 0 each decoder samples its own text
+                            same_tokens_as_plain=None if sampling else got == tokens,
                             step_idle_fraction=idle,
                             **_figures(metrics, seconds),
                         )
@@ -235,7 +271,7 @@ def markdown(rows: list[dict]) -> str:
     lines = []
     for name in dict.fromkeys(r["model"] for r in rows):
         lines += [
-            f"#### {name}",
+            f"#### {name}, T = {rows[0]['temperature']}",
             "",
             "| batch | γ | plain tok/s | materialised tok/s | flashspec tok/s | flashspec / "
             "materialised | tokens/step (formula) |",
@@ -287,6 +323,7 @@ def main() -> None:
     add("--batches", nargs="+", type=cli.int_range(1, 256), default=[1, 4, 16, 64])
     add("--gammas", nargs="+", type=cli.int_range(1, 16), default=[1, 2, 3, 4, 5, 6, 7])
     add("--alpha", type=float, default=0.8, help="probability that a draft is kept")
+    add("--temperature", type=float, default=0.0, help="0: greedy; > 0: sampled (all rows)")
     add("--prompt-len", type=cli.int_range(2, 4096), default=16)
     add("--new-tokens", type=cli.int_range(1, 4096), default=64)
     add("--repeats", type=cli.int_range(1, 100), default=3, help="timed runs (median)")
@@ -296,6 +333,8 @@ def main() -> None:
     args = parser.parse_args()
     if not 0 < args.alpha < 1:
         parser.error(f"--alpha: expected 0 < alpha < 1, got {args.alpha}")
+    if not 0 <= args.temperature < float("inf"):
+        parser.error(f"--temperature: expected a finite value >= 0, got {args.temperature}")
     if not torch.cuda.is_available():
         parser.exit(2, "error: needs a CUDA GPU (torch.cuda.is_available() is False)\n")
     rows = run(args)
