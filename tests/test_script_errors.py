@@ -155,6 +155,11 @@ SIZE_CASES = {
     "tune rows -4": ("tune_kernels.py", ["--rows", "-4"], "--rows: expected an integer >= 1"),
     "tune epilogue": ("tune_kernels.py", ["--epilogues", "8x2x64"], "in 24..256; or none"),
     "decode alpha 1": ("bench_decode.py", ["--alpha", "1"], "--alpha: expected 0 < alpha < 1"),
+    "decode temperature -1": (
+        "bench_decode.py",
+        ["--temperature", "-1"],
+        "--temperature: expected a finite value >= 0",
+    ),
     "decode batch 0": ("bench_decode.py", ["--batches", "0"], "an integer in 1..256, got 0"),
     "tune_cuda gamma 99": ("tune_cuda.py", ["--gamma", "99"], "an integer in 0..64, got 99"),
     "invariance gamma 0": ("check_invariance.py", ["--gammas", "0"], "in 1..64, got 0"),
