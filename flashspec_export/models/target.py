@@ -161,7 +161,6 @@ def run_layers(layers, rotary, geometry, x, positions, k_cache, v_cache, inplace
     window = k_cache[0].shape[2] if inplace else live_window(positions, t, k_cache[0].shape[2])
     key_pos = torch.arange(window, device=x.device)  # [W]
     visible = (key_pos[None, None, :] <= pos[:, :, None])[:, None]  # [N, 1, T, W]
-    slots = pos[:, None, :, None].expand(n, kv_heads, t, d)  # [N, KV, T, D]
     new_k, new_v = [], []
     for i, layer in enumerate(layers):
         attn = layer.self_attn
@@ -175,6 +174,7 @@ def run_layers(layers, rotary, geometry, x, positions, k_cache, v_cache, inplace
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
         if inplace:
+            slots = _slots(k, positions)  # [N, KV, T, D]
             keys = k_cache[i].scatter_(2, slots, k.to(k_cache.dtype))  # [N, KV, S, D]
             values = v_cache[i].scatter_(2, slots, v.to(v_cache.dtype))
         else:

@@ -34,7 +34,6 @@ class GraphDrafter:
     ):
         self.graph = graph
         self.cache = dict(size=cache_shape, dtype=cache_dtype, device=cache_device)
-        self.cache_shape = cache_shape
         self.features = features
         self._pending = None  # (tokens [N, T], position of tokens[:, 0] [N], last_row [N], hidden)
 
