@@ -78,6 +78,12 @@ def onnx_graph(session, in_place: bool) -> Graph:
     one, so the step writes only its new slots and returns the k and v it was given; otherwise
     the present caches go to new tensors."""
     inputs, outputs = session.get_inputs(), session.get_outputs()
+    unfed = [f"{i.name} ({i.type})" for i in inputs if i.type not in _NUMPY]
+    if unfed:  # a bf16 graph outside the CPU provider's widening
+        raise ConfigError(
+            f"providers: inputs {', '.join(unfed)} have no numpy type to feed; run bf16 exports "
+            "on CPUExecutionProvider or export with --dtype float16 / float32"
+        )
     types = {i.name: _NUMPY[i.type] for i in inputs}
     layout_in = cache_layout([i.name for i in inputs])
     layout_out = cache_layout([o.name for o in outputs])
