@@ -4,14 +4,22 @@
 - ``cuda_kernels``: needs a CUDA device and the built kernel library (``plugins/build``).
 - ``trt``: needs TensorRT (``import tensorrt``); TensorRT-RTX does not count.
 - ``slow``: opt-in with ``--runslow``.
+
+Without a GPU the Triton kernels run under the Triton interpreter (NumPy, on CPU). The switch
+must be set before any ``@triton.jit`` function is decorated, i.e. before the kernel modules are
+imported, so it lives here, before every test module. An explicit ``TRITON_INTERPRET`` wins.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import pytest
 import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def pytest_addoption(parser):

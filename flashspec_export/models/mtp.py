@@ -13,6 +13,8 @@ that row feeds the next call (T = 1), so one catch-up call plus γ - 1 single ca
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -67,16 +69,24 @@ class MtpDrafter(nn.Module):
         _, kv_heads, head_dim = self.geometry
         return (1, batch, kv_heads, max_len, head_dim)
 
-    def features(self, hidden, tokens, positions, last_row, k_cache, v_cache, inplace=False):
+    def features(
+        self, hidden, tokens, positions, last_row, k_cache, v_cache, inplace=False, fused=None
+    ):
         """The MTP layer without its LM head: (normed row ``last_row`` [N, H] for the argmax,
-        that row's hidden [N, 1, H], k_cache, v_cache); ``inplace`` writes the given caches."""
-        combined = torch.cat([self.enorm(self.embed_tokens(tokens)), self.hnorm(hidden)], dim=-1)
-        x = self.eh_proj(combined)  # [N, T, H]
-        x, k_cache, v_cache = run_layers(
-            self.layers, self.rotary_emb, self.geometry, x, positions, k_cache, v_cache, inplace
-        )
+        that row's hidden [N, 1, H], k_cache, v_cache); ``inplace`` writes the given caches,
+        ``fused`` (a ``models.fused.FusedLayers`` of ``self.layers``) runs its kernels in place."""
+        norm = self.norm if fused is None else functools.partial(fused.norm, module=self.norm)
+        enorm = self.enorm if fused is None else functools.partial(fused.norm, module=self.enorm)
+        hnorm = self.hnorm if fused is None else functools.partial(fused.norm, module=self.hnorm)
+        x = self.eh_proj(torch.cat([enorm(self.embed_tokens(tokens)), hnorm(hidden)], dim=-1))
+        if fused is not None:
+            x = fused(x, positions, k_cache, v_cache)
+        else:
+            x, k_cache, v_cache = run_layers(
+                self.layers, self.rotary_emb, self.geometry, x, positions, k_cache, v_cache, inplace
+            )
         x = select_rows(x, last_row)  # [N, 1, H]
-        return self.norm(x)[:, 0], x, k_cache, v_cache
+        return norm(x)[:, 0], x, k_cache, v_cache
 
     def forward(self, hidden, tokens, positions, last_row, k_cache, v_cache):
         normed, x, k_cache, v_cache = self.features(

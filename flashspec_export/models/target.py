@@ -46,6 +46,7 @@ class TargetStep(nn.Module):
     positions : [N] int64, cache length of each sequence = absolute position of ``tokens[:, 0]``
     k_cache, v_cache : [L, N, KV, S, D], S = the static cache length (positions + T <= S)
     inplace : write the new slots into the given caches (the GPU runtime) instead of new ones
+    fused : a ``models.fused.FusedLayers`` of this decoder: run its kernels (in place)
 
     Returns
     -------
@@ -71,8 +72,14 @@ class TargetStep(nn.Module):
         """(attention heads, KV heads, head dim)."""
         return self.num_heads, self.num_kv_heads, self.head_dim
 
-    def forward(self, tokens, positions, k_cache, v_cache, inplace=False):
+    def forward(self, tokens, positions, k_cache, v_cache, inplace=False, fused=None):
         x = self.decoder.embed_tokens(tokens)  # [N, T, H]
+        if fused is not None:
+            return (
+                fused.norm(fused(x, positions, k_cache, v_cache), self.decoder.norm),
+                k_cache,
+                v_cache,
+            )
         x, k_cache, v_cache = run_layers(
             self.decoder.layers,
             self.decoder.rotary_emb,

@@ -4,9 +4,12 @@ The target and an MTP drafter run as PyTorch modules where their weights are (bf
 the FlashSpec ops on the Triton kernels there (the reference on CPU), and every tensor of the
 loop stays on the device: the static KV caches are written in place, each sequence has its own
 length, and a step's ragged acceptance advances each sequence by its own ``num_emitted`` in
-device memory. The host reads one small tensor per step (the step's ``num_emitted`` and which
-sequences are unfinished: the loop's stop test and the metrics). On CUDA the γ-step draft chain
-is one CUDA graph and the target step (decoder, verify, bookkeeping) another.
+device memory. On CUDA the decoder layers run fused (``models/fused.py``: nine launches a
+layer, attention over each sequence's live prefix) and a whole step — the target over the last
+token and the drafts, verify, the bookkeeping, then the draft chain for the next step — is one
+CUDA graph. The host never waits inside a step: it replays as many steps as cannot finish every
+sequence (the slowest one's remaining tokens / (γ + 1)) back to back, then reads the counts once;
+each step's ``num_emitted`` goes to a device-side record that is read at the end (the metrics).
 
 The rule is ``loop.generate``'s, step for step: same modules and seeds, same tokens
 (``tests/runtime/test_device_loop.py``). ``verify`` / ``argmax`` are pluggable so that the decode
@@ -17,11 +20,13 @@ acceptance).
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 
 import torch
 
+from flashspec_export.models.fused import FusedLayers
 from flashspec_export.models.mtp import MtpDrafter
 from flashspec_export.models.target import TargetStep
 from flashspec_export.ops import registry
@@ -62,6 +67,11 @@ class DeviceLoop:
     gamma : drafts per step (0: plain decoding)
     verify, argmax : the ops (default ``fused_ops``)
     graphs : capture CUDA graphs (default: on CUDA)
+    fused : the decoder layers on the Triton kernels of ``models/fused.py`` (default: on CUDA;
+        the PyTorch layers otherwise); the modules' q / k / v and gate / up weights become views
+        of packed ones
+    split_timing : three graphs per step — decoder, verify (sampler and bookkeeping), draft
+        chain — timed apart (``piece_seconds``) instead of one
     draft_filter : ``f(drafts [N, γ], positions [N]) -> [N, γ]``, applied to the drafts inside
         the draft chain; ``positions`` is each sequence's last accepted position
     """
@@ -77,6 +87,8 @@ class DeviceLoop:
         verify: Verify | None = None,
         argmax: Argmax | None = None,
         graphs: bool | None = None,
+        fused: bool | None = None,
+        split_timing: bool = False,
         draft_filter: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     ):
         if gamma > 0 and drafter is None:
@@ -93,7 +105,20 @@ class DeviceLoop:
         self.argmax = argmax or default_argmax
         self.draft_filter = draft_filter
         self.use_graphs = device.type == "cuda" if graphs is None else graphs
-        self._graphs = None
+        self.split_timing = split_timing
+        self._graphs: list[torch.cuda.CUDAGraph] | None = None
+        self.target_layers = self.draft_layers = None
+        if device.type == "cuda" if fused is None else fused:
+            decoder = self.target.decoder
+            self.target_layers = FusedLayers(
+                decoder.layers, decoder.rotary_emb, self.target.geometry
+            )
+            if drafter is not None:
+                self.draft_layers = FusedLayers(
+                    drafter.layers, drafter.rotary_emb, drafter.geometry
+                )
+        # seconds per piece of the step, summed over the last run (split_timing)
+        self.piece_seconds = {"target": 0.0, "verify": 0.0, "draft": 0.0}
 
         def zeros(shape, kind=torch.int64):
             return torch.zeros(shape, dtype=kind, device=device)
@@ -112,29 +137,34 @@ class DeviceLoop:
         self.new_tokens = zeros(())
         self.temperature, self.seed = zeros(n, torch.float32), zeros(n)
         self.drafts = zeros((n, gamma))
-        # the drafter's catch-up input from the last target step: all γ + 1 rows
-        self.pending = (zeros((n, width, hidden), dtype), zeros((n, width)), zeros(n) + 1, zeros(n))
-        # for the host: num_emitted, unfinished before and after the step
-        self.step_record = zeros((3, n))
+        # the target step's positions and output (its hidden states: the drafter's catch-up
+        # input, with the emitted tokens, the first emitted position and the last accepted row)
+        self.step_pos = zeros(n)
+        self.hidden = zeros((n, width, hidden), dtype)
+        self.pending = (self.hidden, zeros((n, width)), zeros(n) + 1, zeros(n))
+        # per step (a device-side record the host reads at the end): num_emitted and unfinished
+        # before the step; steps taken
+        self.records = zeros((max_len + 1, 2, n))
+        self.steps_taken = zeros(1)
         self._rows = torch.arange(width, device=device)
 
-    # ---- the two captured pieces
+    # ---- the pieces of a step
 
     def _draft(self, hidden, tokens, first_position, last_row) -> None:
         """γ greedy drafts into ``self.drafts``: one catch-up call over the last step's rows
         (tokens at ``first_position`` ..), drafting from ``last_row``, then γ - 1 single calls."""
         if self.gamma == 0:
             return
-        mtp, zeros = self.drafter, torch.zeros_like(last_row)
+        mtp, zeros, fused = self.drafter, torch.zeros_like(last_row), self.draft_layers
         normed, x, _, _ = mtp.features(
-            hidden, tokens, first_position - 1, last_row, self.dk, self.dv, inplace=True
+            hidden, tokens, first_position - 1, last_row, self.dk, self.dv, True, fused
         )
         draft = self.argmax(normed, self.lm_head, self.vocab_size)
         self.drafts[:, 0] = draft
         position = first_position + last_row + 1  # of the draft just made
         for j in range(1, self.gamma):
             normed, x, _, _ = mtp.features(
-                x, draft[:, None], position - 1, zeros, self.dk, self.dv, inplace=True
+                x, draft[:, None], position - 1, zeros, self.dk, self.dv, True, fused
             )
             draft = self.argmax(normed, self.lm_head, self.vocab_size)
             self.drafts[:, j] = draft
@@ -145,59 +175,76 @@ class DeviceLoop:
     def _draft_from_pending(self) -> None:
         self._draft(*self.pending)
 
-    def _target_step(self) -> None:
-        """The target over [last, drafts], verify, and the ragged advance of every sequence."""
-        active = self.active
+    def _decode(self) -> None:
+        """The target over [last, drafts] into ``self.hidden``."""
         tokens = torch.cat([self.last[:, None], self.drafts], dim=1)  # [N, γ + 1]
         # Finished sequences idle at position 0 (their cache is dead; writes stay inside it).
-        step_pos = torch.where(active, self.pos, 0)
-        hidden, _, _ = self.target(tokens, step_pos, self.k, self.v, inplace=True)
+        self.step_pos.copy_(torch.where(self.active, self.pos, 0))
+        hidden, _, _ = self.target(
+            tokens, self.step_pos, self.k, self.v, inplace=True, fused=self.target_layers
+        )
+        self.hidden.copy_(hidden)
+
+    def _verify(self) -> None:
+        """Verify the drafts and advance every sequence by its own count."""
+        active = self.active
         emitted, num = self.verify(
-            hidden,
+            self.hidden,
             self.lm_head,
             self.drafts,
             self.temperature,
             self.seed,
-            step_pos + 1,
+            self.step_pos + 1,
             self.vocab_size,
         )
         num = torch.where(active, num, 0)
-        self.step_record[0].copy_(num)
-        self.step_record[1].copy_(active)
+        self.records.index_copy_(0, self.steps_taken, torch.stack([num, active.long()])[None])
+        self.steps_taken.add_(1)
         valid = self._rows[None, :] < num[:, None]
         columns = torch.where(valid, self.count[:, None] + self._rows, self.out.shape[1] - 1)
         self.out.scatter_(1, columns, torch.where(valid, emitted, 0))
         last_emitted = emitted.gather(1, (num - 1).clamp(min=0)[:, None])[:, 0]
         self.last.copy_(torch.where(active, last_emitted, self.last))
         finished = self.count + num >= self.new_tokens
-        hidden_in, tokens_in, position_in, row_in = self.pending
-        hidden_in.copy_(hidden)
+        _, tokens_in, position_in, row_in = self.pending
         tokens_in.copy_(emitted.clamp(min=0))
         position_in.copy_(torch.where(finished, 0, self.pos) + 1)
         row_in.copy_(num.clamp(min=1) - 1)
         self.count.add_(num)
         self.pos.add_(num)
         self.active.copy_(self.count < self.new_tokens)
-        self.step_record[2].copy_(self.active)
+
+    def _pieces(self) -> list[Callable[[], None]]:
+        """A step: the target's verify of the current drafts, then the next step's drafts."""
+        return (
+            [self._decode, self._verify, self._draft_from_pending]
+            if self.split_timing
+            else [self._step]
+        )
+
+    def _step(self) -> None:
+        self._decode()
+        self._verify()
+        self._draft_from_pending()
 
     # ---- graphs
 
     def _capture(self) -> None:
-        """Warm up (compiles the kernels; the state is reset before use) and capture the draft
-        chain and the target step."""
+        """Warm up (compiles the kernels; the state is reset before use) and capture each piece
+        of the step."""
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             for _ in range(2):
-                self._draft_from_pending()
-                self._target_step()
+                for piece in self._pieces():
+                    piece()
         torch.cuda.current_stream(self.device).wait_stream(stream)
-        draft, step = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
-        with torch.cuda.graph(draft):
-            self._draft_from_pending()
-        with torch.cuda.graph(step):
-            self._target_step()
-        self._graphs = (draft, step)
+        self._graphs = []
+        for piece in self._pieces():
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                piece()
+            self._graphs.append(graph)
 
     # ---- the loop
 
@@ -231,47 +278,56 @@ class DeviceLoop:
         self.count.zero_()
         self.active.fill_(True)
         self.out.zero_()
+        self.steps_taken.zero_()
         self.pos.fill_(prompt_len - 1)
         self.last.copy_(prompt[:, -1])
         zeros = torch.zeros(n, dtype=torch.int64, device=self.device)
-        hidden, _, _ = self.target(prompt[:, :-1], zeros, self.k, self.v, inplace=True)
+        hidden, _, _ = self.target(
+            prompt[:, :-1], zeros, self.k, self.v, inplace=True, fused=self.target_layers
+        )
         # The first draft chain catches up on the prompt (its own shape: not captured).
         self._draft(hidden, prompt[:, 1:], zeros + 1, zeros + prompt_len - 2)
-        first = True
-        events = [torch.cuda.Event(enable_timing=True) for _ in range(3)] if timed else None
-        while True:
-            clock = [time.perf_counter()]
-            if timed:
-                events[0].record()
-            if first:
-                pass
-            elif self._graphs:
-                self._graphs[0].replay()
-            else:
-                self._draft_from_pending()
-            clock.append(time.perf_counter())
-            if timed:
-                events[1].record()
-            if self._graphs:
-                self._graphs[1].replay()
-            else:
-                self._target_step()
-            if timed:
-                events[2].record()
-            record = self.step_record.cpu()  # the one host read of a step
-            clock.append(time.perf_counter())
-            first = False
-            if timed:
-                metrics.draft_seconds += events[0].elapsed_time(events[1]) * 1e-3
-                metrics.verify_seconds += events[1].elapsed_time(events[2]) * 1e-3
-            else:
-                metrics.draft_seconds += clock[1] - clock[0]
-                metrics.verify_seconds += clock[2] - clock[1]
-            num, was_active = record[0], record[1].bool()
-            metrics.add_step(num[was_active].tolist())
-            if not bool(record[2].any()):
-                break
+        run = [graph.replay for graph in self._graphs] if self._graphs else self._pieces()
+        marks = []  # per step: a time mark before each piece and one after the last
+        least_done = 0
+        while least_done < new_tokens:
+            # No sequence emits more than γ + 1 tokens a step: this many steps cannot finish the
+            # slowest one, so they run back to back before the host looks again.
+            for _ in range(-(-(new_tokens - least_done) // (self.gamma + 1))):
+                marks.append([])
+                for piece in run:
+                    marks[-1].append(self._mark())
+                    piece()
+                marks[-1].append(self._mark())
+            least_done = int(self.count.min())  # the host's one wait per round
+        self._account(metrics, marks)
         tokens = self.out[:, :new_tokens].cpu().tolist()
         metrics.total_seconds = time.perf_counter() - start
         metrics.generated = n * new_tokens
         return tokens, metrics
+
+    def _mark(self):
+        """A point in time on the device's queue: a CUDA event, or the host clock on CPU."""
+        if self.device.type != "cuda":
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def _account(self, metrics: Metrics, marks: list[list]) -> None:
+        """The device record of each step into ``metrics``, and the time of each piece."""
+        for num, was_active in self.records[: len(marks)].cpu():
+            metrics.add_step(num[was_active.bool()].tolist())
+        seconds = [0.0] * (len(marks[0]) - 1)
+        for step in marks:
+            for i, (before, after) in enumerate(itertools.pairwise(step)):
+                if isinstance(before, float):
+                    seconds[i] += after - before
+                else:
+                    seconds[i] += before.elapsed_time(after) * 1e-3
+        if len(seconds) == 1:
+            metrics.step_seconds = seconds[0]
+        else:
+            self.piece_seconds = dict(zip(self.piece_seconds, seconds, strict=True))
+            metrics.draft_seconds = self.piece_seconds["draft"]
+            metrics.verify_seconds = self.piece_seconds["target"] + self.piece_seconds["verify"]

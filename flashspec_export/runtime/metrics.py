@@ -27,6 +27,7 @@ class Metrics:
     arms: dict[str, int] = field(default_factory=dict)  # "drafter:γ" -> steps (selection)
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0  # the target step: decoder + verify
+    step_seconds: float = 0.0  # whole steps timed as one (the device loop's one graph per step)
     total_seconds: float = 0.0
     generated: int = 0  # tokens returned (new_tokens per sequence)
 
@@ -62,7 +63,8 @@ class Metrics:
 
     @property
     def rest_seconds(self) -> float:
-        return max(self.total_seconds - self.draft_seconds - self.verify_seconds, 0.0)
+        timed = self.draft_seconds + self.verify_seconds + self.step_seconds
+        return max(self.total_seconds - timed, 0.0)
 
     @property
     def tokens_per_second(self) -> float:
@@ -83,6 +85,8 @@ class Metrics:
         rates = " ".join(f"{r:.2f}" for r in self.acceptance) or "-"
         total = max(self.total_seconds, 1e-12)
         parts = {"draft": self.draft_seconds, "verify": self.verify_seconds}
+        if self.step_seconds:
+            parts = {"step": self.step_seconds}
         parts["rest"] = self.rest_seconds
         split = " / ".join(f"{k} {100 * v / total:.0f}%" for k, v in parts.items())
         return "\n".join(

@@ -1,18 +1,7 @@
-"""Parity tests: every backend against the reference, token for token.
-
-Without a GPU the Triton kernels run under the Triton interpreter (NumPy, on CPU). The switch
-must be set before any ``@triton.jit`` function is decorated, i.e. before the kernel modules are
-imported, so it lives here and not in the tests. An explicit ``TRITON_INTERPRET`` wins.
-"""
+"""Parity tests: every backend against the reference, token for token (the Triton kernels under
+the interpreter without a GPU: ``tests/conftest.py``)."""
 
 from __future__ import annotations
-
-import os
-
-import torch
-
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def runnable(backend: str) -> str:

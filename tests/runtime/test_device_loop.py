@@ -46,14 +46,16 @@ def _oracle_filter(sequences: torch.Tensor, corrupt_every: int):
     return draft_filter
 
 
-@pytest.mark.parametrize("gamma", [0, 1, 3])
-def test_same_tokens_as_the_host_loop(gamma, prompt, target_checkpoint):
+@pytest.mark.parametrize("gamma, fused", [(0, False), (1, False), (3, False), (3, True)])
+def test_same_tokens_as_the_host_loop(gamma, fused, prompt, target_checkpoint):
+    """``fused``: the decoder layers on the Triton kernels (``models/fused.py``, under the
+    interpreter here), as on a GPU."""
     modules = _modules(target_checkpoint)
     runtime = sessions.from_modules(
         build_modules(config_of("mtp", target_checkpoint)), "mtp", BATCH, MAX_LEN
     )
     want = generate(*runtime, prompt, NEW_TOKENS, gamma, TEMPERATURES, SEEDS)
-    loop = DeviceLoop(modules.model, modules.drafter, BATCH, MAX_LEN, gamma)
+    loop = DeviceLoop(modules.model, modules.drafter, BATCH, MAX_LEN, gamma, fused=fused)
     tokens, metrics = loop.generate(prompt, NEW_TOKENS, TEMPERATURES, SEEDS)
     assert tokens == want.tokens
     assert metrics.steps == want.steps and metrics.emitted == want.metrics.emitted
@@ -94,11 +96,14 @@ def test_on_the_gpu_same_tokens_as_the_host_loop(gamma, prompt, target_checkpoin
     reference = build_modules(config_of("mtp", target_checkpoint))
     runtime = sessions.from_modules(reference, "mtp", BATCH, MAX_LEN, device="cuda")
     want = generate(*runtime, prompt, NEW_TOKENS, gamma, TEMPERATURES, SEEDS)
-    loop = DeviceLoop(modules.model, modules.drafter, BATCH, MAX_LEN, gamma)
-    assert loop.use_graphs
-    for _ in range(2):  # the captured graphs serve a second request too
-        tokens, metrics = loop.generate(prompt, NEW_TOKENS, TEMPERATURES, SEEDS)
-        assert tokens == want.tokens and metrics.steps == want.steps
+    for split_timing in (False, True):  # one graph per step; three, timed apart
+        loop = DeviceLoop(
+            modules.model, modules.drafter, BATCH, MAX_LEN, gamma, split_timing=split_timing
+        )
+        assert loop.use_graphs and loop.target_layers is not None
+        for _ in range(2):  # the captured graphs serve a second request too
+            tokens, metrics = loop.generate(prompt, NEW_TOKENS, TEMPERATURES, SEEDS)
+            assert tokens == want.tokens and metrics.steps == want.steps
 
 
 @pytest.mark.gpu
