@@ -1,8 +1,8 @@
 """End-to-end speculative decoding on a CUDA GPU: what the fused ops buy in tokens/s.
 
 For each model shape (random bf16 weights, an MTP drafter: one decoder layer + the shared LM
-head), batch and γ, three decoders run the same device-resident loop (runtime/device_loop.py,
-CUDA graphs) in one process:
+head), batch and γ, three decoders run the same device-resident loop (runtime/device_loop.py:
+fused decoder layers, one CUDA graph per step) in one process:
 
 - ``flashspec``: fused VerifyResample (Triton) and TiledArgmax drafting;
 - ``materialised``: the same loop with the sampler a serving stack runs (fp32 logits of every
@@ -25,10 +25,20 @@ and only the compute differs.
 python scripts/bench_decode.py --out decode.json --plot decode.png
 python scripts/bench_decode.py --models llama3.2-1b-shape --batches 1 --gammas 3
 python scripts/bench_decode.py --temperature 1.0 --gammas 3 --out decode_t1.json
+
+Per row: tokens/s; ms per step split into the target's decoder, verify (the sampler and the
+bookkeeping) and the draft chain (a second, untimed-for-throughput run with the three pieces in
+separate graphs timed by CUDA events); the weight-read roofline fraction (the weights a step
+reads — the target's once, the drafter's and the LM head γ times — at the measured copy
+bandwidth, over the measured step time); with ``--profile``, the GPU-busy fraction of one whole
+generation (CUDA profiler: the union of kernel intervals over the span from the first to the
+last). ``--layers pytorch`` runs the PyTorch decoder layers instead of the fused ones (before /
+after).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 import time
@@ -118,46 +128,94 @@ def timed(loop: DeviceLoop, prompt, new_tokens, repeats: int, temperature: float
     return statistics.median(times), result
 
 
-def step_idle_fraction(loop: DeviceLoop, steps: int = 20) -> float:
-    """GPU idle time inside a step, measured once with the CUDA profiler: after a generation
-    (every sequence finished, so steps idle at position 0 and the caches stay in bounds), replay
-    the step's two graphs ``steps`` times with the loop's host read between steps; per step, idle
-    = the span from its first kernel's start to its last kernel's end minus the union of its
-    kernels' (and copies') intervals. Returns total idle / total span."""
+def gpu_busy_fraction(loop: DeviceLoop, prompt, new_tokens: int, temperature: float) -> float:
+    """The GPU-busy fraction of one whole generation (prompt included), measured once with the
+    CUDA profiler: the union of the kernels' and copies' intervals over the span from the first
+    one's start to the last one's end."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    draft, step = loop._graphs
+    temps = torch.full((loop.batch,), temperature)
+    seeds = torch.arange(loop.batch)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            draft.replay()
-            step.replay()
-            loop.step_record.cpu()
+        loop.generate(prompt, new_tokens, temps, seeds)
     kernels = sorted(
         (e.time_range.start, e.time_range.end)
         for e in prof.events()
         if e.device_type == DeviceType.CUDA
     )
-    # Steps are separated by the host read: split the kernel timeline at its `steps - 1`
-    # largest gaps.
-    gaps = sorted(range(1, len(kernels)), key=lambda i: kernels[i][0] - kernels[i - 1][1])
-    cuts = sorted(gaps[len(gaps) - (steps - 1) :]) if steps > 1 else []
-    span = idle = 0.0
-    for lo, hi in zip([0, *cuts], [*cuts, len(kernels)], strict=True):
-        window = kernels[lo:hi]
-        first, last = window[0][0], max(end for _, end in window)
-        busy, cursor = 0.0, first
-        for start, end in window:
-            busy += max(0.0, end - max(start, cursor))
-            cursor = max(cursor, end)
-        span += last - first
-        idle += (last - first) - busy
-    return idle / span
+    busy, cursor = 0.0, kernels[0][0]
+    for start, end in kernels:
+        busy += max(0.0, end - max(start, cursor))
+        cursor = max(cursor, end)
+    return busy / (cursor - kernels[0][0])
+
+
+def copy_bandwidth() -> float:
+    """Bytes per second of a 2 GiB device-to-device copy (read + written), median of 10."""
+    source = torch.empty(2**29, dtype=torch.float32, device="cuda")
+    target = torch.empty_like(source)
+    times = []
+    for _ in range(12):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        target.copy_(source)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e-3)
+    return 2 * source.nbytes / statistics.median(times[2:])
+
+
+def weight_bytes(model, drafter, gamma: int) -> int:
+    """Bytes of weights one step reads: the target's (the embedding table only when it is the
+    LM head too), and γ times the drafter's own layer and the LM head."""
+    embed = model.model.embed_tokens.weight
+    tied = embed.data_ptr() == model.lm_head.weight.data_ptr()
+    own = {p.data_ptr(): p for p in model.parameters() if tied or p is not embed}
+    total = sum(p.nbytes for p in own.values())
+    if gamma:
+        shared = {p.data_ptr() for p in model.parameters()}
+        head = [p for p in drafter.parameters() if p.data_ptr() not in shared]
+        total += gamma * (sum(p.nbytes for p in head) + model.lm_head.weight.nbytes)
+    return total
+
+
+def measure(args, make_loop, prompt, bandwidth: float, bytes_per_step: int, oracle=None) -> dict:
+    """One decoder: tokens/s (median of the timed runs), ms per step by piece, the roofline
+    fraction, and with ``--profile`` the GPU-busy fraction."""
+    loop = make_loop(split_timing=False)
+    seconds, (tokens, metrics) = timed(
+        loop, prompt, args.new_tokens, args.repeats, args.temperature, oracle
+    )
+    busy = (
+        gpu_busy_fraction(loop, prompt, args.new_tokens, args.temperature) if args.profile else None
+    )
+    del loop
+    split = make_loop(split_timing=True)
+    temps, seeds = torch.full((split.batch,), args.temperature), torch.arange(split.batch)
+    split.generate(prompt, args.new_tokens, temps, seeds)  # capture
+    _, split_metrics = split.generate(prompt, args.new_tokens, temps, seeds)
+    pieces = {k: 1e3 * v / split_metrics.steps for k, v in split.piece_seconds.items()}
+    del split
+    step_seconds = seconds / metrics.steps
+    return dict(
+        seconds=seconds,
+        ms_per_step=1e3 * step_seconds,
+        ms_per_step_by_piece=pieces,
+        weight_bytes_per_step=bytes_per_step,
+        roofline_fraction=bytes_per_step / bandwidth / step_seconds,
+        gpu_busy_fraction=busy,
+        tokens=tokens,
+        **_figures(metrics, seconds),
+    )
 
 
 def run(args) -> list[dict]:
     rows = []
+    bandwidth = copy_bandwidth()
+    print(f"device-to-device copy bandwidth {bandwidth / 1e12:.2f} TB/s", flush=True)
+    fused = args.layers == "fused"
     for name in args.models:
         preset = TargetConfig.from_name(name)
         model = preset.build(seed=0, device="cuda", dtype=torch.bfloat16)
@@ -169,28 +227,28 @@ def run(args) -> list[dict]:
             g = torch.Generator().manual_seed(batch)
             prompt = torch.randint(0, preset.vocab_size, (batch, args.prompt_len), generator=g)
             max_len = args.prompt_len + args.new_tokens + max(args.gammas) + 1
-            plain = DeviceLoop(
-                model, None, batch, max_len, 0, verify=baseline_verify, argmax=baseline_argmax
-            )
-            seconds, (tokens, metrics) = timed(
-                plain, prompt, args.new_tokens, args.repeats, args.temperature
-            )
-            oracle = torch.cat([prompt, torch.tensor(tokens)], dim=1).cuda()
-            pad = torch.zeros(batch, max_len + 1 - oracle.shape[1], dtype=torch.int64).cuda()
-            oracle = torch.cat([oracle, pad], dim=1)
-            keep = torch.rand(oracle.shape, generator=g).cuda() < args.alpha
             base = dict(
                 model=name,
                 batch=batch,
                 new_tokens=args.new_tokens,
                 alpha=args.alpha,
                 temperature=args.temperature,
+                layers=args.layers,
+                copy_bandwidth=bandwidth,
             )
-            rows.append(
-                dict(base, decoder="plain", gamma=0, seconds=seconds, **_figures(metrics, seconds))
-            )
+
+            plain_loop = functools.partial(
+                DeviceLoop, model, None, batch, max_len, 0, verify=baseline_verify,
+                argmax=baseline_argmax, fused=fused,
+            )  # fmt: skip
+            row = measure(args, plain_loop, prompt, bandwidth, weight_bytes(model, drafter, 0))
+            tokens = row.pop("tokens")
+            rows.append(dict(base, decoder="plain", gamma=0, **row))
             print(_line(rows[-1]), flush=True)
-            del plain
+            oracle = torch.cat([prompt, torch.tensor(tokens)], dim=1).cuda()
+            pad = torch.zeros(batch, max_len + 1 - oracle.shape[1], dtype=torch.int64).cuda()
+            oracle = torch.cat([oracle, pad], dim=1)
+            keep = torch.rand(oracle.shape, generator=g).cuda() < args.alpha
             for gamma in args.gammas:
                 expected = (1 - args.alpha ** (gamma + 1)) / (1 - args.alpha)
                 for decoder in ("flashspec", "materialised"):
@@ -199,35 +257,28 @@ def run(args) -> list[dict]:
                     if decoder == "materialised":
                         verify, _ = materialised_ops(sampling, own if sampling else None)
                         ops = dict(verify=verify, argmax=baseline_argmax)
-                    loop = DeviceLoop(
-                        model,
-                        drafter,
-                        batch,
-                        max_len,
-                        gamma,
-                        draft_filter=controlled_filter(own, keep, preset.vocab_size),
-                        **ops,
-                    )
-                    seconds, (got, metrics) = timed(
-                        loop, prompt, args.new_tokens, args.repeats, args.temperature, own
-                    )
-                    profiled = args.profile and batch == 1 and gamma == 3
-                    idle = step_idle_fraction(loop) if profiled else None
+
+                    spec_loop = functools.partial(
+                        DeviceLoop, model, drafter, batch, max_len, gamma, fused=fused,
+                        draft_filter=controlled_filter(own, keep, preset.vocab_size), **ops,
+                    )  # fmt: skip
+                    row = measure(
+                        args, spec_loop, prompt, bandwidth,
+                        weight_bytes(model, drafter, gamma), own,
+                    )  # fmt: skip
+                    got = row.pop("tokens")
                     rows.append(
                         dict(
                             base,
                             decoder=decoder,
                             gamma=gamma,
-                            seconds=seconds,
                             expected_tokens_per_step=expected,
                             # at T > 0 each decoder samples its own text
                             same_tokens_as_plain=None if sampling else got == tokens,
-                            step_idle_fraction=idle,
-                            **_figures(metrics, seconds),
+                            **row,
                         )
                     )
                     print(_line(rows[-1]), flush=True)
-                    del loop
         del model, drafter
         torch.cuda.empty_cache()
         _write(args, rows)  # after each model: a run cut short keeps what it measured
@@ -247,8 +298,7 @@ def _figures(metrics, seconds: float) -> dict:
         tokens_per_step=metrics.tokens_per_step,
         acceptance=metrics.acceptance,
         steps=metrics.steps,
-        draft_seconds=metrics.draft_seconds,
-        verify_seconds=metrics.verify_seconds,
+        step_seconds=metrics.step_seconds,
         total_seconds=metrics.total_seconds,
     )
 
@@ -256,26 +306,33 @@ def _figures(metrics, seconds: float) -> dict:
 def _line(row: dict) -> str:
     expected = row.get("expected_tokens_per_step")
     formula = f" (formula {expected:.2f})" if expected else ""
-    busy = (row["draft_seconds"] + row["verify_seconds"]) / row["total_seconds"]
-    idle = row.get("step_idle_fraction")
-    inside = f", idle inside a step {100 * idle:.2f}%" if idle is not None else ""
+    pieces = " / ".join(f"{k} {v:.3f}" for k, v in row["ms_per_step_by_piece"].items())
+    busy = row.get("gpu_busy_fraction")
+    busy = f", GPU busy {100 * busy:.1f}%" if busy is not None else ""
     return (
         f"{row['model']:>18} b={row['batch']:<3} {row['decoder']:>12} g={row['gamma']} "
         f"{row['tokens_per_second']:9.1f} tok/s  {row['tokens_per_step']:.2f} tok/step{formula}"
-        f"  graphs {100 * busy:.1f}% of the wall time{inside}"
+        f"  {row['ms_per_step']:.3f} ms/step ({pieces}), roofline "
+        f"{100 * row['roofline_fraction']:.1f}%{busy}"
     )
 
 
 def markdown(rows: list[dict]) -> str:
-    """Per model and batch: tokens/s of each decoder by γ, and flashspec / materialised."""
+    """Per model and batch: tokens/s of each decoder by γ, flashspec / materialised, the step's
+    pieces (ms: target decoder / verify / draft chain) and roofline fractions."""
+
+    def pieces(row):
+        return " / ".join(f"{v:.2f}" for v in row["ms_per_step_by_piece"].values())
+
     lines = []
     for name in dict.fromkeys(r["model"] for r in rows):
         lines += [
             f"#### {name}, T = {rows[0]['temperature']}",
             "",
-            "| batch | γ | plain tok/s | materialised tok/s | flashspec tok/s | flashspec / "
-            "materialised | tokens/step (formula) |",
-            "|---:|---:|---:|---:|---:|---:|---:|",
+            "| batch | γ | plain tok/s (roofline) | materialised tok/s | flashspec tok/s | "
+            "flashspec / materialised | ms/step target / verify / draft: materialised; "
+            "flashspec | roofline: mat.; fs. | tokens/step (formula) |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for batch in dict.fromkeys(r["batch"] for r in rows if r["model"] == name):
             mine = [r for r in rows if r["model"] == name and r["batch"] == batch]
@@ -284,9 +341,12 @@ def markdown(rows: list[dict]) -> str:
                 at = {r["decoder"]: r for r in mine if r["gamma"] == gamma}
                 fs, mat = at["flashspec"], at["materialised"]
                 lines.append(
-                    f"| {batch} | {gamma} | {plain['tokens_per_second']:.0f} | "
+                    f"| {batch} | {gamma} | {plain['tokens_per_second']:.0f} "
+                    f"({100 * plain['roofline_fraction']:.0f}%) | "
                     f"{mat['tokens_per_second']:.0f} | {fs['tokens_per_second']:.0f} | "
                     f"{fs['tokens_per_second'] / mat['tokens_per_second']:.3f} | "
+                    f"{pieces(mat)}; {pieces(fs)} | {100 * mat['roofline_fraction']:.0f}%; "
+                    f"{100 * fs['roofline_fraction']:.0f}% | "
                     f"{fs['tokens_per_step']:.2f} ({fs['expected_tokens_per_step']:.2f}) |"
                 )
         lines.append("")
@@ -327,7 +387,8 @@ def main() -> None:
     add("--prompt-len", type=cli.int_range(2, 4096), default=16)
     add("--new-tokens", type=cli.int_range(1, 4096), default=64)
     add("--repeats", type=cli.int_range(1, 100), default=3, help="timed runs (median)")
-    add("--profile", action="store_true", help="GPU idle inside a step (profiler; batch 1, γ 3)")
+    add("--profile", action="store_true", help="GPU-busy fraction of a generation (profiler)")
+    add("--layers", choices=["fused", "pytorch"], default="fused", help="the decoder layers")
     add("--out", default="bench_decode.json", help="JSON report path")
     add("--plot", default=None, help="PNG plot path")
     args = parser.parse_args()
