@@ -129,9 +129,9 @@ def timed(loop: DeviceLoop, prompt, new_tokens, repeats: int, temperature: float
 
 
 def gpu_busy_fraction(loop: DeviceLoop, prompt, new_tokens: int, temperature: float) -> float:
-    """The GPU-busy fraction of one whole generation (prompt included), measured once with the
-    CUDA profiler: the union of the kernels' and copies' intervals over the span from the first
-    one's start to the last one's end."""
+    """The GPU-busy fraction of the decode loop of one generation, measured once with the CUDA
+    profiler: from the first step's graph launch (after the prompt's uncaptured prefill) to the
+    last kernel's end, the union of the kernels' and copies' intervals over that span."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -140,10 +140,12 @@ def gpu_busy_fraction(loop: DeviceLoop, prompt, new_tokens: int, temperature: fl
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         loop.generate(prompt, new_tokens, temps, seeds)
+    events = prof.events()
+    first_launch = min(e.time_range.start for e in events if e.name == "cudaGraphLaunch")
     kernels = sorted(
         (e.time_range.start, e.time_range.end)
-        for e in prof.events()
-        if e.device_type == DeviceType.CUDA
+        for e in events
+        if e.device_type == DeviceType.CUDA and e.time_range.start >= first_launch
     )
     busy, cursor = 0.0, kernels[0][0]
     for start, end in kernels:

@@ -215,12 +215,11 @@ class DeviceLoop:
         self.active.copy_(self.count < self.new_tokens)
 
     def _pieces(self) -> list[Callable[[], None]]:
-        """A step: the target's verify of the current drafts, then the next step's drafts."""
-        return (
-            [self._decode, self._verify, self._draft_from_pending]
-            if self.split_timing
-            else [self._step]
-        )
+        """A step: the target's verify of the current drafts, then the next step's drafts (as
+        one piece, or three with ``split_timing``; no draft piece at γ = 0)."""
+        if not self.split_timing:
+            return [self._step]
+        return [self._decode, self._verify, self._draft_from_pending][: 3 if self.gamma else 2]
 
     def _step(self) -> None:
         self._decode()
@@ -328,6 +327,6 @@ class DeviceLoop:
         if len(seconds) == 1:
             metrics.step_seconds = seconds[0]
         else:
-            self.piece_seconds = dict(zip(self.piece_seconds, seconds, strict=True))
+            self.piece_seconds = dict(zip(self.piece_seconds, [*seconds, 0.0][:3], strict=True))
             metrics.draft_seconds = self.piece_seconds["draft"]
             metrics.verify_seconds = self.piece_seconds["target"] + self.piece_seconds["verify"]

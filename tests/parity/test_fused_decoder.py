@@ -5,7 +5,8 @@ exported graph's form): same hidden states and cache writes, in fp32 to summatio
 Sequences sit at different cache lengths with garbage past them (rejected drafts' slots), so a
 kernel that reads past a sequence's live prefix, writes the wrong slot or lets a query see a
 later new token fails. The flash-decoding split (several splits, one merge) is forced on CPU,
-where the kernels run under the Triton interpreter. On a GPU (``gpu`` marker) the same in bf16.
+where the kernels run under the Triton interpreter (on a GPU machine: in fp32 on the GPU). On a
+GPU (``gpu`` marker) the same in bf16.
 """
 
 from __future__ import annotations
@@ -16,23 +17,24 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("triton")
 
-from flashspec_export.config import TargetConfig  # noqa: E402
-from flashspec_export.kernels import decoder  # noqa: E402
-from flashspec_export.models.fused import FusedLayers  # noqa: E402
-from flashspec_export.models.target import TargetStep  # noqa: E402
-from tests.tolerances import CACHE_ATOL, CACHE_RTOL, FUSED_BF16_ATOL  # noqa: E402
+from flashspec_export.config import TargetConfig
+from flashspec_export.kernels import decoder
+from flashspec_export.models.fused import FusedLayers
+from flashspec_export.models.target import TargetStep
+from tests.tolerances import CACHE_ATOL, CACHE_RTOL, FUSED_BF16_ATOL
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # fp32: the interpreter without a GPU
 QWEN2 = TargetConfig("tiny-qwen2", "qwen2", 512, 64, 128, 2, 4, 2, 16, max_positions=256)
 MODELS = {"llama": "tiny-llama", "qwen3": "tiny-qwen", "qwen2 (q/k/v bias)": QWEN2}
 
 
-def _model(name, device="cpu", dtype=torch.float32):
+def _model(name, device=DEVICE, dtype=torch.float32):
     config = MODELS[name]
     config = TargetConfig.from_name(config) if isinstance(config, str) else config
     return config.build(seed=0).to(device=device, dtype=dtype).eval()
 
 
-def _both(step, tokens, positions, max_len, splits, device="cpu"):
+def _both(step, tokens, positions, max_len, splits, device=DEVICE):
     """(reference, fused) hidden states and caches from the same garbage-filled caches."""
     generator = torch.Generator().manual_seed(3)
     k = torch.randn(step.cache_shape(len(tokens), max_len), generator=generator)
@@ -52,7 +54,8 @@ def _both(step, tokens, positions, max_len, splits, device="cpu"):
 def test_same_hidden_states_and_cache_as_the_pytorch_layers(name, new_tokens, splits):
     step = TargetStep(_model(name))
     tokens = torch.randint(0, 512, (3, new_tokens), generator=torch.Generator().manual_seed(1))
-    positions = torch.tensor([0, 9, 40])  # cache lengths: empty, short, near the end
+    tokens = tokens.to(DEVICE)
+    positions = torch.tensor([0, 9, 40], device=DEVICE)  # cache lengths: empty, short, near the end
     (want, k, v), (got, k_fused, v_fused) = _both(step, tokens, positions, 48, splits)
     torch.testing.assert_close(got, want, atol=CACHE_ATOL, rtol=CACHE_RTOL)
     # the written slots equal (the packed matmul sums in another order), the garbage kept
@@ -67,10 +70,10 @@ def test_attention_reads_only_the_live_prefix():
     full-visibility computation)."""
     generator = torch.Generator().manual_seed(0)
     n, heads, kv, s, d, t = 2, 4, 2, 64, 16, 3
-    q = torch.randn(n, heads, t, d, generator=generator)
-    k = torch.randn(n, kv, s, d, generator=generator)
-    v = torch.randn(n, kv, s, d, generator=generator)
-    positions = torch.tensor([5, 20])
+    q = torch.randn(n, heads, t, d, generator=generator).to(DEVICE)
+    k = torch.randn(n, kv, s, d, generator=generator).to(DEVICE)
+    v = torch.randn(n, kv, s, d, generator=generator).to(DEVICE)
+    positions = torch.tensor([5, 20], device=DEVICE)
     for i, p in enumerate(positions.tolist()):
         k[i, :, p + t :] = float("nan")
         v[i, :, p + t :] = float("nan")
@@ -82,6 +85,7 @@ def test_attention_reads_only_the_live_prefix():
             values = v[i, :, : p + t].repeat_interleave(heads // kv, 0)
             scores = q[i] @ keys.transpose(1, 2) * 0.25  # [heads, T, p + T]
             causal = torch.arange(p + t)[None, :] <= (p + torch.arange(t))[:, None]
+            causal = causal.to(DEVICE)
             want = torch.softmax(scores.masked_fill(~causal, float("-inf")), -1) @ values
             torch.testing.assert_close(out[i].transpose(0, 1), want, atol=1e-5, rtol=1e-5)
             unmasked = torch.softmax(scores, -1) @ values
@@ -92,7 +96,7 @@ def test_packed_weights_are_the_modules_own():
     """Packing re-points q / k / v and gate / up into one tensor: the model's own forward is
     unchanged and no second copy of the weights is kept."""
     model = _model("llama")
-    ids = torch.randint(0, 512, (2, 7), generator=torch.Generator().manual_seed(2))
+    ids = torch.randint(0, 512, (2, 7), generator=torch.Generator().manual_seed(2)).to(DEVICE)
     with torch.no_grad():
         before = model(ids).logits
         step = TargetStep(model)
