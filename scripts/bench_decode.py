@@ -141,7 +141,8 @@ def gpu_busy_fraction(loop: DeviceLoop, prompt, new_tokens: int, temperature: fl
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         loop.generate(prompt, new_tokens, temps, seeds)
     events = prof.events()
-    first_launch = min(e.time_range.start for e in events if e.name == "cudaGraphLaunch")
+    launches = [e.time_range.start for e in events if e.name == "cudaGraphLaunch"]
+    first_launch = min(launches, default=0)
     kernels = sorted(
         (e.time_range.start, e.time_range.end)
         for e in events
