@@ -7,7 +7,8 @@ length, and a step's ragged acceptance advances each sequence by its own ``num_e
 device memory. On CUDA the decoder layers run fused (``models/fused.py``: nine launches a
 layer, attention over each sequence's live prefix) and a whole step — the target over the last
 token and the drafts, verify, the bookkeeping, then the draft chain for the next step — is one
-CUDA graph. The host never waits inside a step: it replays as many steps as cannot finish every
+CUDA graph (the prompt's prefill too, one graph per prompt length). The host never waits inside
+a step: it replays as many steps as cannot finish every
 sequence (the slowest one's remaining tokens / (γ + 1)) back to back, then reads the counts once;
 each step's ``num_emitted`` goes to a device-side record that is read at the end (the metrics).
 
@@ -107,6 +108,7 @@ class DeviceLoop:
         self.use_graphs = device.type == "cuda" if graphs is None else graphs
         self.split_timing = split_timing
         self._graphs: list[torch.cuda.CUDAGraph] | None = None
+        self._prefills: dict[int, tuple[torch.Tensor, torch.cuda.CUDAGraph]] = {}
         self.target_layers = self.draft_layers = None
         if device.type == "cuda" if fused is None else fused:
             decoder = self.target.decoder
@@ -280,12 +282,7 @@ class DeviceLoop:
         self.steps_taken.zero_()
         self.pos.fill_(prompt_len - 1)
         self.last.copy_(prompt[:, -1])
-        zeros = torch.zeros(n, dtype=torch.int64, device=self.device)
-        hidden, _, _ = self.target(
-            prompt[:, :-1], zeros, self.k, self.v, inplace=True, fused=self.target_layers
-        )
-        # The first draft chain catches up on the prompt (its own shape: not captured).
-        self._draft(hidden, prompt[:, 1:], zeros + 1, zeros + prompt_len - 2)
+        self._prefill(prompt)
         run = [graph.replay for graph in self._graphs] if self._graphs else self._pieces()
         marks = []  # per step: a time mark before each piece and one after the last
         least_done = 0
@@ -304,6 +301,32 @@ class DeviceLoop:
         metrics.total_seconds = time.perf_counter() - start
         metrics.generated = n * new_tokens
         return tokens, metrics
+
+    def _prefill(self, prompt: torch.Tensor) -> None:
+        """The target over the prompt, then the first draft chain catching up on it; on CUDA
+        one graph per prompt length, captured on its first use (``self._prefills``)."""
+
+        def prefill(prompt):
+            n, prompt_len = prompt.shape
+            zeros = torch.zeros(n, dtype=torch.int64, device=self.device)
+            hidden, _, _ = self.target(
+                prompt[:, :-1], zeros, self.k, self.v, inplace=True, fused=self.target_layers
+            )
+            self._draft(hidden, prompt[:, 1:], zeros + 1, zeros + prompt_len - 2)
+
+        if not self._graphs:
+            return prefill(prompt)
+        length = prompt.shape[1]
+        if length not in self._prefills:
+            buffer = prompt.clone()
+            prefill(buffer)  # compiles this length's kernels; the capture then replays them
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                prefill(buffer)
+            self._prefills[length] = (buffer, graph)
+        buffer, graph = self._prefills[length]
+        buffer.copy_(prompt)
+        graph.replay()
 
     def _mark(self):
         """A point in time on the device's queue: a CUDA event, or the host clock on CPU."""
