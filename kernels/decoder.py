@@ -94,8 +94,9 @@ def _rope_write_kernel(
         partner = partner.to(tl.float32)
     else:
         normed = x
-    cos = tl.load(cos_ptr + row * D + offs).to(tl.float32)
-    sin = tl.load(sin_ptr + row * D + offs).to(tl.float32)
+    slot = tl.load(pos_ptr + n) + t  # the token's absolute position and cache slot
+    cos = tl.load(cos_ptr + slot * D + offs).to(tl.float32)
+    sin = tl.load(sin_ptr + slot * D + offs).to(tl.float32)
     rotated = tl.where(offs < D // 2, -partner, partner)
     roped = (
         (normed.to(tl.float32) * cos).to(dtype).to(tl.float32)
@@ -103,7 +104,6 @@ def _rope_write_kernel(
     ).to(dtype)
     # q: [N, HEADS, T, D]; k (roped) and v: the caches [N, KV, S, D] at the token's slot
     tl.store(q_ptr + ((n * HEADS + head) * T + t).to(tl.int64) * D + offs, roped, mask=is_q)
-    slot = tl.load(pos_ptr + n) + t
     k_head = tl.where(is_k, head - HEADS, 0)
     tl.store(k_cache_ptr + ((n * KV + k_head) * S + slot).to(tl.int64) * D + offs, roped, mask=is_k)
     v_head = tl.where(is_v, head - HEADS - KV, 0)
@@ -120,11 +120,11 @@ def rope_write(
     heads: int,
     qk_norm: tuple[torch.Tensor, float] | None = None,
 ) -> torch.Tensor:
-    """RoPE of ``qkv [N, T, (heads + 2 KV) D]`` (q heads, k heads, v heads) at ``cos, sin
-    [N, T, D]``; k and v written into ``k_cache, v_cache [N, KV, S, D]`` at slots
-    ``positions[i]`` .. ``positions[i] + T - 1``. Returns q [N, heads, T, D].
-    ``qk_norm``: (the q_norm and k_norm weights stacked [2, D], eps): RMSNorm per head before
-    RoPE (Qwen3)."""
+    """RoPE of ``qkv [N, T, (heads + 2 KV) D]`` (q heads, k heads, v heads); ``cos, sin [P, D]``
+    are the tables by absolute position (P > every position). k and v are written into
+    ``k_cache, v_cache [N, KV, S, D]`` at slots ``positions[i]`` .. ``positions[i] + T - 1``.
+    Returns q [N, heads, T, D]. ``qk_norm``: (the q_norm and k_norm weights stacked [2, D], eps),
+    RMSNorm per head before RoPE (Qwen3)."""
     n, t, _ = qkv.shape
     _, kv, s, d = k_cache.shape
     q = torch.empty((n, heads, t, d), dtype=qkv.dtype, device=qkv.device)

@@ -69,6 +69,17 @@ class FusedLayers:
         self.rotary = rotary
         self.heads, self.kv_heads, self.head_dim = geometry
         self.packed = [_packed(layer) for layer in self.layers]
+        self._rope_tables: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def rope_tables(self, length: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [length, D] of positions 0 .. length - 1 in ``like``'s dtype, as HF computes
+        them per call (made once per cache length: no launches per step)."""
+        key = (length, like.dtype, like.device)
+        if key not in self._rope_tables:
+            positions = torch.arange(length, device=like.device)[None]
+            cos, sin = rope(self.rotary, positions)  # [1, 1, length, D]
+            self._rope_tables[key] = (cos[0, 0].to(like.dtype), sin[0, 0].to(like.dtype))
+        return self._rope_tables[key]
 
     @staticmethod
     def norm(x: torch.Tensor, module: nn.Module) -> torch.Tensor:
@@ -76,9 +87,8 @@ class FusedLayers:
         return decoder.rms_norm(x, module.weight, module.variance_epsilon)[1]
 
     def __call__(self, x, positions, k_cache, v_cache, splits: int | None = None):
-        n, t, _ = x.shape
-        pos = positions[:, None] + torch.arange(t, device=x.device)  # [N, T]
-        cos, sin = (c[:, 0].to(x.dtype).contiguous() for c in rope(self.rotary, pos))
+        n = x.shape[0]
+        cos, sin = self.rope_tables(k_cache[0].shape[2], x)
         if splits is None:
             splits = decoder.attention_splits(n, self.kv_heads, k_cache[0].shape[2], x.device)
         first = self.layers[0].input_layernorm
