@@ -45,3 +45,17 @@ def pytest_collection_modifyitems(config, items):
         for marker, reason in reasons.items():
             if marker in item.keywords:
                 item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(scope="session")
+def tiny_ngram_export(tmp_path_factory):
+    """One tiny-llama + n-gram export (max_len 16) for the tests that only read it or start from
+    a copy (``shutil.copytree``): exporting costs seconds, copying milliseconds."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("onnxscript")
+    from flashspec_export.export.pipeline import export
+    from flashspec_export.models.build import ExportConfig
+
+    out = tmp_path_factory.mktemp("tiny-ngram") / "export"
+    export(ExportConfig(target="tiny-llama", draft="ngram", out=str(out), max_len=16))
+    return out

@@ -5,6 +5,7 @@ export intact and verifiable."""
 from __future__ import annotations
 
 import pathlib
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,9 +22,10 @@ from flashspec_export.models.build import ExportConfig
 ROOT = pathlib.Path(__file__).parents[2]
 
 
-def test_force_replaces_the_whole_directory(tmp_path):
+def test_force_replaces_the_whole_directory(tmp_path, tiny_ngram_export):
     out = tmp_path / "x"
-    export(ExportConfig(target="tiny-llama", draft="mtp", out=str(out), max_len=16))
+    shutil.copytree(tiny_ngram_export, out)
+    (out / "drafter_mtp.onnx").write_bytes(b"a drafter graph of the previous export")
     (out / "engines").mkdir()
     (out / "engines" / "target_step.engine").write_bytes(b"old engine")
     export(ExportConfig(target="tiny-llama", draft="ngram", out=str(out), max_len=16, force=True))
@@ -37,9 +39,9 @@ def test_force_replaces_the_whole_directory(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["x"]  # no staging directory left
 
 
-def test_an_export_killed_midway_leaves_the_previous_one_intact(tmp_path):
+def test_an_export_killed_midway_leaves_the_previous_one_intact(tmp_path, tiny_ngram_export):
     out = tmp_path / "x"
-    export(ExportConfig(target="tiny-llama", draft="ngram", out=str(out), max_len=16))
+    shutil.copytree(tiny_ngram_export, out)
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     command = [sys.executable, "scripts/export.py", "--target", "tiny-llama", "--draft", "mtp"]
     command += ["--max-len", "16"]

@@ -68,15 +68,14 @@ def test_a_node_that_falls_back_to_its_body_fails_the_build(exported_mtp, tmp_pa
     assert "1 flashspec node(s) but 0 plugin layer(s)" in result.stderr
 
 
-def test_full_tensorrt_without_the_library_is_refused(monkeypatch, tmp_path):
+def test_full_tensorrt_without_the_library_is_refused(monkeypatch, tiny_ngram_export):
     """Full TensorRT would silently inline the bodies: without the library the build stops
     before anything is written, and says how to get the library or ask for the bodies."""
-    export(ExportConfig(target="tiny-llama", draft="ngram", out=str(tmp_path), max_len=16))
     monkeypatch.setattr(build, "tensorrt_flavour", lambda: "tensorrt")
     monkeypatch.setattr(plugins, "library_path", lambda: None)
     with pytest.raises(ConfigError, match=r"plugins: TensorRT needs the FlashSpec plugin library"):
-        build.build_engines(tmp_path)
-    assert not (tmp_path / "engines").exists()
+        build.build_engines(tiny_ngram_export)
+    assert not (tiny_ngram_export / "engines").exists()
 
 
 def test_a_plugin_library_path_that_names_no_file_is_an_error(monkeypatch, tmp_path):

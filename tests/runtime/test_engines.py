@@ -20,10 +20,9 @@ from flashspec_export.runtime.loop import generate
 @pytest.mark.skipif(
     importlib.util.find_spec("tensorrt") is not None, reason="TensorRT is installed"
 )
-def test_without_tensorrt_running_engines_is_refused_by_name(tmp_path):
-    export(ExportConfig(target="tiny-llama", draft="ngram", out=str(tmp_path), max_len=16))
+def test_without_tensorrt_running_engines_is_refused_by_name(tiny_ngram_export):
     with pytest.raises(ConfigError, match="engines: running engines needs TensorRT"):
-        sessions.from_engines(tmp_path)
+        sessions.from_engines(tiny_ngram_export)
 
 
 @pytest.mark.trt
