@@ -82,3 +82,34 @@ def test_kernel_path_query():
     if not torch.cuda.is_available():
         params = cuda._TiledArgmaxParams(16, 16, 16, 16, 16, 4, 4096, 128256, 2, 0)
         assert lib.flashspecKernelPath(cuda.OPS["tiled_argmax"], ctypes.byref(params)) == 0
+
+
+VOCABS = (111, 32000, 32001, 128256, 151936, 262144)
+
+
+def test_the_split_bound_holds_for_every_table_row():
+    """``maxNumSplits`` bounds every split count the library can choose, on any GPU: each row of
+    the compiled Triton table (any row count, any SM count) and the native kernels' count. A
+    plugin serializes its count, ``createPlugin`` refuses one above the bound and the workspace
+    of an unresolved plugin is sized with it. The bound once counted only the native kernels
+    (V / 512), below the table's 64-id tiles' cdiv(V, 64): an H200 engine at V = 32001 then
+    serialized 501 splits that it could not deserialize (issue 32)."""
+    lib = cuda.library()
+    table_rows = 0
+    while lib.flashspecTableSplits(table_rows, 1, 32000, 132) >= 0:
+        table_rows += 1
+    for vocab in VOCABS:
+        bound = lib.flashspecMaxNumSplits(vocab)
+        assert bound >= 1
+        chosen = [
+            lib.flashspecTableSplits(row, rows, vocab, sms)
+            for row in range(table_rows)
+            for rows in (1, 4, 16, 17, 64, 128, 512)
+            for sms in (46, 78, 108, 132, 170, 1024)
+        ]
+        assert max(chosen, default=0) <= bound, (vocab, max(chosen), bound)
+        for op in (cuda.OPS["tiled_argmax"], cuda.OPS["verify_resample"]):
+            assert lib.flashspecResolveNumSplits(op, 4, 4096, vocab, 2, 0) <= bound
+    assert lib.flashspecTableSplits(-1, 1, 32000, 132) == -1
+    if table_rows == 0:
+        pytest.skip("the library has no compiled Triton kernels: only the native bound checked")

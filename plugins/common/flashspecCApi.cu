@@ -46,6 +46,16 @@ int32_t flashspecResolveNumSplits(int32_t op, int32_t numRows, int32_t hiddenSiz
     return resolveNumSplits(op, numRows, hiddenSize, vocabSize, dtype, requested);
 }
 
+int32_t flashspecMaxNumSplits(int32_t vocabSize)
+{
+    return maxNumSplits(vocabSize);
+}
+
+int32_t flashspecTableSplits(int32_t row, int32_t numRows, int32_t vocabSize, int32_t sms)
+{
+    return row < 0 ? -1 : aot::tableSplits(static_cast<size_t>(row), numRows, vocabSize, sms);
+}
+
 int32_t flashspecKernelPath(int32_t op, void const* params)
 {
     switch (op)

@@ -24,6 +24,12 @@ FLASHSPEC_API int32_t flashspecDtypeCode(char const* name);
 //! The vocabulary splits a launch of op (FlashspecOp) uses (requested > 0 is kept): the Triton
 //! launch table's count where the compiled Triton kernels serve the shape on the current device.
 FLASHSPEC_API int32_t flashspecResolveNumSplits(int32_t op, int32_t numRows, int32_t hiddenSize, int32_t vocabSize, int32_t dtype, int32_t requested);
+//! The most splits flashspecResolveNumSplits returns for a vocabulary of vocabSize ids on any GPU
+//! (the bound a plugin's serialized num_splits and its workspace are checked against).
+FLASHSPEC_API int32_t flashspecMaxNumSplits(int32_t vocabSize);
+//! The split count row `row` of the compiled Triton table gives (numRows rows, vocabSize ids, a GPU
+//! of `sms` SMs), or -1 past the table's end: with flashspecMaxNumSplits, the bound is testable.
+FLASHSPEC_API int32_t flashspecTableSplits(int32_t row, int32_t numRows, int32_t vocabSize, int32_t sms);
 //! The FlashspecKernelPath a call of op (0: TiledArgmax, 1: VerifyResample) with these params would
 //! run on the current device: the compiled Triton kernels or the native CUDA kernels; -1 if op is unknown.
 FLASHSPEC_API int32_t flashspecKernelPath(int32_t op, void const* params);

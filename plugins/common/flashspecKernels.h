@@ -71,9 +71,9 @@ struct VerifyResampleParams
     int32_t numSplits;           // 0 = chosen from the SM count
 };
 
-//! The most vocabulary splits resolveNumSplits chooses on any GPU (it grows with the SM count up
-//! to this bound; the Triton table's cdiv(V, BLOCK_V >= 128) is below it too): a workspace sized
-//! with it fits every device an engine may run on.
+//! The most vocabulary splits resolveNumSplits chooses on any GPU: the native kernels' count grows
+//! with the SM count up to V / 512, every row of the compiled Triton table gives at most one split
+//! per tile, cdiv(V, BLOCK_V). A workspace sized with it fits every device an engine may run on.
 int32_t maxNumSplits(int32_t vocabSize);
 
 //! The number of vocabulary splits a launch of op (FlashspecOp) uses: requested > 0 as is; else the

@@ -6,7 +6,10 @@ namespace flashspec
 
 int32_t maxNumSplits(int32_t vocabSize)
 {
-    return std::max(1, vocabSize / (kWarps * kUnroll * 4)); // no split narrower than one pass of all warps
+    // The native kernels: no split narrower than one pass of all warps. The compiled Triton
+    // table: one split per tile at most, and its narrowest tiles (64 ids) give more than that.
+    int32_t const native = std::max(1, vocabSize / (kWarps * kUnroll * 4));
+    return std::max(native, aot::maxTableSplits(vocabSize));
 }
 
 int32_t resolveNumSplits(

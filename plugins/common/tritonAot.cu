@@ -356,6 +356,21 @@ cudaError_t launchHopper(Plan const& plan, int32_t kernel, void const* hidden, v
 
 } // namespace
 
+int32_t tableSplits(size_t row, int32_t numRows, int32_t vocabSize, int32_t sms)
+{
+    return row < kTable.numTiles ? numSplits(kTable.tiles[row], numRows, vocabSize, sms) : -1;
+}
+
+int32_t maxTableSplits(int32_t vocabSize)
+{
+    int32_t most = 0;
+    for (size_t i = 0; i < kTable.numTiles; ++i)
+    {
+        most = std::max(most, cdiv(vocabSize, kTable.tiles[i].blockV));
+    }
+    return most;
+}
+
 int32_t tunedSplits(int32_t op, int32_t numRows, int32_t hiddenSize, int32_t vocabSize, int32_t dtype)
 {
     int32_t sms = 0;

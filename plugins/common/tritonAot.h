@@ -89,6 +89,14 @@ inline int32_t pathOf(Plan const& plan)
 //! 0 where no compiled kernels serve (op, numRows, hiddenSize, dtype) here.
 int32_t tunedSplits(int32_t op, int32_t numRows, int32_t hiddenSize, int32_t vocabSize, int32_t dtype);
 
+//! The split count row `row` of the compiled table gives numRows rows of a vocabulary of
+//! vocabSize ids on a GPU with `sms` SMs (tiles.num_splits), or -1 past the table's end.
+int32_t tableSplits(size_t row, int32_t numRows, int32_t vocabSize, int32_t sms);
+
+//! The most splits any row of the compiled table gives a vocabulary of vocabSize ids on any GPU
+//! (one split per tile at most: cdiv(V, the smallest BLOCK_V)); 0 for an empty table.
+int32_t maxTableSplits(int32_t vocabSize);
+
 //! A plan for the call, or false: the native kernels run it.
 bool planTiledArgmax(TiledArgmaxParams const& params, Plan& plan);
 bool planVerifyResample(VerifyResampleParams const& params, Plan& plan);
