@@ -4,12 +4,20 @@
 namespace flashspec
 {
 
+namespace
+{
+//! The native kernels: no split narrower than one pass of all warps.
+int32_t maxNativeSplits(int32_t vocabSize)
+{
+    return std::max(1, vocabSize / (kWarps * kUnroll * 4));
+}
+} // namespace
+
 int32_t maxNumSplits(int32_t vocabSize)
 {
-    // The native kernels: no split narrower than one pass of all warps. The compiled Triton
-    // table: one split per tile at most, and its narrowest tiles (64 ids) give more than that.
-    int32_t const native = std::max(1, vocabSize / (kWarps * kUnroll * 4));
-    return std::max(native, aot::maxTableSplits(vocabSize));
+    // The compiled Triton table: one split per tile at most; its narrowest tiles (64 ids) give
+    // more splits than the native kernels do.
+    return std::max(maxNativeSplits(vocabSize), aot::maxTableSplits(vocabSize));
 }
 
 int32_t resolveNumSplits(
@@ -33,9 +41,9 @@ int32_t resolveNumSplits(
     }
     int32_t const rows = blockRows(numRows, hiddenSize, dtype, mmaShape(hiddenSize, dtype));
     int32_t const rowBlocks = (numRows + rows - 1) / rows;
-    // Two CTAs per SM over all row blocks, at most maxNumSplits.
+    // Two CTAs per SM over all row blocks, no split narrower than one pass of all warps.
     int32_t const bySm = std::max(1, (2 * smCount + rowBlocks - 1) / rowBlocks);
-    return std::min(bySm, maxNumSplits(vocabSize));
+    return std::min(bySm, maxNativeSplits(vocabSize));
 }
 
 } // namespace flashspec
