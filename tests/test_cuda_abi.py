@@ -113,3 +113,57 @@ def test_the_split_bound_holds_for_every_table_row():
     assert lib.flashspecTableSplits(-1, 1, 32000, 132) == -1
     if table_rows == 0:
         pytest.skip("the library has no compiled Triton kernels: only the native bound checked")
+
+
+def _check_shapes(op: str, shapes: list[list[int]], vocab: int = 1000) -> tuple[int, str]:
+    """``flashspecCheckShapes``: what every plugin runs in configurePlugin and enqueue."""
+    nb_dims = (ctypes.c_int32 * len(shapes))(*map(len, shapes))
+    dims = (ctypes.c_int64 * (8 * len(shapes)))()
+    for i, shape in enumerate(shapes):
+        dims[8 * i : 8 * i + len(shape)] = shape
+    message = ctypes.create_string_buffer(256)
+    status = cuda.library().flashspecCheckShapes(
+        cuda.OPS[op], nb_dims, dims, len(shapes), vocab, message, len(message)
+    )
+    return status, message.value.decode()
+
+
+# hidden [N, R, H], lm_head [V, H], draft_tokens [N, R - 1], temperature, seed, positions [N]
+VERIFY = [[4, 4, 64], [1024, 64], [4, 3], [4], [4], [4]]
+
+
+@pytest.mark.parametrize(
+    ("input_index", "shape", "named"),
+    [
+        (0, [4, 64], "hidden must be [N, R, H]"),
+        (0, [4, 0, 64], "hidden must be [N, R, H] with R >= 1"),
+        (1, [1024, 32], "lm_head must be [>= vocab_size 1000, H 64], got [1024, 32]"),
+        (1, [999, 64], "lm_head must be [>= vocab_size 1000, H 64], got [999, 64]"),
+        (2, [3, 3], "draft_tokens must be [N 4, R - 1 3], got [3, 3]"),
+        (2, [4, 4], "draft_tokens must be [N 4, R - 1 3], got [4, 4]"),
+        (3, [3], "temperature must be [N 4], got [3]"),
+        (4, [4, 1], "seed must be [N 4], got [4, 1]"),
+        (5, [5], "positions must be [N 4], got [5]"),
+    ],
+)
+def test_every_verify_input_dimension_is_checked(input_index, shape, named):
+    """TensorRT's shape inference cannot catch these (no output depends on lm_head's H or the
+    per-sequence lengths): the plugin checks them before the kernel reads out of bounds, and
+    says which input and what shape it expected (issue 32)."""
+    assert _check_shapes("verify_resample", VERIFY) == (0, "")
+    shapes = [list(s) for s in VERIFY]
+    shapes[input_index] = shape
+    status, message = _check_shapes("verify_resample", shapes)
+    assert status == -1 and message.startswith("VerifyResample: ") and named in message, message
+
+
+def test_dynamic_dimensions_match_and_argmax_inputs_are_checked():
+    """At build time a dynamic dimension is -1 and matches any size; the argmax's hidden and
+    lm_head are checked the same way."""
+    dynamic = [[-1, -1, 64], [1024, 64], [-1, -1], [-1], [-1], [-1]]
+    assert _check_shapes("verify_resample", dynamic) == (0, "")
+    assert _check_shapes("tiled_argmax", [[-1, 64], [1024, 64]]) == (0, "")
+    status, message = _check_shapes("tiled_argmax", [[8, 64], [1024, 128]])
+    assert status == -1 and "TiledArgmax: lm_head must be [>= vocab_size 1000, H 64]" in message
+    status, message = _check_shapes("tiled_argmax", [[8, 64]])
+    assert status == -1 and "expected 2 inputs, got 1" in message

@@ -2,6 +2,7 @@
 #include "flashspecKernels.h"
 #include "tritonAot.h"
 
+#include <algorithm>
 #include <cstddef>
 #include <cstring>
 #include <initializer_list>
@@ -54,6 +55,25 @@ int32_t flashspecMaxNumSplits(int32_t vocabSize)
 int32_t flashspecTableSplits(int32_t row, int32_t numRows, int32_t vocabSize, int32_t sms)
 {
     return row < 0 ? -1 : aot::tableSplits(static_cast<size_t>(row), numRows, vocabSize, sms);
+}
+
+int32_t flashspecCheckShapes(int32_t op, int32_t const* nbDims, int64_t const* dims, int32_t nbInputs,
+    int32_t vocabSize, char* message, size_t capacity)
+{
+    TensorShape shapes[8]{};
+    if (nbInputs < 0 || nbInputs > 8)
+    {
+        return -1;
+    }
+    for (int32_t i = 0; i < nbInputs; ++i)
+    {
+        shapes[i].nbDims = std::min(nbDims[i], 8);
+        for (int32_t j = 0; j < shapes[i].nbDims; ++j)
+        {
+            shapes[i].d[j] = dims[8 * i + j];
+        }
+    }
+    return checkShapes(op, shapes, nbInputs, vocabSize, message, capacity);
 }
 
 int32_t flashspecKernelPath(int32_t op, void const* params)

@@ -30,6 +30,10 @@ FLASHSPEC_API int32_t flashspecMaxNumSplits(int32_t vocabSize);
 //! The split count row `row` of the compiled Triton table gives (numRows rows, vocabSize ids, a GPU
 //! of `sms` SMs), or -1 past the table's end: with flashspecMaxNumSplits, the bound is testable.
 FLASHSPEC_API int32_t flashspecTableSplits(int32_t row, int32_t numRows, int32_t vocabSize, int32_t sms);
+//! checkShapes (flashspecKernels.h), the check every plugin runs in configurePlugin and enqueue:
+//! input i has nbDims[i] dims dims[8 i ..]; returns 0, or -1 with the message in message.
+FLASHSPEC_API int32_t flashspecCheckShapes(int32_t op, int32_t const* nbDims, int64_t const* dims, int32_t nbInputs,
+    int32_t vocabSize, char* message, size_t capacity);
 //! The FlashspecKernelPath a call of op (0: TiledArgmax, 1: VerifyResample) with these params would
 //! run on the current device: the compiled Triton kernels or the native CUDA kernels; -1 if op is unknown.
 FLASHSPEC_API int32_t flashspecKernelPath(int32_t op, void const* params);

@@ -71,6 +71,21 @@ struct VerifyResampleParams
     int32_t numSplits;           // 0 = chosen from the SM count
 };
 
+//! An input's shape as a plugin sees it (TensorRT's Dims without its header); d[i] < 0: not known
+//! yet (a dynamic dimension at build time), which matches any size.
+struct TensorShape
+{
+    int32_t nbDims;
+    int64_t d[8];
+};
+
+//! Checks the inputs of op (FlashspecOp) against its contract — TiledArgmax: hidden [N, H],
+//! lm_head [>= vocabSize, H]; VerifyResample: hidden [N, R, H] (R >= 1), lm_head [>= vocabSize, H],
+//! draft_tokens [N, R - 1], temperature, seed, positions [N] — before any device memory is read.
+//! Returns 0, or -1 with a message naming the input, the expected shape and the one given.
+int32_t checkShapes(int32_t op, TensorShape const* inputs, int32_t nbInputs, int32_t vocabSize,
+    char* message, size_t capacity);
+
 //! The most vocabulary splits resolveNumSplits chooses on any GPU: the native kernels' count grows
 //! with the SM count up to V / 512, every row of the compiled Triton table gives at most one split
 //! per tile, cdiv(V, BLOCK_V). A workspace sized with it fits every device an engine may run on.

@@ -1,5 +1,6 @@
 #include "flashspecPlugin.h"
 
+#include <algorithm>
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
@@ -89,9 +90,38 @@ char const* FlashspecPlugin::getPluginNamespace() const noexcept
     return kNamespace;
 }
 
+bool FlashspecPlugin::shapesFit(nvinfer1::Dims const* const* dims, int32_t nbInputs) const noexcept
+{
+    TensorShape shapes[8]{};
+    for (int32_t i = 0; i < nbInputs && i < 8; ++i)
+    {
+        shapes[i].nbDims = std::min(dims[i]->nbDims, 8);
+        for (int32_t j = 0; j < shapes[i].nbDims; ++j)
+        {
+            shapes[i].d[j] = dims[i]->d[j];
+        }
+    }
+    char message[256] = "";
+    if (checkShapes(kernelOp(), shapes, std::min(nbInputs, 8), mVocabSize, message, sizeof(message)) != 0)
+    {
+        logError("%s", message);
+        return false;
+    }
+    return true;
+}
+
 int32_t FlashspecPlugin::configurePlugin(nvinfer1::DynamicPluginTensorDesc const* in, int32_t nbInputs,
     nvinfer1::DynamicPluginTensorDesc const* /* out */, int32_t /* nbOutputs */) noexcept
 {
+    nvinfer1::Dims const* dims[8]{};
+    for (int32_t i = 0; i < nbInputs && i < 8; ++i)
+    {
+        dims[i] = &in[i].desc.dims;
+    }
+    if (!shapesFit(dims, nbInputs))
+    {
+        return -1;
+    }
     // The split count is fixed here, at build time, for the largest shape of the profile (input 0
     // is hidden [..., H]: its leading dims are the rows), and serialized with the plugin: the
     // workspace and every enqueue use this one value on whatever GPU runs the engine (the same

@@ -80,6 +80,10 @@ public:
     nvinfer1::PluginFieldCollection const* getFieldsToSerialize() noexcept override;
 
 protected:
+    //! checkShapes (flashspecKernels.h) over the inputs' dims, the message logged; false if a
+    //! dimension breaks the op's contract (configurePlugin: dims of the profile, -1 where dynamic;
+    //! enqueue: the call's).
+    bool shapesFit(nvinfer1::Dims const* const* dims, int32_t nbInputs) const noexcept;
     //! The vocabulary splits the workspace is sized for (and enqueue launches, once resolved).
     int32_t workspaceSplits() const noexcept;
     //! The op's FlashspecOp code (its launch table decides the split count).

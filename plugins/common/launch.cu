@@ -1,6 +1,9 @@
 #include "launch.cuh"
 #include "tritonAot.h"
 
+#include <cstdio>
+#include <string>
+
 namespace flashspec
 {
 
@@ -18,6 +21,86 @@ int32_t maxNumSplits(int32_t vocabSize)
     // The compiled Triton table: one split per tile at most; its narrowest tiles (64 ids) give
     // more splits than the native kernels do.
     return std::max(maxNativeSplits(vocabSize), aot::maxTableSplits(vocabSize));
+}
+
+namespace
+{
+std::string describe(TensorShape const& shape)
+{
+    std::string text = "[";
+    for (int32_t i = 0; i < shape.nbDims; ++i)
+    {
+        text += (i ? ", " : "") + std::to_string(shape.d[i]);
+    }
+    return text + "]";
+}
+
+//! Unknown (< 0) sizes match anything.
+bool same(int64_t a, int64_t b)
+{
+    return a < 0 || b < 0 || a == b;
+}
+
+int32_t fail(char* message, size_t capacity, char const* op, char const* input, char const* expected,
+    TensorShape const& given)
+{
+    if (message != nullptr && capacity > 0)
+    {
+        std::snprintf(message, capacity, "%s: %s must be %s, got %s", op, input, expected, describe(given).c_str());
+    }
+    return -1;
+}
+} // namespace
+
+int32_t checkShapes(int32_t op, TensorShape const* in, int32_t nbInputs, int32_t vocabSize, char* message,
+    size_t capacity)
+{
+    bool const verify = op == FLASHSPEC_OP_VERIFY_RESAMPLE;
+    char const* name = verify ? "VerifyResample" : "TiledArgmax";
+    int32_t const expected = verify ? 6 : 2;
+    if ((op != FLASHSPEC_OP_TILED_ARGMAX && !verify) || nbInputs != expected)
+    {
+        if (message != nullptr && capacity > 0)
+        {
+            std::snprintf(message, capacity, "%s: expected %d inputs, got %d", name, expected, nbInputs);
+        }
+        return -1;
+    }
+    TensorShape const& hidden = in[0];
+    TensorShape const& lmHead = in[1];
+    int32_t const rank = verify ? 3 : 2;
+    if (hidden.nbDims != rank || (verify && hidden.d[1] == 0))
+    {
+        return fail(message, capacity, name, "hidden", verify ? "[N, R, H] with R >= 1" : "[N, H]", hidden);
+    }
+    int64_t const n = hidden.d[0];
+    int64_t const h = hidden.d[rank - 1];
+    if (lmHead.nbDims != 2 || !same(lmHead.d[1], h) || (lmHead.d[0] >= 0 && lmHead.d[0] < vocabSize))
+    {
+        std::string const want = "[>= vocab_size " + std::to_string(vocabSize) + ", H " + std::to_string(h) + "]";
+        return fail(message, capacity, name, "lm_head", want.c_str(), lmHead);
+    }
+    if (!verify)
+    {
+        return 0;
+    }
+    int64_t const drafts = hidden.d[1] < 0 ? -1 : hidden.d[1] - 1;
+    if (in[2].nbDims != 2 || !same(in[2].d[0], n) || !same(in[2].d[1], drafts))
+    {
+        std::string const want = "[N " + std::to_string(n) + ", R - 1 " + std::to_string(drafts) + "]";
+        return fail(message, capacity, name, "draft_tokens", want.c_str(), in[2]);
+    }
+    char const* perSequence[] = {"temperature", "seed", "positions"};
+    for (int32_t i = 0; i < 3; ++i)
+    {
+        TensorShape const& shape = in[3 + i];
+        if (shape.nbDims != 1 || !same(shape.d[0], n))
+        {
+            std::string const want = "[N " + std::to_string(n) + "]";
+            return fail(message, capacity, name, perSequence[i], want.c_str(), shape);
+        }
+    }
+    return 0;
 }
 
 int32_t resolveNumSplits(

@@ -78,9 +78,9 @@ size_t TiledArgmaxPlugin::getWorkspaceSize(DynamicPluginTensorDesc const* inputs
 int32_t TiledArgmaxPlugin::enqueue(PluginTensorDesc const* inputDesc, PluginTensorDesc const* /* outputDesc */,
     void const* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream) noexcept
 {
-    if (inputDesc[kLmHead].dims.d[0] < mVocabSize)
+    Dims const* dims[] = {&inputDesc[kHidden].dims, &inputDesc[kLmHead].dims};
+    if (!shapesFit(dims, 2))
     {
-        logError("TiledArgmax: lm_head has fewer rows than vocab_size");
         return -1;
     }
     TiledArgmaxParams params{};

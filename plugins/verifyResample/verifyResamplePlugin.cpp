@@ -96,9 +96,13 @@ int32_t VerifyResamplePlugin::enqueue(PluginTensorDesc const* inputDesc, PluginT
     void const* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream) noexcept
 {
     Dims const& hidden = inputDesc[kHidden].dims;
-    if (inputDesc[kLmHead].dims.d[0] < mVocabSize || inputDesc[kDrafts].dims.d[1] != hidden.d[1] - 1)
+    Dims const* dims[kNbInputs];
+    for (int32_t i = 0; i < kNbInputs; ++i)
     {
-        logError("VerifyResample: lm_head has fewer rows than vocab_size, or draft_tokens is not [N, R - 1]");
+        dims[i] = &inputDesc[i].dims;
+    }
+    if (!shapesFit(dims, kNbInputs)) // TensorRT's shape inference cannot catch these: no output
+    {                                // depends on H of lm_head or the per-sequence lengths
         return -1;
     }
     VerifyResampleParams params{};
