@@ -167,3 +167,32 @@ def test_dynamic_dimensions_match_and_argmax_inputs_are_checked():
     assert status == -1 and "TiledArgmax: lm_head must be [>= vocab_size 1000, H 64]" in message
     status, message = _check_shapes("tiled_argmax", [[8, 64]])
     assert status == -1 and "expected 2 inputs, got 1" in message
+
+
+# cudaDevAttrMaxSharedMemoryPerBlockOptin: sm_86 / 89 / 120 (RTX, L4, L40S), A100, H100 / H200
+OPTIN_BYTES = {"sm_86/89/120": 99 * 1024, "sm_80": 163 * 1024, "sm_90": 227 * 1024}
+STATIC_SMEM = 5 * 1024  # the tile kernels' warp summaries (8 warps x 32 x 20 bytes)
+
+
+@pytest.mark.parametrize("device", list(OPTIN_BYTES))
+def test_the_staged_hidden_block_fits_the_devices_shared_memory(device):
+    """The native FMA kernels stage ROWS hidden rows in shared memory; ROWS is chosen from the
+    running device's opt-in limit, not Hopper's: with a fixed 160 KB budget, fp32 at H = 4096
+    staged 8 rows (128 KB) on a 99 KB GPU and every launch failed (issue 32). A hidden size no
+    row of which fits is refused (-1), never launched."""
+    lib = cuda.library()
+    lib.flashspecStagedSmemBytes.restype = ctypes.c_int64
+    optin = OPTIN_BYTES[device]
+    for dtype, size in ((0, 4), (1, 2), (2, 2)):
+        for hidden in (64, 2048, 4096, 5120, 8192, 16384, 32768):
+            for rows in (1, 2, 5, 8, 16, 64):
+                staged = lib.flashspecStagedSmemBytes(rows, hidden, dtype, optin)
+                if staged == -1:  # not even one row fits the budget: min(160 KB, opt-in - 8 KB)
+                    assert hidden * size > min(160 * 1024, optin - 8 * 1024), (hidden, dtype)
+                    continue
+                covering = min(16, 1 << (rows - 1).bit_length())  # ROWS: a power of two
+                assert hidden * size <= staged <= covering * hidden * size
+                assert staged + STATIC_SMEM <= optin, (device, dtype, hidden, rows, staged)
+    # fp32, H 4096, 5 rows: 4 rows (64 KB) on a 99 KB GPU, 8 rows (128 KB) on Hopper
+    assert lib.flashspecStagedSmemBytes(5, 4096, 0, OPTIN_BYTES["sm_86/89/120"]) == 64 * 1024
+    assert lib.flashspecStagedSmemBytes(5, 4096, 0, OPTIN_BYTES["sm_90"]) == 128 * 1024

@@ -1,5 +1,6 @@
 #include "flashspecCApi.h"
 #include "flashspecKernels.h"
+#include "launch.cuh"
 #include "tritonAot.h"
 
 #include <algorithm>
@@ -74,6 +75,16 @@ int32_t flashspecCheckShapes(int32_t op, int32_t const* nbDims, int64_t const* d
         }
     }
     return checkShapes(op, shapes, nbInputs, vocabSize, message, capacity);
+}
+
+int64_t flashspecStagedSmemBytes(int32_t numRows, int32_t hiddenSize, int32_t dtype, int64_t optinBytes)
+{
+    size_t const limit = hiddenSmemLimit(static_cast<size_t>(std::max<int64_t>(optinBytes, 0)));
+    if (!validDtype(dtype) || !hiddenFits(hiddenSize, dtype, limit))
+    {
+        return -1;
+    }
+    return int64_t{rowsPerBlock(numRows, hiddenSize, dtype, limit)} * hiddenSize * static_cast<int64_t>(elementSize(dtype));
 }
 
 int32_t flashspecKernelPath(int32_t op, void const* params)

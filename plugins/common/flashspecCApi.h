@@ -34,6 +34,9 @@ FLASHSPEC_API int32_t flashspecTableSplits(int32_t row, int32_t numRows, int32_t
 //! input i has nbDims[i] dims dims[8 i ..]; returns 0, or -1 with the message in message.
 FLASHSPEC_API int32_t flashspecCheckShapes(int32_t op, int32_t const* nbDims, int64_t const* dims, int32_t nbInputs,
     int32_t vocabSize, char* message, size_t capacity);
+//! Dynamic shared memory the native FMA kernels stage hidden rows in for a launch of numRows rows
+//! on a device whose CTAs may opt in to optinBytes; -1 where H does not fit (the call is refused).
+FLASHSPEC_API int64_t flashspecStagedSmemBytes(int32_t numRows, int32_t hiddenSize, int32_t dtype, int64_t optinBytes);
 //! The FlashspecKernelPath a call of op (0: TiledArgmax, 1: VerifyResample) with these params would
 //! run on the current device: the compiled Triton kernels or the native CUDA kernels; -1 if op is unknown.
 FLASHSPEC_API int32_t flashspecKernelPath(int32_t op, void const* params);

@@ -122,7 +122,7 @@ int32_t resolveNumSplits(
     {
         cudaDeviceGetAttribute(&smCount, cudaDevAttrMultiProcessorCount, device);
     }
-    int32_t const rows = blockRows(numRows, hiddenSize, dtype, mmaShape(hiddenSize, dtype));
+    int32_t const rows = blockRows(numRows, hiddenSize, dtype, mmaShape(hiddenSize, dtype), hiddenSmemLimit());
     int32_t const rowBlocks = (numRows + rows - 1) / rows;
     // Two CTAs per SM over all row blocks, no split narrower than one pass of all warps.
     int32_t const bySm = std::max(1, (2 * smCount + rowBlocks - 1) / rowBlocks);

@@ -13,7 +13,33 @@
 namespace flashspec
 {
 
-constexpr size_t kMaxHiddenSmemBytes = 160 * 1024; // the staged hidden block (H100/H200: 227 KB)
+//! The staged hidden block's cap, where the device allows more (Hopper: the measured row choice).
+constexpr size_t kHiddenSmemCap = 160 * 1024;
+//! The tile kernels' static shared memory (warp summaries, at most 5 KB) beside the staged block.
+constexpr size_t kStaticSmemReserve = 8 * 1024;
+
+//! Dynamic shared memory the staged hidden block may take where a CTA may opt in to optinBytes
+//! (cudaDevAttrMaxSharedMemoryPerBlockOptin): 160 KB on Hopper (227 KB), 155 KB on A100 (163 KB),
+//! 91 KB on sm_86 / 89 / 120 (99 KB).
+inline size_t hiddenSmemLimit(size_t optinBytes)
+{
+    return std::min(kHiddenSmemCap, optinBytes > kStaticSmemReserve ? optinBytes - kStaticSmemReserve : 0);
+}
+
+//! The limit on the current device (queried per launch, so an engine built on one GPU runs right
+//! on another); the Hopper cap where no device answers.
+inline size_t hiddenSmemLimit()
+{
+    int device = 0;
+    int optin = 0;
+    if (cudaGetDevice(&device) != cudaSuccess
+        || cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess)
+    {
+        cudaGetLastError(); // clear it: no device is not this launch's error
+        return kHiddenSmemCap;
+    }
+    return hiddenSmemLimit(static_cast<size_t>(optin));
+}
 
 inline size_t elementSize(int32_t dtype)
 {
@@ -25,21 +51,21 @@ inline bool validDtype(int32_t dtype)
     return dtype >= FLASHSPEC_FLOAT32 && dtype <= FLASHSPEC_BFLOAT16;
 }
 
-//! ROWS: the smallest of 1, 2, 4, 8, 16 covering numRows whose block fits shared memory.
-inline int32_t rowsPerBlock(int32_t numRows, int32_t hiddenSize, int32_t dtype)
+//! ROWS: the smallest of 1, 2, 4, 8, 16 covering numRows whose block fits limitBytes.
+inline int32_t rowsPerBlock(int32_t numRows, int32_t hiddenSize, int32_t dtype, size_t limitBytes)
 {
     int32_t rows = 1;
     while (rows < numRows && rows < 16
-        && 2 * rows * static_cast<size_t>(hiddenSize) * elementSize(dtype) <= kMaxHiddenSmemBytes)
+        && 2 * rows * static_cast<size_t>(hiddenSize) * elementSize(dtype) <= limitBytes)
     {
         rows *= 2;
     }
     return rows;
 }
 
-inline bool hiddenFits(int32_t hiddenSize, int32_t dtype)
+inline bool hiddenFits(int32_t hiddenSize, int32_t dtype, size_t limitBytes)
 {
-    return static_cast<size_t>(hiddenSize) * elementSize(dtype) <= kMaxHiddenSmemBytes;
+    return static_cast<size_t>(hiddenSize) * elementSize(dtype) <= limitBytes;
 }
 
 inline bool aligned16(void const* p)
@@ -107,9 +133,9 @@ inline bool useMma(void const* hidden, void const* lmHead, int32_t hiddenSize, i
 }
 
 //! Rows per CTA of a launch: 16 or 32 on the tensor-core path, else rowsPerBlock (the FMA path).
-inline int32_t blockRows(int32_t numRows, int32_t hiddenSize, int32_t dtype, bool mma)
+inline int32_t blockRows(int32_t numRows, int32_t hiddenSize, int32_t dtype, bool mma, size_t limitBytes)
 {
-    return mma ? (numRows <= 16 ? 16 : 32) : rowsPerBlock(numRows, hiddenSize, dtype);
+    return mma ? (numRows <= 16 ? 16 : 32) : rowsPerBlock(numRows, hiddenSize, dtype, limitBytes);
 }
 
 //! 16-byte vector loads are possible: H a multiple of 16 bytes and both bases 16-byte aligned.
@@ -123,7 +149,8 @@ inline LaunchPlan planLaunch(int32_t op, void const* hidden, void const* lmHead,
 {
     bool const mma = useMma(hidden, lmHead, hiddenSize, dtype);
     return {resolveNumSplits(op, numRows, hiddenSize, vocabSize, dtype, requestedSplits),
-        blockRows(numRows, hiddenSize, dtype, mma), vectorisable(hidden, lmHead, hiddenSize, dtype), mma};
+        blockRows(numRows, hiddenSize, dtype, mma, hiddenSmemLimit()), vectorisable(hidden, lmHead, hiddenSize, dtype),
+        mma};
 }
 
 //! Opt a kernel into more than 48 KB of dynamic shared memory (once per instance).

@@ -135,7 +135,7 @@ cudaError_t invokeTiledArgmax(TiledArgmaxParams const& p, cudaStream_t stream)
     }
     LaunchPlan const plan = planLaunch(
         FLASHSPEC_OP_TILED_ARGMAX, p.hidden, p.lmHead, p.numRows, p.hiddenSize, p.vocabSize, p.dtype, p.numSplits);
-    if (!plan.mma && !hiddenFits(p.hiddenSize, p.dtype))
+    if (!plan.mma && !hiddenFits(p.hiddenSize, p.dtype, hiddenSmemLimit()))
     {
         return cudaErrorInvalidValue; // the FMA path stages hidden rows in shared memory; the tensor-core path does not
     }

@@ -259,7 +259,7 @@ cudaError_t invokeVerifyResample(VerifyResampleParams const& p, cudaStream_t str
     }
     int32_t const numRows = p.batch * (p.gamma + 1);
     LaunchPlan const plan = planLaunch(FLASHSPEC_OP_VERIFY_RESAMPLE, p.hidden, p.lmHead, numRows, p.hiddenSize, p.vocabSize, p.dtype, p.numSplits);
-    if (!plan.mma && !hiddenFits(p.hiddenSize, p.dtype))
+    if (!plan.mma && !hiddenFits(p.hiddenSize, p.dtype, hiddenSmemLimit()))
     {
         return cudaErrorInvalidValue; // the FMA path stages hidden rows in shared memory; the tensor-core path does not
     }
