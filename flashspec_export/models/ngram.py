@@ -15,7 +15,7 @@ class NgramDrafter:
     def start(self, prompt, hidden, lengths) -> None:
         """Nothing to prefill: the drafter reads the token lists."""
 
-    def update(self, step_positions, emitted, num_emitted, hidden) -> None:
+    def update(self, step_positions, emitted, num_emitted, hidden, kept) -> None:
         """Nothing to update."""
 
     def propose_one(self, sequence: list[int], gamma: int) -> list[int]:

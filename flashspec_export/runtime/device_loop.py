@@ -144,8 +144,8 @@ class DeviceLoop:
         self.step_pos = zeros(n)
         self.hidden = zeros((n, width, hidden), dtype)
         self.pending = (self.hidden, zeros((n, width)), zeros(n) + 1, zeros(n))
-        # per step (a device-side record the host reads at the end): num_emitted and unfinished
-        # before the step; steps taken
+        # per step (a device-side record the host reads at the end): tokens kept (num_emitted up
+        # to new_tokens) and unfinished before the step; steps taken
         self.records = zeros((max_len + 1, 2, n))
         self.steps_taken = zeros(1)
         self._rows = torch.arange(width, device=device)
@@ -200,7 +200,8 @@ class DeviceLoop:
             self.vocab_size,
         )
         num = torch.where(active, num, 0)
-        self.records.index_copy_(0, self.steps_taken, torch.stack([num, active.long()])[None])
+        kept = torch.minimum(num, self.new_tokens - self.count)  # the metrics count what is kept
+        self.records.index_copy_(0, self.steps_taken, torch.stack([kept, active.long()])[None])
         self.steps_taken.add_(1)
         valid = self._rows[None, :] < num[:, None]
         columns = torch.where(valid, self.count[:, None] + self._rows, self.out.shape[1] - 1)

@@ -46,7 +46,7 @@ class GraphDrafter:
         else:
             self._pending = (prompt, zeros, lengths - 1, None)
 
-    def update(self, step_positions, emitted, num_emitted, hidden) -> None:
+    def update(self, step_positions, emitted, num_emitted, hidden, kept) -> None:
         if self._pending is not None:  # a step without our drafts (online selection): catch up
             self._call(*self._pending)
         # emitted is -1 past num_emitted: any valid id does there (those rows are never used)

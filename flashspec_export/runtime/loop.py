@@ -62,8 +62,10 @@ class Drafter(Protocol):
     def propose(self, sequences: list[list[int]], gamma: int) -> torch.Tensor:
         """[N, γ] int64 drafts following each sequence."""
 
-    def update(self, step_positions, emitted, num_emitted, hidden) -> None:
-        """After a target step at ``step_positions`` [N] with its outputs."""
+    def update(self, step_positions, emitted, num_emitted, hidden, kept) -> None:
+        """After a target step at ``step_positions`` [N] with its outputs; ``kept`` [N]: the
+        tokens the loop kept of each sequence's ``num_emitted`` (0 once it finished, fewer at
+        ``max_new_tokens`` or a stop string)."""
 
 
 @dataclass
@@ -176,18 +178,25 @@ def generate(
         emitted, num_emitted, _, hidden, k, v = step
         num_emitted = torch.where(active, num_emitted, 0)
         counts = (torch.minimum(num_emitted, totals - lengths)).tolist()
+        kept = [0] * n
         for row, count in enumerate(counts):
             new = emitted[row, :count].tolist()
             keep = stream.push(row, new) if stream is not None and new else None
             if keep is not None:
                 new, stopped[row] = new[:keep], True
             sequences[row].extend(new)
+            kept[row] = len(new)
         finished = (lengths + num_emitted >= totals) | torch.tensor(stopped)
         drafter.update(
-            torch.where(finished, 0, positions), emitted, num_emitted.clamp(min=1), hidden
+            torch.where(finished, 0, positions),
+            emitted,
+            num_emitted.clamp(min=1),
+            hidden,
+            torch.tensor(kept),
         )
         positions = positions + num_emitted
-        metrics.add_step(num_emitted[active].tolist(), drafts.shape[1])
+        # the metrics count the tokens kept, not those cut at max_new_tokens or a stop string
+        metrics.add_step([kept[row] for row in range(n) if active[row]], drafts.shape[1])
     prompt_lengths = [int(x) for x in totals - max_new_tokens]
     generated = [s[length:] for s, length in zip(sequences, prompt_lengths, strict=True)]
     metrics.total_seconds = time.perf_counter() - start

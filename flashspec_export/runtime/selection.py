@@ -1,7 +1,7 @@
 """Online choice of the speculation configuration: a multi-armed bandit over arms (drafter, γ).
 
 Each step the loop asks ``choose()`` for an arm, runs the step with it, and reports ``update(arm,
-reward)`` with the reward = tokens emitted per second of step time (drafting + verification), so
+reward)`` with the reward = tokens kept per second of step time (drafting + verification), so
 the choice weighs acceptance against the drafter's and the verify's cost. Both policies discount
 old observations (``discount`` < 1: each update multiplies the past statistics by it), so they
 follow a reward that drifts as the text changes (code, then prose).
@@ -139,7 +139,7 @@ def make_policy(name: str, arms, seed: int = 0, discount: float = 0.98):
 
 class SelectingDrafter:
     """A drafter for ``loop.generate`` that picks its (drafter, γ) arm every step with
-    ``policy`` and rewards it with the tokens emitted per second of that step (drafting, target
+    ``policy`` and rewards it with the tokens kept per second of that step (drafting, target
     step and bookkeeping, from ``propose`` to ``update``). Every drafter sees every step, so the
     graph drafters' caches stay current whichever arm runs.
 
@@ -171,12 +171,13 @@ class SelectingDrafter:
         self._step = (index, self.clock())
         return self.drafters[arm.drafter].propose(sequences, arm.gamma)
 
-    def update(self, step_positions, emitted, num_emitted, hidden) -> None:
+    def update(self, step_positions, emitted, num_emitted, hidden, kept) -> None:
         index, start = self._step
         seconds = self.cost(self.policy.arms[index], self.clock() - start)
-        self.policy.update(index, float(num_emitted.sum()) / max(seconds, 1e-9))
+        # the reward: tokens kept (a finished sequence's idle row and a cut tail earn nothing)
+        self.policy.update(index, float(kept.sum()) / max(seconds, 1e-9))
         for drafter in self.drafters.values():
-            drafter.update(step_positions, emitted, num_emitted, hidden)
+            drafter.update(step_positions, emitted, num_emitted, hidden, kept)
 
 
 def arms_for(drafter: str, gamma: int) -> list[Arm]:

@@ -247,3 +247,55 @@ def test_generate_script_checks_the_export_against_pytorch(exported):
         [*command[:2], str(exported / "nowhere")], cwd=root, capture_output=True, text=True
     )
     assert missing.returncode == 2 and "manifest.json not found" in missing.stderr
+
+
+class _StopAt:
+    """A stream that stops every sequence at its ``limit``-th token, as a stop string does."""
+
+    def __init__(self, limit: int):
+        self.limit, self.seen = limit, {}
+
+    def push(self, row: int, new: list[int]) -> int | None:
+        seen = self.seen.get(row, 0)
+        self.seen[row] = seen + len(new)
+        return self.limit - seen if seen + len(new) >= self.limit else None
+
+
+def test_the_metrics_and_the_bandit_count_the_tokens_kept(target_checkpoint):
+    """A step that emits past ``max_new_tokens`` or a stop string counts only the tokens kept:
+    the emitted total equals the tokens returned, tokens per step divides those, and the
+    bandit's reward (here tokens per unit step cost) sums to them too. Before, both counted
+    every emitted token, a finished sequence's idle row as one (issue 33: 87 emitted against
+    85 generated)."""
+    from flashspec_export.runtime.selection import SelectingDrafter, Ucb1, arms_for
+
+    class Recording(Ucb1):
+        def update(self, arm, reward):
+            rewards.append(reward)
+            super().update(arm, reward)
+
+    modules = build_modules(config_of("ngram", target_checkpoint))
+    prompt = torch.randint(0, 512, (BATCH, 4), generator=torch.Generator().manual_seed(1))
+    prompt[:, 2:] = prompt[:, :2]  # a repetition the n-gram drafter follows
+    temps = torch.tensor([0.0, 0.0, 0.0])
+    target, drafter = sessions.from_modules(modules, "ngram", BATCH, MAX_LEN)
+    emitted, rewards = [], []
+    step = target.step
+
+    def counting_step(*args):
+        out = step(*args)
+        emitted.append(int(out[1].sum()))
+        return out
+
+    target = dataclasses.replace(target, step=counting_step)
+    for stream, want in ((None, NEW_TOKENS), (_StopAt(5), 5)):
+        emitted.clear()
+        rewards.clear()
+        policy = Recording(arms_for("ngram", GAMMA))
+        selecting = SelectingDrafter({"ngram": drafter}, policy, cost=lambda arm, s: 1.0)
+        result = generate(target, selecting, prompt, NEW_TOKENS, GAMMA, temps, SEEDS, stream)
+        kept = sum(map(len, result.tokens))
+        assert kept == BATCH * want
+        assert sum(emitted) > kept  # some step did emit past the cut: the path is taken
+        assert result.metrics.emitted == kept == sum(rewards)
+        assert result.metrics.tokens_per_step == kept / result.metrics.sequence_steps
