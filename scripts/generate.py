@@ -9,7 +9,6 @@ python scripts/generate.py out/tiny-llama-mtp --engines   # TensorRT (scripts/bu
 
 from __future__ import annotations
 
-import codecs
 import json
 import logging
 import pathlib
@@ -38,7 +37,12 @@ def main() -> None:
     add("export_dir", help="an output directory of scripts/export.py")
     add("--prompt", action="append", help="a text prompt (repeat: one per sequence of the batch)")
     add("--prompt-file", action="append", help="a file whose text is a prompt (repeatable)")
-    add("--stop", action="append", help="stop a sequence at this text (repeatable; \\n escapes)")
+    add(
+        "--stop",
+        action="append",
+        type=cli.unescaped,
+        help="stop a sequence at this text (repeatable; backslash escapes such as \\n)",
+    )
     add("--new-tokens", type=int, default=d.new_tokens, help="at most, per sequence")
     add("--prompt-len", type=int, default=d.prompt_len, help="random prompt ids (no --prompt)")
     add("--temperature", type=float, default=d.temperature, help="0: greedy")
@@ -50,7 +54,7 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     prompts = _prompts(args, parser)
-    stop = tuple(codecs.decode(s, "unicode_escape") for s in args.stop or [])
+    stop = tuple(args.stop or [])
     live = len(prompts) == 1  # one sequence streams as it is generated; several print at the end
 
     def echo(row, piece):

@@ -139,6 +139,7 @@ GENERATE_CASES = {
     "seed beyond int64": (["--seed", str(2**63)], "seed: expected 0 <= seed <="),
     "seed + batch beyond int64": (["--seed", str(2**63 - 1)], "exceeds 9223372036854775807"),
     "prompt too short": (["--prompt-len", "1"], "prompt_len: expected at least 2, got 1"),
+    "unknown stop escape": (["--stop", "\\q"], "unknown escape \\q in '\\\\q'"),
 }
 
 
@@ -236,3 +237,27 @@ def test_generate_and_build_engines_refuse_a_damaged_export(case, ngram_export, 
         code, err = run_script("build_engines.py", damaged, capsys=capsys)
         assert code == 2 and message in err, err
         assert not (pathlib.Path(damaged) / "engines").exists()
+
+
+def test_stop_strings_are_taken_as_typed():
+    """Backslash escapes only: non-ASCII text is kept (``unicode_escape`` once turned "→" into
+    "â\\x86\\x92", so such a stop string never matched; issue 33)."""
+    from flashspec_export.cli import unescaped
+
+    assert unescaped("→ done\\n\\n") == "→ done\n\n"
+    assert unescaped("naïve\\t\\\\n\\x41\\u00e9") == "naïve\t\\nAé"
+    assert unescaped("plain") == "plain"
+
+
+def test_select_on_an_export_without_drafts_is_refused_by_name(tiny_ngram_export):
+    import dataclasses
+
+    from flashspec_export.config import ConfigError
+    from flashspec_export.export import manifest
+    from flashspec_export.models.ngram import NgramDrafter
+    from flashspec_export.runtime.run import RunConfig, _selecting
+
+    no_drafts = dataclasses.replace(manifest.read(tiny_ngram_export), gamma=0)
+    config = RunConfig(str(tiny_ngram_export), select="ucb1")
+    with pytest.raises(ConfigError, match=r"select: the export drafts nothing \(gamma 0\)"):
+        _selecting(NgramDrafter(), no_drafts, config)

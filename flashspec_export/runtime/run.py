@@ -97,6 +97,11 @@ def _prompts(config: RunConfig, manifest, batch: int):
 def _selecting(drafter, manifest, config: RunConfig):
     if config.select is None:
         return drafter
+    if manifest.gamma == 0:
+        raise ConfigError(
+            "select: the export drafts nothing (gamma 0), so there is no drafter or gamma to "
+            "choose; export with --gamma >= 1"
+        )
     drafters = {manifest.drafter: drafter}
     drafters.setdefault("ngram", NgramDrafter())
     arms = selection.arms_for(manifest.drafter, manifest.gamma)
