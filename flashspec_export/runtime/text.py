@@ -65,7 +65,14 @@ class TextStream:
 
     ``echo(row, text)`` receives each piece of final text once, in order; ``texts[row]`` is the
     whole generated text when generation ends.
+
+    Each push costs what its own tokens cost, however long the sequence: text is decoded over a
+    window that starts a few tokens before the first token whose text is not settled yet (a
+    decoder may merge a token with its neighbours: byte-level pieces of one character, a
+    leading space), and stop strings are searched only where the new text could complete one.
     """
+
+    WINDOW = 4  # settled tokens decoded again before the unsettled ones, for their context
 
     def __init__(
         self,
@@ -85,30 +92,51 @@ class TextStream:
         self.tokens: list[list[int]] = [[] for _ in range(rows)]
         self.texts = [""] * rows  # decoded text, final once stopped
         self.shown = [0] * rows  # characters of texts[row] handed to echo
+        # per row: tokens whose text is settled, and the length of that text in texts[row]
+        self.settled = [0] * rows
+        self.settled_chars = [0] * rows
 
     def _decode(self, tokens: list[int]) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens=False)
 
-    def _stop_at(self, text: str) -> int | None:
-        found = [i for i in (text.find(s) for s in self.stop) if i >= 0]
+    def _text(self, row: int, end: int) -> str:
+        """The text of ``tokens[row][:end]`` (end >= the settled tokens), decoding only from a
+        few settled tokens back."""
+        settled, tokens = self.settled[row], self.tokens[row]
+        start = max(0, settled - self.WINDOW)
+        context = self._decode(tokens[start:settled])
+        window = self._decode(tokens[start:end])
+        if not window.startswith(context):  # the context's text changed: decode it all
+            return self._decode(tokens[:end])
+        return self.texts[row][: self.settled_chars[row]] + window[len(context) :]
+
+    def _stop_at(self, text: str, since: int = 0) -> int | None:
+        """The first stop string's start in ``text``, searching where it could end past
+        ``since`` only."""
+        longest = max(map(len, self.stop), default=0)
+        start = max(0, since - longest + 1)
+        found = [i for i in (text.find(s, start) for s in self.stop) if i >= 0]
         return min(found) if found else None
 
     def push(self, row: int, tokens: list[int]) -> int | None:
         """Take ``tokens`` of sequence ``row``; None to go on, or how many of them to keep."""
         keep = next((i for i, t in enumerate(tokens) if t in self.eos), None)
         before = len(self.tokens[row])
+        since = len(self.texts[row].rstrip(INCOMPLETE))  # text that cannot complete a stop
         self.tokens[row].extend(tokens[:keep] if keep is not None else tokens)
-        text = self._decode(self.tokens[row])
-        cut = self._stop_at(text)
+        text = self._text(row, len(self.tokens[row]))
+        cut = self._stop_at(text, since)
         if cut is not None:  # keep the tokens up to the one completing the stop string
             keep = next(
                 k
                 for k in range(1, len(self.tokens[row]) - before + 1)
-                if self._stop_at(self._decode(self.tokens[row][: before + k])) is not None
+                if self._stop_at(self._text(row, before + k), since) is not None
             )
             del self.tokens[row][before + keep :]
             text = text[:cut]
         self.texts[row] = text
+        if not text.endswith(INCOMPLETE) and cut is None:  # all of it settled
+            self.settled[row], self.settled_chars[row] = len(self.tokens[row]), len(text)
         self._show(row, final=keep is not None)
         return keep
 
