@@ -18,10 +18,11 @@ class NgramDrafter:
         self.max_ngram = max_ngram
         self._index: list[dict[tuple[int, ...], int]] = []  # per sequence: n-gram -> start
         self._indexed: list[int] = []  # per sequence: tokens the index covers
+        self._lists: list[list[int] | None] = []  # per sequence: the list indexed (it grows)
 
     def start(self, prompt, hidden, lengths) -> None:
         """A new generation: forget the indexes (the drafter reads the token lists)."""
-        self._index, self._indexed = [], []
+        self._index, self._indexed, self._lists = [], [], []
 
     def update(self, step_positions, emitted, num_emitted, hidden, kept) -> None:
         """Nothing to update: the next proposal indexes the tokens added since."""
@@ -30,8 +31,10 @@ class NgramDrafter:
         while len(self._index) <= row:
             self._index.append({})
             self._indexed.append(0)
-        if len(sequence) < self._indexed[row]:  # another sequence than the one indexed
-            self._index[row], self._indexed[row] = {}, 0
+            self._lists.append(None)
+        # the loop extends the same lists; another list (or a shorter one) starts afresh
+        if sequence is not self._lists[row] or len(sequence) < self._indexed[row]:
+            self._index[row], self._indexed[row], self._lists[row] = {}, 0, sequence
         index = self._index[row]
         for end in range(max(self._indexed[row], 1), len(sequence)):
             # the n-grams ending just before `end`: a token (sequence[end]) follows them
