@@ -33,7 +33,8 @@ temperature, ``libdevice`` logs), falling back to exact scoring of a whole chunk
 kernels'. The rows' noise keys and temperatures are computed once per tile into a per-CTA
 scratch. Fewer rows than one row block are first copied into a whole block
 (``_whole_row_block``); TMA zero-fills the rows of a later partial block and LM-head rows past
-``V``; ids at or past ``vocab_size`` score ``-inf``: the MMA partition sets their dots to it.
+``V``; ids at or past ``vocab_size`` and NaN dots score ``-inf``: the MMA partition sets them to
+it (``_masked_dots``).
 
 Gluon (Triton 3.6) constraints that shape the code: a worker partition's constexpr arguments
 arrive as runtime values, so the op's flags select one epilogue function per op in the kernel
@@ -199,10 +200,10 @@ def _sampled_chunk_best(
     ``dot_v``), its id (lowest on ties) and its logit ``fl(dot_v / T)`` — bit for bit what
     scoring every element exactly gives, at about half the ALU work per element.
 
-    ``acc [CHUNK, BLOCK_V]`` the dots (-inf at ids past the vocabulary), ``ids`` their vocabulary
-    ids (``v_start`` on), ``row_ok``, ``scale`` (T, or 1 for greedy rows), ``greedy``, ``key_a,
-    key_b`` the rows' noise keys; each thread holds runs of ``RUN`` ids, ``run_layout`` the chunk
-    as ``[CHUNK, LANES, RUN]`` (``_run_bits``).
+    ``acc [CHUNK, BLOCK_V]`` the dots (-inf at NaN and past the vocabulary), ``ids`` their
+    vocabulary ids (``v_start`` on), ``row_ok``, ``scale`` (T, or 1 for greedy rows), ``greedy``,
+    ``key_a, key_b`` the rows' noise keys; each thread holds runs of ``RUN`` ids, ``run_layout``
+    the chunk as ``[CHUNK, LANES, RUN]`` (``_run_bits``).
 
     Rank, then recompute the winner. Every element gets a ranking score
     ``r_v = fl(fl(dot_v · fl(1/T)) + g~_v)`` with ``g~ = gumbel_approx_from_bits`` (two MUFU
@@ -321,14 +322,16 @@ def _accumulate(a_bufs, b_bufs, ready, empty, it, k_iters, layout: gl.constexpr)
 
 
 @gluon.jit
-def _mask_past_vocab(acc, v_tile, vocab_size, layout: gl.constexpr):
-    """``acc`` with -inf at the ids past ``vocab_size`` (the last vocabulary tile's padding), so
-    that no op's reduction masks per element."""
+def _masked_dots(acc, v_tile, vocab_size, layout: gl.constexpr):
+    """``acc`` with -inf at NaN dots (``reference.no_nan``: a NaN logit counts as -inf) and at
+    the ids past ``vocab_size`` (the last vocabulary tile's padding), so that no op's reduction
+    masks per element."""
     BLOCK_V: gl.constexpr = acc.type.shape[1]
+    ok = acc == acc
     if (v_tile + 1) * BLOCK_V > vocab_size:  # the last tile, partial
         cols = v_tile * BLOCK_V + gl.arange(0, BLOCK_V, layout=gl.SliceLayout(0, layout))
-        acc = gl.where(gl.expand_dims(cols < vocab_size, 0), acc, float("-inf"))
-    return acc
+        ok = ok & gl.expand_dims(cols < vocab_size, 0)
+    return gl.where(ok, acc, float("-inf"))
 
 
 @gluon.jit
@@ -346,7 +349,7 @@ def _mma_partition(
     vocab_size,
 ):
     """wgmma consumer: one fp32 accumulator tile per output tile, handed over in shared memory
-    (ids past ``vocab_size`` at -inf)."""
+    (NaN dots and ids past ``vocab_size`` at -inf)."""
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = acc_buf.type.shape[0]
     BLOCK_V: gl.constexpr = acc_buf.type.shape[1]
@@ -358,7 +361,7 @@ def _mma_partition(
     for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
         count = tile // gl.num_programs(0)  # this CTA's tiles before this one
         acc, it = _accumulate(a_bufs, b_bufs, ready, empty, it, k_iters, layout)
-        acc = _mask_past_vocab(acc, tile // row_blocks, vocab_size, layout)
+        acc = _masked_dots(acc, tile // row_blocks, vocab_size, layout)
         mbarrier.wait(acc_empty, (count & 1) ^ 1)
         acc_buf.store(acc)
         _cta_barrier()
@@ -388,7 +391,7 @@ def _mma_argmax_partition(a_desc, a_bufs, b_bufs, ready, empty, params):
         v_tile = tile // row_blocks
         row_block = tile - v_tile * row_blocks
         acc, it = _accumulate(a_bufs, b_bufs, ready, empty, it, k_iters, layout)
-        acc = _mask_past_vocab(acc, v_tile, vocab_size, layout)
+        acc = _masked_dots(acc, v_tile, vocab_size, layout)
         cols = v_tile * BLOCK_V + gl.arange(0, BLOCK_V, layout=gl.SliceLayout(0, layout))
         ids = gl.expand_dims(cols, 0) + gl.zeros([BLOCK_N, BLOCK_V], gl.int32, layout)
         best, best_id = gl.reduce((acc, ids), 1, _argmax_combine)

@@ -89,7 +89,8 @@ def _argmax_tiles_kernel(
             BLOCK_V,
             BLOCK_H,
         )  # [BLOCK_N, BLOCK_V] fp32
-        logits = tl.where(col_ok[None, :], acc, float("-inf"))  # padded vocabulary never wins
+        # padded ids and NaN logits: -inf, never the argmax (reference.no_nan)
+        logits = tl.where(col_ok[None, :] & (acc == acc), acc, float("-inf"))
         best, best_index, _, _ = fold_best(best, best_index, logits, tile, tile_valid, BLOCK_V)
 
     ws_off = rows * num_splits + pid_s

@@ -170,7 +170,8 @@ def _verify_tiles_kernel(
             acc = _first_rows(acc, EPI_ROWS)  # [EPI_ROWS, BLOCK_V]
         # IEEE division, as the reference's `logits / scale` (not a reciprocal multiply).
         logits = tl.math.div_rn(acc, scale[:, None])
-        logits = tl.where(col_ok[None, :], logits, float("-inf"))  # padded ids: exp = 0
+        # padded ids and NaN logits: -inf (never sampled, exp = 0; reference.no_nan)
+        logits = tl.where(col_ok[None, :] & (logits == logits), logits, float("-inf"))
 
         # Gumbel-max sample: 7 32-bit multiply-mods and 2 logs per element, in registers.
         if any_sampled:

@@ -47,11 +47,12 @@ def _fence(b: Body, x: str) -> str:
 
 
 def _logits(b: Body, hidden: str, lm_head: str, vocab_size: str) -> str:
-    """fp32 ``hidden · lm_head[:vocab_size]ᵀ`` ([..., V])."""
+    """fp32 ``hidden · lm_head[:vocab_size]ᵀ`` ([..., V]), NaN as -inf (``reference.no_nan``)."""
     end = b.op("Unsqueeze", vocab_size, b.const([0], I64))
     rows = b.op("Slice", lm_head, b.const([0], I64), end, b.const([0], I64))
     weight = b.op("Transpose", b.op("Cast", rows, to=TensorProto.FLOAT), perm=[1, 0])
-    return b.op("MatMul", b.op("Cast", hidden, to=TensorProto.FLOAT), weight)
+    dots = b.op("MatMul", b.op("Cast", hidden, to=TensorProto.FLOAT), weight)
+    return b.op("Where", b.op("IsNaN", dots), b.const(-np.inf, F32), dots)
 
 
 def tiled_argmax_function() -> onnx.FunctionProto:

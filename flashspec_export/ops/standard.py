@@ -14,7 +14,12 @@ import torch
 
 from flashspec_export.reference import noise
 from flashspec_export.reference.sampled_verify import exponential_race
-from flashspec_export.reference.verify_resample import VerifyResult, count_accepted, logit_scale
+from flashspec_export.reference.verify_resample import (
+    VerifyResult,
+    count_accepted,
+    logit_scale,
+    no_nan,
+)
 
 
 def verify_resample(
@@ -31,12 +36,15 @@ def verify_resample(
     """Materialised ``VerifyResample``; arguments as ``reference.verify_resample``."""
     gamma = draft_tokens.shape[1]
     greedy = temperature == 0  # [N]
-    logits = hidden.float() @ lm_head[:vocab_size].float().T  # [N, γ + 1, V]
+    logits = no_nan(hidden.float() @ lm_head[:vocab_size].float().T)  # [N, γ + 1, V]
     logits = logits / logit_scale(temperature)[:, None, None]
     probs = torch.softmax(logits, dim=-1)  # [N, γ + 1, V]
     row_pos = positions[:, None] + torch.arange(gamma + 1, device=positions.device)
     sampled = exponential_race(probs, seed, row_pos, noise.STREAM_GUMBEL)  # [N, γ + 1]
-    y = torch.where(greedy[:, None], logits.argmax(dim=-1), sampled)  # [N, γ + 1]
+    # Where softmax is undefined (a +inf logit, or none above -inf) the sample is the argmax:
+    # the lowest +inf id, or the lowest id of a row of -inf (no_nan's rule).
+    undefined = (logits == float("inf")).any(dim=-1) | (logits == float("-inf")).all(dim=-1)
+    y = torch.where(greedy[:, None] | undefined, logits.argmax(dim=-1), sampled)  # [N, γ + 1]
 
     num_accepted = count_accepted(draft_tokens == y[:, :gamma])
     col = torch.arange(gamma + 1, device=y.device)[None, :]
@@ -51,6 +59,6 @@ def verify_resample(
 
 def tiled_argmax(hidden, lm_head, vocab_size) -> tuple[torch.Tensor, torch.Tensor]:
     """Materialised greedy drafting: full logits [N, V], then argmax."""
-    logits = hidden.float() @ lm_head[:vocab_size].float().T  # [N, V]
+    logits = no_nan(hidden.float() @ lm_head[:vocab_size].float().T)  # [N, V]
     max_logit, token = logits.max(dim=-1)
     return token, max_logit

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from flashspec_export.reference.verify_resample import no_nan
+
 DEFAULT_BLOCK_V = 4096
 
 
@@ -30,14 +32,14 @@ def tiled_argmax(
 
     Returns
     -------
-    token : [N] int64, the lowest index among the maximal logits
-    max_logit : [N] float32, the maximal logit (fp32 accumulation)
+    token : [N] int64, the lowest index among the maximal logits (NaN logits count as -inf)
+    max_logit : [N] float32, the maximal logit (fp32 accumulation; -inf when none is above it)
     """
     hidden32 = hidden.float()  # [N, H]
     tile_max, tile_arg = [], []
     for start in range(0, vocab_size, block_v):
         stop = min(start + block_v, vocab_size)
-        logits = hidden32 @ lm_head[start:stop].float().T  # [N, tile] — the only logits
+        logits = no_nan(hidden32 @ lm_head[start:stop].float().T)  # [N, tile]: the only logits
         value, index = logits.max(dim=-1)  # first occurrence on ties
         tile_max.append(value)
         tile_arg.append(index + start)

@@ -9,7 +9,9 @@ Terms (per sequence n and draft position i = 0..γ, row i at absolute position `
 - the draft ``x = d_i`` (i < γ) is accepted iff ``y_i == x``; at the first rejection ``y_i`` is
   emitted; when every draft is accepted, row γ emits the bonus ``y_γ``. So the step emits
   ``y_0 .. y_k`` with ``k`` the number of leading accepted drafts;
-- ``LSE_i = log Σ_v exp(l_i,v)`` is formed only for log-probabilities (``l_i(y_i) - LSE_i``).
+- ``LSE_i = log Σ_v exp(l_i,v)`` is formed only for log-probabilities (``l_i(y_i) - LSE_i``);
+- non-finite logits (``nonfinite``): a NaN logit counts as ``-inf``; a row with a ``+inf`` logit
+  or without any logit above ``-inf`` has a NaN log-probability.
 
 Why it is exact (the coupled rule, see docs/DESIGN.md): Gumbel-max makes ``y_i ~ p_i =
 softmax(l_i)``, so ``P(accept) = P(y_i = x) = p_i(x)`` — the ``min(1, p/q)`` of a greedy draft
@@ -66,6 +68,15 @@ class TileSummaries(NamedTuple):
     sum_exp: torch.Tensor | None = None  # float32, Σ_v exp(l_v - max_logit) over the tile
 
 
+def no_nan(logits: torch.Tensor) -> torch.Tensor:
+    """``logits`` with every NaN as ``-inf``: the one rule for non-finite logits, in every op and
+    backend (docs/DESIGN.md, "Non-finite logits"). A NaN (a NaN weight or hidden state, ``inf ·
+    0``) gives its token probability zero: it is never sampled, never the argmax and adds nothing
+    to the LSE. ``±inf`` keep IEEE order: a ``+inf`` logit wins (lowest id among several), and a
+    row of ``-inf`` only (NaN included) emits its lowest id."""
+    return torch.where(torch.isnan(logits), float("-inf"), logits)
+
+
 def logit_scale(temperature: torch.Tensor) -> torch.Tensor:
     """Divisor of the dot products: ``T``, or 1 for greedy rows (``T == 0``)."""
     return torch.where(temperature == 0, torch.ones_like(temperature), temperature)
@@ -94,7 +105,7 @@ def tile_summaries(
     for start in range(0, vocab_size, block_v):
         stop = min(start + block_v, vocab_size)
         token = torch.arange(start, stop, device=device)  # [B]
-        logits = (hidden32 @ lm_head[start:stop].float().T) / scale  # [N, R, B]
+        logits = no_nan(hidden32 @ lm_head[start:stop].float().T) / scale  # [N, R, B]
         g = noise.gumbel_from_bits(noise.token_bits(a[..., None], b[..., None], token))
         score = torch.where(greedy, logits, logits + g)  # [N, R, B]
         best_score, best_arg = score.max(dim=-1)  # first occurrence on ties
@@ -104,7 +115,9 @@ def tile_summaries(
         if return_logprobs:
             tile_max = logits.amax(dim=-1)
             fields["max_logit"].append(tile_max)
-            fields["sum_exp"].append(torch.exp(logits - tile_max[..., None]).sum(dim=-1))
+            # a tile of -inf logits sums to 0 (exp(-inf - -inf) would be NaN)
+            shift = torch.where(tile_max == float("-inf"), 0.0, tile_max)
+            fields["sum_exp"].append(torch.exp(logits - shift[..., None]).sum(dim=-1))
     return TileSummaries(**{k: torch.stack(v, dim=-1) for k, v in fields.items() if v})
 
 

@@ -49,7 +49,8 @@ __global__ void __launch_bounds__(kThreads) argmaxTilesKernel(
     int const lane = threadIdx.x & 31;
     float best = -INFINITY; // of the row laneBlockRow(lane)
     int32_t bestIndex = -1;
-    streamVocab<T, ROWS, VEC, MMA>(hidden, smemHidden, smemRaw, lmHead, row0, numRows, begin, end, hiddenSize, vocabSize, [&](int v, float logit) {
+    streamVocab<T, ROWS, VEC, MMA>(hidden, smemHidden, smemRaw, lmHead, row0, numRows, begin, end, hiddenSize, vocabSize, [&](int v, float dot) {
+        float const logit = isnan(dot) ? -INFINITY : dot; // a NaN logit counts as -inf (reference no_nan)
         if (logit > best || bestIndex < 0) // ids ascend per lane: strict > keeps the lowest
         {
             best = logit;

@@ -50,7 +50,8 @@ __device__ __forceinline__ void mergeSoftmax(float& m, float& s, float m2, float
     m = mNew;
 }
 
-//! Fold one logit into (m, s): one exp per element.
+//! Fold one logit into (m, s): one exp per element. A -inf logit adds nothing (while m is still
+//! -inf, expf(-inf - -inf) would make s NaN); a +inf one makes s NaN, as the reference's LSE.
 __device__ __forceinline__ void addLogit(float& m, float& s, float logit)
 {
     if (logit > m)
@@ -58,7 +59,7 @@ __device__ __forceinline__ void addLogit(float& m, float& s, float logit)
         s = s * expf(m - logit) + 1.0f; // m = -inf at first: s = 0 * 0 + 1
         m = logit;
     }
-    else
+    else if (logit != -INFINITY)
     {
         s += expf(logit - m);
     }
@@ -131,7 +132,8 @@ __global__ void __launch_bounds__(kThreads) verifyTilesKernel(T const* hidden, T
     splitRange(vocabSize, gridDim.y, blockIdx.y, begin, end);
     Summary sum;
     streamVocab<T, ROWS, VEC, MMA>(hidden, smemHidden, smemRaw, lmHead, row0, numRows, begin, end, hiddenSize, vocabSize, [&](int v, float dot) {
-        float const logit = __fdiv_rn(dot, scale); // IEEE division, as the reference
+        // A NaN logit counts as -inf (reference no_nan); IEEE division, as the reference.
+        float const logit = __fdiv_rn(isnan(dot) ? -INFINITY : dot, scale);
         if constexpr (LOGPROBS)
         {
             addLogit(sum.m, sum.s, logit);
