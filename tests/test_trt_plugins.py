@@ -12,11 +12,13 @@ from __future__ import annotations
 import pathlib
 import subprocess
 
+import numpy as np
 import pytest
 import torch
 
 from flashspec_export import ops
 from tests.cases import make_case
+from tests.tolerances import LOGIT_ATOL, LOGIT_RTOL, LOGPROB_ATOL, LOGPROB_RTOL
 
 BUILD = pathlib.Path(__file__).parents[1] / "plugins/build"
 SELF_TEST = BUILD / "pluginSelfTest"
@@ -77,3 +79,103 @@ def test_engine_resolves_the_plugin_and_emits_the_reference_tokens():
     tokens, emitted = ops.verify_resample(hidden, lm_head, drafts, temps, seeds, positions, vocab)
     assert torch.equal(outputs["tokens"].cpu(), tokens)
     assert torch.equal(outputs["num_emitted"].cpu(), emitted)
+
+
+RUNNER = BUILD / "pluginCaseRunner"
+# (N, γ) under one dynamic profile (N <= 32, γ <= 8), bf16 at H = 4096 (the CUDA library's
+# compiled-in Triton kernels where built for it): 1 and 15 rows (the portable kernels), 20 and 128
+# rows (on Hopper the warp-specialised kernel's 64-row tile), 150 rows (its 128-row tile), and
+# γ = 8 (past the compiled finalize kernels: the native CUDA kernels).
+PROFILE_CASES = [(1, 0), (3, 4), (4, 4), (32, 3), (30, 4), (16, 8)]
+
+
+def _write_case(directory: pathlib.Path, lm_head, n, gamma, g):
+    """Inputs of one shape, written as the runner reads them: drafts are the target's greedy
+    choice for 70% of the positions (so drafts are accepted), temperatures mixed."""
+    hidden = torch.randn(n, gamma + 1, 4096, generator=g).to(torch.bfloat16)
+    greedy, _ = ops.tiled_argmax(hidden.reshape(-1, 4096).cuda(), lm_head.cuda(), 32000)
+    greedy = greedy.cpu().reshape(n, gamma + 1)[:, :gamma]
+    drafts = torch.where(
+        torch.rand(n, gamma, generator=g) < 0.7,
+        greedy,
+        torch.randint(0, 32000, (n, gamma), generator=g),
+    )
+    inputs = dict(
+        hidden=hidden,
+        draft_tokens=drafts,
+        temperature=torch.tensor([0.0, 1.0, 0.7, 1.3])[torch.arange(n) % 4],
+        seed=torch.randint(0, 2**62, (n,), generator=g),
+        positions=torch.randint(0, 10_000, (n,), generator=g),
+    )
+    directory.mkdir()
+    for name, t in inputs.items():
+        data = t.view(torch.int16) if t.dtype == torch.bfloat16 else t
+        data.contiguous().numpy().tofile(directory / f"{name}.bin")
+    values = list(inputs.values())
+    return (values[0], lm_head, *values[1:])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.skipif(not RUNNER.is_file(), reason=f"needs TensorRT headers to build it: {HOW}")
+def test_verify_plugin_under_a_dynamic_profile_emits_the_reference_tokens(tmp_path):
+    """The plugin configured for a profile (N 1..32, γ 0..8), deserialized from its fields and
+    run at six shapes with the profile's one workspace, as an engine runs it: the reference's
+    tokens and log-probabilities at every shape (bf16, H = 4096, V = 32000)."""
+    g = torch.Generator().manual_seed(0)
+    lm_head = (torch.randn(32064, 4096, generator=g) * (6.0 / 64)).to(torch.bfloat16)
+    lm_head.view(torch.int16).numpy().tofile(tmp_path / "lm_head.bin")
+    lines = ["op VerifyResample", "dtype bfloat16", "hidden 4096", "vocab 32000 padded 32064"]
+    lines.append("profile 32 9")
+    cases = {}
+    for n, gamma in PROFILE_CASES:
+        name = f"n{n}_g{gamma}"
+        cases[name] = _write_case(tmp_path / name, lm_head, n, gamma, g)
+        lines.append(f"case {name} {n} {gamma + 1}")
+    (tmp_path / "cases.txt").write_text("\n".join(lines) + "\n")
+    run = subprocess.run([RUNNER, tmp_path], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    accepted = 0
+    for name, case in cases.items():
+        n, width = case[2].shape[0], case[2].shape[1] + 1
+        tokens, emitted, logprobs = ops.verify_resample(
+            *(t.cuda() for t in case), 32000, return_logprobs=True
+        )
+        got_tokens = torch.from_numpy(np.fromfile(tmp_path / name / "tokens.bin", np.int64))
+        got_emitted = torch.from_numpy(np.fromfile(tmp_path / name / "num_emitted.bin", np.int64))
+        got_logprobs = torch.from_numpy(np.fromfile(tmp_path / name / "logprobs.bin", np.float32))
+        assert torch.equal(got_tokens.reshape(n, width), tokens.cpu()), name
+        assert torch.equal(got_emitted, emitted.cpu()), name
+        torch.testing.assert_close(
+            got_logprobs.reshape(n, width), logprobs.cpu(), atol=LOGPROB_ATOL, rtol=LOGPROB_RTOL
+        )
+        accepted += int((emitted > 1).sum())
+    assert accepted > 0, "no draft was accepted: the cases are vacuous"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.skipif(not RUNNER.is_file(), reason=f"needs TensorRT headers to build it: {HOW}")
+def test_argmax_plugin_under_a_dynamic_profile_matches_the_reference(tmp_path):
+    """TiledArgmax configured for 1..256 rows and run at 1, 16, 100 and 256 rows (bf16, H 4096)."""
+    g = torch.Generator().manual_seed(1)
+    lm_head = (torch.randn(32064, 4096, generator=g) * (6.0 / 64)).to(torch.bfloat16)
+    lm_head.view(torch.int16).numpy().tofile(tmp_path / "lm_head.bin")
+    lines = ["op TiledArgmax", "dtype bfloat16", "hidden 4096", "vocab 32000 padded 32064"]
+    lines.append("profile 256 1")
+    hidden = {}
+    for rows in (1, 16, 100, 256):
+        name = f"r{rows}"
+        hidden[name] = torch.randn(rows, 4096, generator=g).to(torch.bfloat16)
+        (tmp_path / name).mkdir()
+        hidden[name].view(torch.int16).numpy().tofile(tmp_path / name / "hidden.bin")
+        lines.append(f"case {name} {rows} 1")
+    (tmp_path / "cases.txt").write_text("\n".join(lines) + "\n")
+    run = subprocess.run([RUNNER, tmp_path], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    for name, h in hidden.items():
+        token, max_logit = ops.tiled_argmax(h.cuda(), lm_head.cuda(), 32000)
+        got = torch.from_numpy(np.fromfile(tmp_path / name / "token.bin", np.int64))
+        got_max = torch.from_numpy(np.fromfile(tmp_path / name / "max_logit.bin", np.float32))
+        assert torch.equal(got, token.cpu()), name
+        torch.testing.assert_close(got_max, max_logit.cpu(), atol=LOGIT_ATOL, rtol=LOGIT_RTOL)

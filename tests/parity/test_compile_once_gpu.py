@@ -1,11 +1,16 @@
-"""A serving loop whose batch changes does not recompile the Triton kernels: the tile kernels
-compile once per row of the launch table (``kernels/tiles.py``), whatever N and γ inside it."""
+"""A serving loop whose batch and γ change does not recompile the Triton kernels: every kernel
+that runs (stage 1 — portable or, on Hopper, warp-specialised — and both finalize kernels)
+compiles once per row of the launch table (``kernels/tiles.py``), whatever N and γ inside it.
+
+The kernels counted are the ones the profiler saw launch, so a path that runs but is not counted
+fails the test instead of passing unseen."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from flashspec_export.kernels import hopper_tiles
 from flashspec_export.kernels import tiled_argmax as argmax_kernel
 from flashspec_export.kernels import verify_resample as verify_kernel
 from flashspec_export.kernels.tiles import choose_config
@@ -13,9 +18,20 @@ from tests.cases import make_case
 
 pytestmark = pytest.mark.gpu
 
-# (N, γ) with N · (γ + 1) in 65..128 rows: one row of both ops' tables.
-BATCHES = [(17, 3), (20, 4), (32, 3), (40, 2), (66, 0), (21, 5)]
+# (N, γ) with N · (γ + 1) in 65..128 rows: one row of both ops' tables; γ 0..7, rows that are
+# and are not multiples of 16, and γ = 1 (a unit row stride of the drafts).
+BATCHES = [(17, 3), (20, 4), (32, 3), (40, 2), (66, 0), (21, 5), (64, 1), (10, 7)]
 HIDDEN, VOCAB = 256, 5000
+KERNELS = {
+    k.fn.__name__: k
+    for k in (
+        verify_kernel._verify_tiles_kernel,
+        verify_kernel._verify_finalize_kernel,
+        argmax_kernel._argmax_tiles_kernel,
+        argmax_kernel._argmax_finalize_kernel,
+        hopper_tiles.hopper_tiles_kernel,
+    )
+}
 
 
 def _compiled(kernel) -> int:
@@ -29,27 +45,37 @@ def _cuda():
         pytest.skip("needs a CUDA device")
 
 
-def test_the_batch_changes_and_nothing_recompiles():
-    device = torch.device("cuda")
-    configs = {
-        choose_config("verify_resample", n * (g + 1), HIDDEN, VOCAB, torch.bfloat16, device)
-        for n, g in BATCHES
-    }
-    assert len(configs) == 1, "the batches must fall in one row of the launch table"
-    kernels = (
-        verify_kernel._verify_tiles_kernel,
-        argmax_kernel._argmax_tiles_kernel,
-        argmax_kernel._argmax_finalize_kernel,
+def _step(i, n, gamma):
+    case = make_case(n, gamma, HIDDEN, VOCAB, torch.bfloat16, seed=i)
+    hidden, lm_head, drafts, temps, seeds, positions, vocab = (
+        t.cuda() if isinstance(t, torch.Tensor) else t for t in case
     )
-    counts = []
-    for i, (n, gamma) in enumerate(BATCHES):
-        case = make_case(n, gamma, HIDDEN, VOCAB, torch.bfloat16, seed=i)
-        hidden, lm_head, drafts, temps, seeds, positions, vocab = (
-            t.cuda() if isinstance(t, torch.Tensor) else t for t in case
-        )
-        verify_kernel.verify_resample(hidden, lm_head, drafts, temps, seeds, positions, vocab)
-        argmax_kernel.tiled_argmax(hidden.reshape(-1, HIDDEN), lm_head, vocab)
-        counts.append([_compiled(k) for k in kernels])
-    # The first batch may compile (or find the variant compiled by an earlier test); no later
-    # batch adds a variant.
-    assert all(c == counts[0] for c in counts), counts
+    verify_kernel.verify_resample(hidden, lm_head, drafts, temps, seeds, positions, vocab)
+    verify_kernel.verify_resample(
+        hidden, lm_head, drafts, temps, seeds, positions, vocab, return_logprobs=True
+    )
+    argmax_kernel.tiled_argmax(hidden.reshape(-1, HIDDEN), lm_head, vocab)
+
+
+def test_the_batch_and_gamma_change_and_nothing_recompiles():
+    device = torch.device("cuda")
+    for op in ("verify_resample", "tiled_argmax"):
+        configs = {
+            choose_config(op, n * (g + 1), HIDDEN, VOCAB, torch.bfloat16, device)
+            for n, g in BATCHES
+        }
+        assert len(configs) == 1, f"{op}: the batches must fall in one row of the launch table"
+    _step(0, *BATCHES[0])  # compiles (or finds the variants an earlier test compiled)
+    before = {name: _compiled(k) for name, k in KERNELS.items()}
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for i, (n, gamma) in enumerate(BATCHES):
+            _step(i, n, gamma)
+        torch.cuda.synchronize()
+    launched = {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
+    ran = {name for name in KERNELS if any(name in event for event in launched)}
+    finalize = {"_verify_finalize_kernel", "_argmax_finalize_kernel"}
+    assert finalize <= ran, launched
+    assert len(ran - finalize) >= 1, f"no stage-1 kernel among {sorted(launched)}"
+    after = {name: _compiled(k) for name, k in KERNELS.items()}
+    grown = {name: (before[name], after[name]) for name in ran if after[name] != before[name]}
+    assert not grown, f"recompiled (variants before, after): {grown}"
