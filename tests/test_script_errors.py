@@ -212,7 +212,7 @@ DAMAGE = {
     "manifest without graphs": (
         lambda d: (d / "manifest.json").write_text(f'{{"format": {FORMAT}, "config": {{}}}}'),
         "manifest.json lacks source, architecture, vocab_size, padded_vocab, hidden_size, gamma, "
-        "drafter, opset, ops, graphs",
+        "drafter, opset, ops, graphs, weights_sha256",
     ),
     "manifest with a mistyped field": (
         lambda d: (d / "manifest.json").write_text(

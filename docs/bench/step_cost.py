@@ -19,6 +19,7 @@ import time
 import torch
 
 from flashspec_export.config import TargetConfig
+from flashspec_export.export import manifest
 from flashspec_export.export.pipeline import export
 from flashspec_export.models.build import ExportConfig
 from flashspec_export.runtime import sessions
@@ -27,7 +28,7 @@ from flashspec_export.runtime import sessions
 def time_step(directory: pathlib.Path, position: int, tokens: int, repeats: int) -> float:
     """Fastest ms of one target step over ``tokens`` tokens at ``position`` (the minimum is the
     least disturbed by other work on a shared 2-core machine)."""
-    target, _ = sessions.from_export(directory)
+    target, _ = sessions.from_export(directory, manifest.read(directory))
     k, v = target.new_cache(), target.new_cache()
     n = target.batch
     args = (

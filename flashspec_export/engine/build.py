@@ -6,7 +6,9 @@ machine; its engines run on RTX GPUs, not on Hopper). The FlashSpec plugin libra
 ``flashspec`` node was not resolved to a plugin layer. Without the library the parser inlines
 the ops' function bodies (exact, but materialised): the default for TensorRT-RTX, and for full
 TensorRT only when asked (``function_bodies=True``). Dynamic token axes get a profile 1 .. the
-cache length; the engines go to ``<export>/engines/<graph>.engine``.
+cache length; the engines go to ``<export>/engines/<graph>.engine``, recorded in
+``engines/engines.json`` (``export/engine_record.py``: each engine's SHA-256, the graph it was
+built from, the TensorRT that built it) that the runtime verifies them against.
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ import os
 import pathlib
 import shutil
 import tempfile
+import uuid
 from collections.abc import Sequence
 
 from flashspec_export.config import ConfigError
 from flashspec_export.engine import plugins
+from flashspec_export.export import engine_record
 from flashspec_export.export import manifest as export_manifest
 
 logger = logging.getLogger(__name__)
@@ -118,6 +122,36 @@ def _build_one(
     return EngineReport(engine, len(layers), plugin_layers, nodes, cache_dtype)
 
 
+def _previous(out: pathlib.Path, rebuilt) -> dict[str, engine_record.Engine]:
+    """The recorded engines in ``out`` that a build of ``rebuilt`` keeps (none when ``out`` has
+    no valid record: engines kept without an entry are refused by the runtime)."""
+    try:
+        engines = engine_record.read(out).engines
+    except ConfigError:
+        return {}
+    return {
+        name: e for name, e in engines.items() if name not in rebuilt and (out / e.file).is_file()
+    }
+
+
+def _umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
+
+
+def _replace(out: pathlib.Path, staging: pathlib.Path) -> None:
+    """Put the finished ``staging`` directory at ``out``; the earlier one is moved aside first
+    and removed only once the new one is in place."""
+    if not out.exists():
+        staging.rename(out)
+        return
+    old = out.with_name(f".{out.name}.old-{uuid.uuid4().hex[:8]}")
+    out.rename(old)
+    staging.rename(out)
+    shutil.rmtree(old)
+
+
 def build_engines(
     directory, graphs=None, force: bool = False, function_bodies: bool = False
 ) -> dict[str, EngineReport]:
@@ -125,7 +159,8 @@ def build_engines(
 
     An existing engine is kept unless ``force``. Uses TensorRT when installed, else
     TensorRT-RTX. ``function_bodies``: build the ops' function bodies even where the plugin
-    library exists (the materialised path).
+    library exists (the materialised path). The engines directory is replaced whole: the new
+    engines, the earlier ones of the other graphs, and ``engines.json`` recording them all.
     """
     directory = pathlib.Path(directory)
     manifest = export_manifest.read(directory)
@@ -135,7 +170,7 @@ def build_engines(
         known = ", ".join(manifest.graphs)
         raise ConfigError(f"graphs: {', '.join(unknown)} not in this export (it has {known})")
     export_manifest.verify(directory, manifest, names)
-    out = directory / "engines"
+    out = directory / engine_record.DIRECTORY
     existing = [n for n in names if (out / f"{n}.engine").exists()]
     if existing and not force:
         raise FileExistsError(
@@ -155,10 +190,11 @@ def build_engines(
     else:
         why = "as asked" if function_bodies else "no plugin library"
         logger.info("%s: %s, the flashspec function bodies are inlined", flavour, why)
-    # Engines are built in a staging directory beside engines/ and moved in once all are built:
-    # an interrupted build leaves the engines there as they were.
+    # Engines are built in a staging directory beside engines/, which then receives the earlier
+    # engines of the other graphs (hard links) and the record, and replaces engines/: an
+    # interrupted build leaves engines/ as it was, and the record always describes its engines.
     staging = pathlib.Path(tempfile.mkdtemp(prefix=".engines.partial-", dir=directory))
-    reports = {}
+    reports, entries = {}, {}
     try:
         for name in names:
             entry = manifest.graphs[name]
@@ -166,12 +202,20 @@ def build_engines(
             source = directory / entry.file
             engine = staging / f"{name}.engine"
             report = _build_one(trt, source, shapes, manifest.max_len, engine, library is not None)
-            reports[name] = report
+            reports[name] = dataclasses.replace(report, path=out / engine.name)
+            entries[name] = engine_record.engine_of(
+                staging, engine.name, entry, flavour, trt.__version__, library is not None
+            )
             logger.info("%s: %d layers, plugins %s", name, report.layers, report.plugin_layers)
-        out.mkdir(exist_ok=True)
-        for name, report in reports.items():
-            os.replace(report.path, out / report.path.name)
-            reports[name] = dataclasses.replace(report, path=out / report.path.name)
+        kept = _previous(out, names)
+        for path in sorted(out.iterdir()) if out.is_dir() else []:
+            other = path.name != engine_record.FILE_NAME and not (staging / path.name).exists()
+            if path.is_file() and other:
+                os.link(path, staging / path.name)  # engines of the other graphs stay
+        engine_record.write(staging, engine_record.Record({**kept, **entries}))
+        staging.chmod(0o777 & ~_umask())  # mkdtemp makes it private; engines/ is ordinary
+        _replace(out, staging)
     finally:
-        shutil.rmtree(staging)
+        if staging.exists():
+            shutil.rmtree(staging)
     return reports

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from flashspec_export.config import DTYPE_NAMES, ConfigError
 
 FILE_NAME = "manifest.json"
-FORMAT = 3  # bump when the layout changes; readers refuse other formats
+FORMAT = 4  # bump when the layout changes; readers refuse other formats
 
 
 def sha256(path: pathlib.Path) -> str:
@@ -84,8 +84,10 @@ class OpVersion:
 @dataclass(frozen=True)
 class Manifest:
     """An export: the configuration it was made from (``ExportConfig`` fields), the model's
-    geometry, the drafter and γ, the custom ops, and the graphs by name (``target_prefill``,
-    ``target_step``, ``drafter_<draft>``)."""
+    geometry, the drafter and γ, the custom ops, the graphs by name (``target_prefill``,
+    ``target_step``, ``drafter_<draft>``), and the SHA-256 of the weights the graphs were made
+    from (``models.build.weights_sha256``: ``--check`` rebuilds the reference from the config
+    and refuses other weights)."""
 
     config: Mapping[str, object]
     source: str
@@ -98,6 +100,7 @@ class Manifest:
     opset: int
     ops: Mapping[str, OpVersion]
     graphs: Mapping[str, Graph]
+    weights_sha256: str
     tokenizer: str | None = None  # directory of the target's tokenizer files in the export
     format: int = field(default=FORMAT)
 
@@ -146,17 +149,18 @@ def write(directory: pathlib.Path, manifest: Manifest) -> None:
 # ---- reading: every field's type is checked, so a damaged manifest fails here, by name
 
 
-def _expect(value, kind, where: str):
+def expect_type(value, kind, where: str, remedy: str = "re-export"):
+    """``value`` if it is a ``kind`` (a bool is no int); else ConfigError naming ``where``."""
     ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
     if not ok:
         names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
-        raise ConfigError(f"{where}: expected {names}, got {type(value).__name__}; re-export")
+        raise ConfigError(f"{where}: expected {names}, got {type(value).__name__}; {remedy}")
     return value
 
 
-def _fields(cls, data, where: str) -> dict:
+def json_fields(cls, data, where: str, remedy: str = "re-export") -> dict:
     """The fields of dataclass ``cls`` from the JSON object ``data`` (missing ones named)."""
-    _expect(data, dict, where)
+    expect_type(data, dict, where, remedy)
     required = [
         f.name
         for f in dataclasses.fields(cls)
@@ -164,62 +168,65 @@ def _fields(cls, data, where: str) -> dict:
     ]
     missing = [name for name in required if name not in data]
     if missing:
-        raise ConfigError(f"{where} lacks {', '.join(missing)}; re-export")
+        raise ConfigError(f"{where} lacks {', '.join(missing)}; {remedy}")
     known = {f.name for f in dataclasses.fields(cls)}
     return {key: value for key, value in data.items() if key in known}
 
 
 def _tensor(data, where: str) -> TensorSpec:
-    d = _fields(TensorSpec, data, where)
+    d = json_fields(TensorSpec, data, where)
     shape = tuple(
-        _expect(dim, (int, str), f"{where}.shape") for dim in _expect(d["shape"], list, where)
+        expect_type(dim, (int, str), f"{where}.shape")
+        for dim in expect_type(d["shape"], list, where)
     )
-    return TensorSpec(_expect(d["name"], str, where), _expect(d["dtype"], str, where), shape)
+    return TensorSpec(
+        expect_type(d["name"], str, where), expect_type(d["dtype"], str, where), shape
+    )
 
 
 def _graph(data, where: str) -> Graph:
-    d = _fields(Graph, data, where)
+    d = json_fields(Graph, data, where)
     tensors = {
         side: tuple(
             _tensor(t, f"{where}.{side}[{i}]")
-            for i, t in enumerate(_expect(d[side], list, f"{where}.{side}"))
+            for i, t in enumerate(expect_type(d[side], list, f"{where}.{side}"))
         )
         for side in ("inputs", "outputs")
     }
     return Graph(
-        file=_expect(d["file"], str, f"{where}.file"),
-        sha256=_expect(d["sha256"], str, f"{where}.sha256"),
-        data_file=_expect(d.get("data_file"), (str, type(None)), f"{where}.data_file"),
-        data_sha256=_expect(d.get("data_sha256"), (str, type(None)), f"{where}.data_sha256"),
+        file=expect_type(d["file"], str, f"{where}.file"),
+        sha256=expect_type(d["sha256"], str, f"{where}.sha256"),
+        data_file=expect_type(d.get("data_file"), (str, type(None)), f"{where}.data_file"),
+        data_sha256=expect_type(d.get("data_sha256"), (str, type(None)), f"{where}.data_sha256"),
         **tensors,
     )
 
 
 def _op(data, where: str) -> OpVersion:
-    d = _fields(OpVersion, data, where)
+    d = json_fields(OpVersion, data, where)
     return OpVersion(
-        _expect(d["domain"], str, f"{where}.domain"),
-        _expect(d["version"], int, f"{where}.version"),
-        _expect(d["plugin_namespace"], str, f"{where}.plugin_namespace"),
-        _expect(d["plugin_version"], str, f"{where}.plugin_version"),
+        expect_type(d["domain"], str, f"{where}.domain"),
+        expect_type(d["version"], int, f"{where}.version"),
+        expect_type(d["plugin_namespace"], str, f"{where}.plugin_namespace"),
+        expect_type(d["plugin_version"], str, f"{where}.plugin_version"),
     )
 
 
 def from_json(data, where: str = FILE_NAME) -> Manifest:
     """A ``Manifest`` from parsed JSON; ``ConfigError`` naming the first bad field."""
-    _expect(data, dict, where)
+    expect_type(data, dict, where)
     if "format" in data and data["format"] != FORMAT:
         raise ConfigError(
             f"{where} has format {data['format']}, this version reads {FORMAT}; re-export"
         )
-    d = _fields(Manifest, {"format": FORMAT, **data}, where)
+    d = json_fields(Manifest, {"format": FORMAT, **data}, where)
     ints = ("vocab_size", "padded_vocab", "hidden_size", "gamma", "opset")
-    strings = ("source", "architecture", "drafter")
-    values = {key: _expect(d[key], int, f"{where}: {key}") for key in ints}
-    values |= {key: _expect(d[key], str, f"{where}: {key}") for key in strings}
-    config = _expect(d["config"], dict, f"{where}: config")
+    strings = ("source", "architecture", "drafter", "weights_sha256")
+    values = {key: expect_type(d[key], int, f"{where}: {key}") for key in ints}
+    values |= {key: expect_type(d[key], str, f"{where}: {key}") for key in strings}
+    config = expect_type(d["config"], dict, f"{where}: config")
     for key in ("batch", "max_len"):
-        _expect(config.get(key), int, f"{where}: config.{key}")
+        expect_type(config.get(key), int, f"{where}: config.{key}")
     if config.get("dtype") not in DTYPE_NAMES:
         raise ConfigError(
             f"{where}: config.dtype: expected one of {', '.join(DTYPE_NAMES)}, got "
@@ -227,15 +234,15 @@ def from_json(data, where: str = FILE_NAME) -> Manifest:
         )
     ops = {
         name: _op(entry, f"{where}: ops.{name}")
-        for name, entry in _expect(d["ops"], dict, f"{where}: ops").items()
+        for name, entry in expect_type(d["ops"], dict, f"{where}: ops").items()
     }
     graphs = {
         name: _graph(entry, f"{where}: graphs.{name}")
-        for name, entry in _expect(d["graphs"], dict, f"{where}: graphs").items()
+        for name, entry in expect_type(d["graphs"], dict, f"{where}: graphs").items()
     }
     tokenizer = d.get("tokenizer")
     if tokenizer is not None:
-        _expect(tokenizer, str, f"{where}: tokenizer")
+        expect_type(tokenizer, str, f"{where}: tokenizer")
     return Manifest(config=config, ops=ops, graphs=graphs, tokenizer=tokenizer, **values)
 
 

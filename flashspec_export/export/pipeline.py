@@ -42,6 +42,7 @@ from flashspec_export.models.build import (
     resolve_dtype,
     resolve_trained,
     validate,
+    weights_sha256,
 )
 from flashspec_export.onnx import functions, translation
 
@@ -132,6 +133,7 @@ def export(config: ExportConfig) -> manifest.Manifest:
     validate(config)
     out = _output_dir(config)
     modules = build_modules_unchecked(config)
+    fingerprint = weights_sha256(modules)  # before tracing: the weights as loaded
     # Directories are recorded absolute, so the manifest works from any working directory; the
     # dtype as resolved, so the reference is rebuilt in it.
     config = replace(
@@ -249,6 +251,7 @@ def export(config: ExportConfig) -> manifest.Manifest:
                 for op in functions.FUNCTIONS
             },
             graphs=graphs,
+            weights_sha256=fingerprint,
             tokenizer=_copy_tokenizer(config.target, staging),
         )
         manifest.write(staging, written)

@@ -8,6 +8,7 @@ any weights are loaded.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pathlib
@@ -213,6 +214,22 @@ class Modules:
     model: torch.nn.Module  # the Hugging Face causal LM
     target: SpeculativeTarget
     drafter: torch.nn.Module | None  # None for ngram
+
+
+def weights_sha256(modules: Modules) -> str:
+    """SHA-256 of the weights an export computes with: every tensor of the target's and the
+    drafter's state dicts (the causal LM's, then the drafter's, each in name order) as its name,
+    dtype, shape and bytes, in the dtype the modules hold (the export's). The manifest records
+    it, and ``--check`` refuses a reference whose weights are not the export's."""
+    digest = hashlib.sha256()
+    for prefix, module in (("target", modules.model), ("drafter", modules.drafter)):
+        state = module.state_dict() if module is not None else {}
+        for name in sorted(state):
+            tensor = state[name].detach().cpu().contiguous()
+            header = f"{prefix}.{name}:{tensor.dtype}:{tuple(tensor.shape)};"
+            digest.update(header.encode())
+            digest.update(tensor.reshape(-1).view(torch.uint8).numpy())
+    return digest.hexdigest()
 
 
 def build_modules(config: ExportConfig) -> Modules:

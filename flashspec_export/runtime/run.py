@@ -90,7 +90,7 @@ def _prompts(config: RunConfig, manifest, batch: int):
             f"prompt: the export's batch is {batch}; got {len(config.prompts)} prompt(s) (give "
             f"{batch}, or export with --batch {len(config.prompts)})"
         )
-    tokenizer = text.load_tokenizer(config.export_dir)
+    tokenizer = text.load_tokenizer(config.export_dir, manifest)
     return text.encode_prompts(tokenizer, list(config.prompts)), tokenizer
 
 
@@ -111,13 +111,18 @@ def _selecting(drafter, manifest, config: RunConfig):
 
 
 def run(config: RunConfig) -> RunReport:
-    """Generate up to ``new_tokens`` per sequence (the export's batch)."""
+    """Generate up to ``new_tokens`` per sequence (the export's batch).
+
+    The manifest is read once and handed down; the graph (or engine) files are hashed once,
+    by the session that loads them. With ``check`` the PyTorch reference is rebuilt, and its
+    weights checked against the export's, before anything is generated."""
     _check(config)
     manifest = export_manifest.read(config.export_dir)
     if config.engines:
-        target, drafter = sessions.from_engines(config.export_dir)
+        target, drafter = sessions.from_engines(config.export_dir, manifest)
     else:
-        target, drafter = sessions.from_export(config.export_dir)
+        target, drafter = sessions.from_export(config.export_dir, manifest)
+    reference_pair = sessions.reference_of(manifest) if config.check else None
     prompt, tokenizer = _prompts(config, manifest, target.batch)
     temperature = torch.full((target.batch,), config.temperature)
     if config.seed + target.batch - 1 > MAX_SEED:  # sequence i uses seed + i
@@ -140,8 +145,8 @@ def run(config: RunConfig) -> RunReport:
     if isinstance(drafting, selection.SelectingDrafter):
         result.metrics.arms = {f"{a.drafter}:{a.gamma}": n for a, n in drafting.chosen.items()}
     reference = None
-    if config.check:
-        ref_target, ref_drafter = sessions.reference_of(config.export_dir)
+    if reference_pair is not None:
+        ref_target, ref_drafter = reference_pair
         ref_drafting = _selecting(ref_drafter, manifest, config)
         reference = generate(ref_target, ref_drafting, *args, stream=stream())
     texts = streaming.texts if streaming is not None else None

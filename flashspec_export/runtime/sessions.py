@@ -1,9 +1,11 @@
 """The loop's target and drafter from the PyTorch modules or from an export's ONNX graphs.
 
-``from_modules`` is the reference; ``from_export`` opens ``manifest.json`` of a
-``scripts/export.py`` output and runs its graphs in onnxruntime, ``from_engines`` the TensorRT
-engines ``scripts/build_engines.py`` built from them (with the FlashSpec plugin library loaded).
-With the same seeds all give the same tokens (``tests/runtime/test_loop.py``).
+``from_modules`` is the reference (``reference_of``: the modules an export was made from, its
+weights checked); ``from_export`` runs the graphs of a ``scripts/export.py`` output in
+onnxruntime, ``from_engines`` the TensorRT engines ``scripts/build_engines.py`` built from them
+(with the FlashSpec plugin library loaded). Each takes the export's manifest, read once by the
+caller (``export.manifest.read``), and verifies the files it loads. With the same seeds all give
+the same tokens (``tests/runtime/test_loop.py``).
 """
 
 from __future__ import annotations
@@ -17,8 +19,15 @@ import torch
 
 from flashspec_export.config import ConfigError
 from flashspec_export.engine import plugins
+from flashspec_export.export import engine_record
 from flashspec_export.export import manifest as export_manifest
-from flashspec_export.models.build import DTYPES, ExportConfig, Modules, build_modules
+from flashspec_export.models.build import (
+    DTYPES,
+    ExportConfig,
+    Modules,
+    build_modules,
+    weights_sha256,
+)
 from flashspec_export.models.ngram import NgramDrafter
 from flashspec_export.runtime import cpu_bfloat16
 from flashspec_export.runtime.drafting import GraphDrafter
@@ -245,12 +254,28 @@ def from_modules(
     return target, drafter
 
 
-def reference_of(directory: str | pathlib.Path):
-    """The PyTorch (Target, drafter) an export was made from (its manifest's config)."""
-    manifest = export_manifest.read(directory)
+def reference_of(manifest: export_manifest.Manifest):
+    """The PyTorch (Target, drafter) an export was made from (its manifest's config), refused
+    (ConfigError) when its checkpoint is gone or its weights are not those the export was made
+    from (``manifest.weights_sha256``)."""
     config = ExportConfig(**manifest.config)
+    try:
+        modules = build_modules(config)
+    except ConfigError as error:
+        raise ConfigError(
+            f"check: the PyTorch modules the export was made from cannot be rebuilt ({error}); "
+            "--check rebuilds them from the checkpoint recorded at export: restore it there, or "
+            "re-export"
+        ) from error
+    if weights_sha256(modules) != manifest.weights_sha256:
+        sources = [config.target, config.draft_weights, config.draft_model]
+        raise ConfigError(
+            f"check: the weights at {' and '.join(s for s in sources if s)} differ from those "
+            "the export was made from (SHA-256 of the state dicts): they changed since the "
+            "export; re-export, or restore the original weights there"
+        )
     return from_modules(
-        build_modules(config),
+        modules,
         config.draft,
         config.batch,
         config.max_len,
@@ -258,10 +283,14 @@ def reference_of(directory: str | pathlib.Path):
     )
 
 
-def from_export(directory: str | pathlib.Path, providers=("CPUExecutionProvider",)):
-    """(Target, drafter) running the exported graphs of ``directory`` in onnxruntime."""
+def from_export(
+    directory: str | pathlib.Path,
+    manifest: export_manifest.Manifest,
+    providers=("CPUExecutionProvider",),
+):
+    """(Target, drafter) running the exported graphs of ``directory`` (``manifest``: its
+    manifest) in onnxruntime; the graph files are verified against the manifest first."""
     directory = pathlib.Path(directory)
-    manifest = export_manifest.read(directory)
     export_manifest.verify(directory, manifest)
     graphs = manifest.graphs
     in_place = manifest.opset >= 24  # TensorScatter writes the caches
@@ -282,35 +311,27 @@ def from_export(directory: str | pathlib.Path, providers=("CPUExecutionProvider"
     return target, GraphDrafter(graph, draft_cache, draft != "model", dtype)
 
 
-def from_engines(directory: str | pathlib.Path):
+def from_engines(directory: str | pathlib.Path, manifest: export_manifest.Manifest):
     """(Target, drafter) running the TensorRT engines of an export (``<export>/engines``, built by
-    ``scripts/build_engines.py``) with full TensorRT on a CUDA GPU, the FlashSpec plugin library
-    registered first. TensorRT-RTX engines do not run on data-centre GPUs (Hopper)."""
+    ``scripts/build_engines.py``; ``manifest``: the export's) with full TensorRT on a CUDA GPU,
+    the FlashSpec plugin library registered first. The engines are verified against their record
+    (``export.engine_record.verify``: unchanged, built from this export's graphs by this
+    TensorRT) first. TensorRT-RTX engines do not run on data-centre GPUs (Hopper)."""
     import importlib.util
 
     if importlib.util.find_spec("tensorrt") is None:
         raise ConfigError("engines: running engines needs TensorRT (the tensorrt module)")
     import tensorrt as trt
 
-    directory = pathlib.Path(directory)
-    manifest = export_manifest.read(directory)
-    export_manifest.verify(directory, manifest)
+    engines = engine_record.verify(directory, manifest, "tensorrt", trt.__version__)
     library = plugins.library_path()
     if library is not None:
         plugins.register(trt, library)
-    engines = directory / "engines"
-    missing = [n for n in manifest.graphs if not (engines / f"{n}.engine").is_file()]
-    if missing:
-        raise ConfigError(
-            f"engines: {engines} lacks {', '.join(missing)}; run scripts/build_engines.py first"
-        )
-
     in_place = manifest.opset >= 24
 
     def load(name):
         graph = manifest.graphs[name]
-        engine = engines / f"{name}.engine"
-        run = tensorrt_graph(trt, engine, graph, in_place)
+        run = tensorrt_graph(trt, engines[name], graph, in_place)
         dtype = _TORCH[graph.input("k_cache_0").dtype]  # a strongly typed engine's too
         return run, graph.cache_shape, dtype
 

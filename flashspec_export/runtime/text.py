@@ -1,13 +1,13 @@
 """Text in, text out: an export's tokenizer, and the stream that decodes what the loop accepts.
 
-``load_tokenizer(export_dir)`` opens the tokenizer the exporter copied next to the graphs (the
-manifest names its directory; Hugging Face checkpoints bring their own; the checkpoint's
-``generation_config.json`` is copied beside it). Prompts are encoded with the special tokens
-the tokenizer defines (Llama-3's BOS). ``TextStream`` receives each sequence's accepted tokens
-(``loop.generate(stream=...)``), decodes them, hands finished text to ``echo`` as it becomes
-final, and stops a sequence at an end-of-sequence id (``eos_ids``: the generation config's, an
-instruct model's end-of-turn token among them, and the tokenizer's) or at a stop string (neither
-is part of the text).
+``load_tokenizer(export_dir, manifest)`` opens the tokenizer the exporter copied next to the
+graphs (the manifest names its directory; Hugging Face checkpoints bring their own; the
+checkpoint's ``generation_config.json`` is copied beside it). Prompts are encoded with the
+special tokens the tokenizer defines (Llama-3's BOS). ``TextStream`` receives each sequence's
+accepted tokens (``loop.generate(stream=...)``), decodes them, hands finished text to ``echo``
+as it becomes final, and stops a sequence at an end-of-sequence id (``eos_ids``: the generation
+config's, an instruct model's end-of-turn token among them, and the tokenizer's) or at a stop
+string (neither is part of the text).
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from flashspec_export.export import manifest as export_manifest
 INCOMPLETE = "\ufffd"  # what a byte-level decoder yields for a cut UTF-8 sequence
 
 
-def load_tokenizer(export_dir: str | pathlib.Path):
-    """The export's tokenizer (``transformers.AutoTokenizer``); ConfigError if it has none."""
-    manifest = export_manifest.read(export_dir)
+def load_tokenizer(export_dir: str | pathlib.Path, manifest: export_manifest.Manifest):
+    """The tokenizer of the export in ``export_dir`` (``manifest``: its manifest) as a
+    ``transformers.AutoTokenizer``; ConfigError if it has none."""
     if manifest.tokenizer is None:
         raise ConfigError(
             f"prompt: {export_dir} has no tokenizer (exported from {manifest.source}); text "

@@ -12,6 +12,7 @@ import torch
 
 pytest.importorskip("transformers")
 
+from flashspec_export.export import manifest as export_manifest
 from flashspec_export.models.build import build_modules
 from flashspec_export.runtime import sessions
 from flashspec_export.runtime.invariance import compare_with_plain
@@ -157,8 +158,8 @@ def exported(request, tmp_path_factory, target_checkpoint):
 def test_exported_graphs_in_onnxruntime_emit_the_pytorch_tokens(exported, prompt):
     """Prefill + speculative steps through onnxruntime (the export's graphs, function bodies
     inlined) emit exactly the tokens of the PyTorch modules, with the same number of steps."""
-    expected = _generate(sessions.reference_of(exported), prompt)
-    got = _generate(sessions.from_export(exported), prompt)
+    expected = _generate(sessions.reference_of(export_manifest.read(exported)), prompt)
+    got = _generate(sessions.from_export(exported, export_manifest.read(exported)), prompt)
     assert got.tokens == expected.tokens
     assert got.steps == expected.steps
 
@@ -185,10 +186,11 @@ def test_exported_speculation_does_not_change_the_text(exported, target_steps, p
 
     draft = json.loads((exported / "manifest.json").read_text())["drafter"]
     target_dirs = {**target_steps, GAMMA: exported}
+    manifests = {gamma: export_manifest.read(d) for gamma, d in target_dirs.items()}
 
     def run(gamma, temperature, seeds):
-        target, _ = sessions.from_export(target_dirs[gamma])
-        _, drafter = sessions.from_export(exported)
+        target, _ = sessions.from_export(target_dirs[gamma], manifests[gamma])
+        _, drafter = sessions.from_export(exported, manifests[GAMMA])
         temps = torch.full((BATCH,), temperature)
         return generate(target, drafter, prompt, NEW_TOKENS, gamma, temps, seeds)
 
@@ -208,13 +210,16 @@ def test_exported_cache_of_exactly_the_needed_length_holds_ragged_finishes(
     config = config_of("model", target_checkpoint, tmp_path / "x")
     export(dataclasses.replace(config, max_len=4 + NEW_TOKENS + GAMMA))
     temps = torch.tensor([0.6, 1.0, 1.5])
-    got = generate(*sessions.from_export(tmp_path / "x"), prompt, NEW_TOKENS, GAMMA, temps, SEEDS)
-    want = generate(*sessions.reference_of(tmp_path / "x"), prompt, NEW_TOKENS, GAMMA, temps, SEEDS)
+    written = export_manifest.read(tmp_path / "x")
+    got = generate(
+        *sessions.from_export(tmp_path / "x", written), prompt, NEW_TOKENS, GAMMA, temps, SEEDS
+    )
+    want = generate(*sessions.reference_of(written), prompt, NEW_TOKENS, GAMMA, temps, SEEDS)
     assert got.tokens == want.tokens and got.mean_emitted > 1.0
 
 
 def test_loop_refuses_a_prompt_the_cache_cannot_hold(exported, prompt):
-    target, drafter = sessions.from_export(exported)
+    target, drafter = sessions.from_export(exported, export_manifest.read(exported))
     with pytest.raises(ValueError, match=r"max_new_tokens: .* exceeds the cache length 48"):
         generate(target, drafter, prompt, MAX_LEN, GAMMA, TEMPERATURES, SEEDS)
     with pytest.raises(ValueError, match=r"prompt: expected 3 sequences \(the batch\), got 1"):

@@ -64,8 +64,8 @@ def test_the_trained_pair_exports_and_its_drafts_are_accepted(trained, tmp_path)
     assert manifest.tokenizer == "tokenizer"
     prompt = torch.tensor([[corpus_id for corpus_id in range(3, 11)]])
     args = (prompt, 16, 3, torch.zeros(1), torch.zeros(1, dtype=torch.int64))
-    onnx = generate(*sessions.from_export(tmp_path / "export"), *args)
-    reference = generate(*sessions.reference_of(tmp_path / "export"), *args)
+    onnx = generate(*sessions.from_export(tmp_path / "export", manifest), *args)
+    reference = generate(*sessions.reference_of(manifest), *args)
     assert onnx.tokens == reference.tokens
     assert onnx.mean_emitted > 1.5  # trained drafts are accepted: the multi-token path runs
 
