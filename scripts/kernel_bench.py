@@ -14,11 +14,14 @@ same inputs in the same process:
   ``torch``'s own RNG;
 - ``onepass_torch_rng``: a careful torch version of the coupled rule: fp32 logits once, Gumbel
   noise from ``torch``'s RNG, one argmax (and the LSE for ``+logprobs``);
+- ``two_pass``: cuBLAS writes the logits in the head's dtype, then ONE fused Triton kernel reads
+  them once and takes the Gumbel-max sample with Philox noise (FlashInfer's
+  ``sampling_from_logits`` design; ``scripts/two_pass_sampler.py``), drafts accepted iff equal;
 - ``standard``: the counter-noise oracle (``ops`` backend "standard"): dozens of elementwise
   kernels generate the noise, so it is a correctness oracle, not a speed baseline.
 
-The two ``*_torch_rng`` providers are the baselines a user would run instead; speed claims are
-against the faster of them at each row count.
+``materialised_torch_rng``, ``onepass_torch_rng`` and ``two_pass`` are the baselines a user would
+run instead; speed claims are against the fastest of them at each row count.
 
 Each provider's back-to-back calls are captured in one CUDA graph (launch gaps excluded, as in a
 deployed engine), as ``triton.testing.do_bench_cudagraph`` does; at each row count the graphs of
@@ -46,6 +49,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import torch
+from two_pass_sampler import two_pass_verify
 
 from flashspec_export import ops
 from flashspec_export.config import HeadShape
@@ -68,9 +72,10 @@ PROVIDERS = (
     "matmul+argmax",
     "materialised_torch_rng",
     "onepass_torch_rng",
+    "two_pass",
     "standard",
 )
-BASELINES = ("materialised_torch_rng", "onepass_torch_rng")
+BASELINES = ("materialised_torch_rng", "onepass_torch_rng", "two_pass")
 
 
 ROUNDS = 10  # timed replays of each provider's graph
@@ -309,6 +314,7 @@ def _providers(shape: HeadShape, rows: int, config: BenchConfig, lm_head: torch.
         "matmul+argmax": lambda: (flat @ lm_head.T)[:, :vocab].argmax(dim=-1),
         "materialised_torch_rng": materialised_torch_rng,
         "onepass_torch_rng": onepass_torch_rng,
+        "two_pass": lambda: two_pass_verify(hidden, lm_head, drafts, temps, vocab),
         "standard": verify("standard"),
     }
     return providers, paths
@@ -406,7 +412,7 @@ def write_report(report: dict, json_path: str, png_path: str | None = None) -> N
 
 def markdown(report: dict) -> str:
     """One table per head: median µs [p10–p90] per provider; the fused verify's ratio to the
-    cuBLAS matmul, its fraction of the copy bandwidth, and the fastest torch-RNG baseline over
+    cuBLAS matmul, its fraction of the copy bandwidth, and the fastest baseline (BASELINES) over
     the fused verify (Triton and CUDA, without log-probabilities)."""
     lines = []
     ms = report["measurements"]
