@@ -19,7 +19,7 @@ At the power limit the SM clock follows the power drawn, so each variant's graph
 untimed for ``SETTLE`` s, then timed for ``TIME`` s; ``ROUNDS`` rounds in a shuffled order.
 ``nvidia-smi`` samples the SM clock and power. Bit-exact variants are checked against the
 shipped kernel's summaries. Output: ``$OUT/epilogue_pipes.json``; log
-docs/bench/epilogue_pipes_h200.log, docs/BENCHMARKS.md ("the integer multiplies").
+docs/bench/epilogue_pipes_h200.log, docs/BENCHMARKS.md ("Kernel ops — what bounds them").
 """
 
 import datetime

@@ -12,7 +12,7 @@ Nsight Compute (Llama-3 head, bf16, γ = 3, T = 1).
             python docs/bench/hopper_profile.py once VARIANT 512
 
 Results: docs/bench/hopper_clocks_{h100,h200}.log, docs/bench/hopper_ncu_h100.txt and the
-section "the 256-512-row verify kernel runs at the power limit" of docs/BENCHMARKS.md.
+section "Kernel ops — what bounds them" of docs/BENCHMARKS.md.
 """
 
 import datetime
