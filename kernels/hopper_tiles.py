@@ -74,6 +74,7 @@ from flashspec_export.kernels.noise import (
     sub_mod,
     token_bits,
 )
+from flashspec_export.ops.workspace import launch_workspace
 
 # Gluon is experimental and renames between Triton releases: the names this file needs, as
 # Triton 3.6 and later releases spell them (tests/test_triton_aot.py compiles the kernel under
@@ -729,35 +730,28 @@ def device_name(device_index: int) -> str:
     return torch.cuda.get_device_name(device_index)
 
 
-_SCRATCH: dict[tuple, torch.Tensor] = {}
-
-
 def _keys_scratch(device: torch.device, numel: int) -> torch.Tensor:
-    """The rows' scratch (keys and temperatures as int32 bits), allocated once per (device, size):
-    CUDA-graph safe."""
-    key = ("keys", device, numel)
-    if key not in _SCRATCH:
-        _SCRATCH[key] = torch.empty(numel, dtype=torch.int32, device=device)
-    return _SCRATCH[key]
+    """The rows' scratch (keys and temperatures as int32 bits): one buffer per (device, stream),
+    fresh during CUDA-graph capture (``flashspec_export.ops.workspace``)."""
+    return launch_workspace(device, "hopper_keys", ((numel,), torch.int32))[0]
 
 
 def _whole_row_block(hidden2d: torch.Tensor, block_n: int) -> torch.Tensor:
     """``hidden2d`` itself, or where it has fewer rows than one row block, those rows copied into
-    a ``[block_n, H]`` buffer (allocated once per device, dtype and shape; CUDA-graph safe).
+    a ``[block_n, H]`` buffer (one per (device, stream, dtype); fresh during CUDA-graph capture:
+    ``flashspec_export.ops.workspace``).
 
     TMA fills a box that reaches past the tensor's last row more slowly than a whole one: on an
     H200 verify on the 64 x 128 tile at 32 rows took 289-293 µs on Llama-3 straight from the rows
     and 273 from the whole block, the copy included (docs/BENCHMARKS.md). The rows past ``R``
-    hold zeros or an earlier call's rows: each output row is its own row's dot products, and the
-    epilogue never stores rows past ``R``.
+    hold an earlier call's rows or uninitialised memory: each output row is its own row's dot
+    products, and the epilogue never stores rows past ``R``.
     """
     rows, hidden_size = hidden2d.shape
     if rows >= block_n:
         return hidden2d
-    key = ("rows", hidden2d.device, hidden2d.dtype, block_n, hidden_size)
-    if key not in _SCRATCH:
-        _SCRATCH[key] = hidden2d.new_zeros(block_n, hidden_size)
-    block = _SCRATCH[key]
+    tag = ("hopper_rows", hidden2d.dtype)
+    (block,) = launch_workspace(hidden2d.device, tag, ((block_n, hidden_size), hidden2d.dtype))
     block[:rows].copy_(hidden2d)
     return block
 

@@ -26,13 +26,13 @@ import triton.language as tl
 from flashspec_export.kernels import hopper_tiles
 from flashspec_export.kernels.tiles import (
     KernelConfig,
-    cached_workspace,
     check_device,
     dot_options,
     dot_tile,
     fold_best,
     resolve_config,
 )
+from flashspec_export.ops.workspace import launch_workspace
 
 # Rows per program of the split reduction (stage 2).
 FINALIZE_ROWS = 16
@@ -139,7 +139,8 @@ def tiled_argmax(
     vocab_size : rows ``>= vocab_size`` of ``lm_head`` are padding and never chosen
     config : launch configuration (default: ``choose_config``)
     workspace : ``(max [N, S] float32, index [N, S] int32)`` with ``S = config.num_splits``;
-        default: buffers cached per (device, N, S)
+        default: views of one buffer per (device, stream), fresh during CUDA-graph capture
+        (``flashspec_export.ops.workspace``)
 
     Returns
     -------
@@ -151,12 +152,8 @@ def tiled_argmax(
     config = resolve_config("tiled_argmax", hidden, lm_head, n, vocab_size, config)
     splits = config.num_splits
     if workspace is None:
-        workspace = cached_workspace(
-            ("tiled_argmax", hidden.device, n, splits),
-            lambda: (
-                torch.empty((n, splits), dtype=torch.float32, device=hidden.device),
-                torch.empty((n, splits), dtype=torch.int32, device=hidden.device),
-            ),
+        workspace = launch_workspace(
+            hidden.device, "tiled_argmax", ((n, splits), torch.float32), ((n, splits), torch.int32)
         )
     ws_max, ws_index = workspace
     if ws_max.shape != (n, splits) or ws_index.shape != (n, splits):

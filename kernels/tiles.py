@@ -1,6 +1,8 @@
 """The shared pieces of the vocabulary-tiled Triton kernels (``tiled_argmax``,
-``verify_resample``): the launch configuration and its tuned table, the workspace cache, the
-tile product ``dot_tile`` and the running-best fold ``fold_best``.
+``verify_resample``): the launch configuration and its tuned table, the tile product
+``dot_tile`` and the running-best fold ``fold_best``. Their default workspaces come from
+``flashspec_export.ops.workspace``: one buffer per (device, stream) reused outside CUDA-graph
+capture, a fresh one in the graph's memory pool during capture.
 
 Both kernels have one skeleton: grid ``(row blocks, vocabulary splits)``; a program owns
 ``BLOCK_N`` rows and a contiguous run of ``BLOCK_V``-id tiles; per tile ``dot_tile`` forms the
@@ -299,21 +301,6 @@ def dot_options_of(dtype: torch.dtype, *, compiled: bool) -> dict:
     dot_in_fp32 = dtype == torch.bfloat16 and not compiled
     precise = dtype == torch.float32 or dot_in_fp32
     return {"DOT_PRECISION": "ieee" if precise else "tf32", "DOT_IN_FP32": dot_in_fp32}
-
-
-_WORKSPACES: dict[tuple, tuple[torch.Tensor, ...]] = {}
-
-
-def cached_workspace(key: tuple, make) -> tuple[torch.Tensor, ...]:
-    """The workspace tensors for ``key``, allocated by ``make()`` on first use and then reused.
-
-    Reuse keeps repeated calls allocation-free: after one warm-up call (which allocates and
-    compiles) a call can be captured in a CUDA graph. Calls with the same key share the buffers,
-    so concurrent calls on different CUDA streams must pass their own.
-    """
-    if key not in _WORKSPACES:
-        _WORKSPACES[key] = make()
-    return _WORKSPACES[key]
 
 
 @triton.jit

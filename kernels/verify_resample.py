@@ -51,13 +51,13 @@ from flashspec_export.kernels.noise import (
 )
 from flashspec_export.kernels.tiles import (
     KernelConfig,
-    cached_workspace,
     check_device,
     dot_options,
     dot_tile,
     fold_best,
     resolve_config,
 )
+from flashspec_export.ops.workspace import launch_workspace
 from flashspec_export.reference.verify_resample import VerifyResult
 
 # Float fields of the stage-1 workspace [NUM_FIELDS, R, S] (the last three only written with
@@ -300,7 +300,8 @@ def verify_resample(
     return_logprobs : also return the target log-probabilities of the emitted tokens
     config : launch configuration (default: ``choose_config`` for ``N · (γ + 1)`` rows)
     workspace : stage-1 buffers from ``make_workspace(N · (γ + 1), config.num_splits, device)``;
-        default: buffers cached per (device, rows, splits)
+        default: views of one buffer per (device, stream), fresh during CUDA-graph capture
+        (``flashspec_export.ops.workspace``)
 
     Returns
     -------
@@ -321,9 +322,13 @@ def verify_resample(
         )
     splits = config.num_splits
     if workspace is None:
-        workspace = cached_workspace(
-            ("verify_resample", device, rows, splits),
-            lambda: make_workspace(rows, splits, device),
+        workspace = VerifyWorkspace(
+            *launch_workspace(
+                device,
+                "verify_resample",
+                ((NUM_FLOAT_FIELDS, rows, splits), torch.float32),
+                ((rows, splits), torch.int32),
+            )
         )
     if workspace.floats.shape != (NUM_FLOAT_FIELDS, rows, splits) or workspace.index.shape != (
         rows,

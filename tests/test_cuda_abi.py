@@ -84,6 +84,30 @@ def test_kernel_path_query():
         assert lib.flashspecKernelPath(cuda.OPS["tiled_argmax"], ctypes.byref(params)) == 0
 
 
+# cudaError_t codes flashspecPrepareKernels returns without a usable driver (flashspecCApi.h).
+NO_DEVICE = 100  # cudaErrorNoDevice: no libcuda.so.1
+INSUFFICIENT_DRIVER = 35  # cudaErrorInsufficientDriver: a driver older than CUDA 12.0
+
+
+def test_prepare_kernels_status():
+    """flashspecPrepareKernels (load the compiled kernels into the current context, outside
+    capture) is exported and says what happened: 0 with a GPU (twice: once per context), and also
+    where nothing is compiled in; without a GPU a named status, not a crash or "unknown error"."""
+    lib = cuda.library()
+    status = lib.flashspecPrepareKernels()
+    if torch.cuda.is_available():
+        assert status == 0, lib.flashspecErrorString(status)
+        assert lib.flashspecPrepareKernels() == 0
+    elif lib.flashspecTritonAotArch() == 0:
+        assert status == 0  # nothing to load
+    else:
+        assert status in (NO_DEVICE, INSUFFICIENT_DRIVER)
+        assert lib.flashspecErrorString(status) in (
+            b"no CUDA-capable device is detected",
+            b"CUDA driver version is insufficient for CUDA runtime version",
+        )
+
+
 VOCABS = (111, 32000, 32001, 128256, 151936, 262144)
 
 

@@ -7,7 +7,11 @@ kernels; ``kernel_path`` says which.
 
 The library is ``plugins/build/libflashspec_kernels.so`` (build: ``cmake -S plugins -B
 plugins/build && cmake --build plugins/build -j``) or the path in ``$FLASHSPEC_KERNELS_LIB``.
-Launches go to the current torch stream; nothing synchronises with the host.
+Launches go to the current torch stream; nothing synchronises with the host. Workspaces are one
+buffer per (device, stream), fresh during CUDA-graph capture (``ops/workspace.py``). The
+compiled kernels are loaded into a CUDA context by ``prepare``, which every launch outside
+capture calls; the library never loads them while a stream is being captured, so a first call
+that is captured needs ``prepare()`` on its device beforehand.
 """
 
 from __future__ import annotations
@@ -19,14 +23,18 @@ import pathlib
 
 import torch
 
+from flashspec_export.ops.workspace import launch_workspace
 from flashspec_export.reference.verify_resample import VerifyResult
 
 # The ABI this mirror of the params structs is written for (FLASHSPEC_ABI_VERSION in
 # plugins/common/flashspecAbi.h, checked when the library loads; the dtype codes are read from it).
-ABI_VERSION = 5
+ABI_VERSION = 6
 # FlashspecOp and FlashspecKernelPath codes (plugins/common/flashspecAbi.h).
 OPS = {"tiled_argmax": 0, "verify_resample": 1, "noise": 2}
 PATHS = {0: "native", 1: "triton_aot", 2: "triton_aot_hopper"}
+# cudaErrorStreamCaptureUnsupported: a launch on a capturing stream before the compiled kernels
+# were loaded into its CUDA context (prepare).
+CAPTURE_UNSUPPORTED = 900
 LIBRARY_ENV = "FLASHSPEC_KERNELS_LIB"
 DEFAULT_LIBRARY = pathlib.Path(__file__).parents[2] / "plugins/build/libflashspec_kernels.so"
 
@@ -122,7 +130,29 @@ def available() -> bool:
 def _check(status: int, op: str) -> None:
     if status != 0:
         message = library().flashspecErrorString(status).decode()
+        if status == CAPTURE_UNSUPPORTED:
+            message += (
+                ": the library's compiled kernels are not loaded in this CUDA context and are "
+                "never loaded during CUDA-graph capture; call flashspec_export.ops.cuda.prepare() "
+                "(or run the op once) on this device before capturing"
+            )
         raise RuntimeError(f"{op} (cuda): {message} (status {status})")
+
+
+def prepare(device: torch.device | int | None = None) -> None:
+    """Load the Triton kernels compiled into the library into the CUDA context of ``device``
+    (default: the current device), once per context; nothing to do where none are compiled in
+    for its GPU. Outside CUDA-graph capture only: every launch outside capture calls it, and a
+    launch on a capturing stream before it ran in that context raises (the library does not load
+    modules during capture)."""
+    with torch.cuda.device(device):
+        _check(library().flashspecPrepareKernels(), "prepare")
+
+
+def _prepare_outside_capture() -> None:
+    """``prepare`` for the current device unless its current stream is being captured."""
+    if not torch.cuda.is_current_stream_capturing():
+        _check(library().flashspecPrepareKernels(), "prepare")
 
 
 def _device_and_stream(hidden: torch.Tensor) -> int:
@@ -131,9 +161,9 @@ def _device_and_stream(hidden: torch.Tensor) -> int:
     return torch.cuda.current_stream(hidden.device).cuda_stream
 
 
-@functools.cache
 def _workspace(device: torch.device, nbytes: int) -> torch.Tensor:
-    return torch.empty(max(nbytes, 16), dtype=torch.uint8, device=device)
+    """[nbytes] uint8 for a launch on the current stream (``ops/workspace.py``)."""
+    return launch_workspace(device, "cuda", ((max(nbytes, 16),), torch.uint8))[0]
 
 
 def _argmax_call(hidden, lm_head, vocab_size, num_splits):
@@ -169,6 +199,7 @@ def tiled_argmax(hidden: torch.Tensor, lm_head: torch.Tensor, vocab_size: int, *
     hidden [N, H], lm_head [V, H] → token [N] int64, max_logit [N] float32."""
     stream = _device_and_stream(hidden)
     with torch.cuda.device(hidden.device):
+        _prepare_outside_capture()
         params, outputs, _inputs = _argmax_call(hidden, lm_head, vocab_size, num_splits)
         status = library().flashspecTiledArgmax(ctypes.byref(params), ctypes.c_void_p(stream))
         _check(status, "tiled_argmax")
@@ -191,6 +222,7 @@ def verify_resample(
     [N, γ + 1, H], lm_head [V, H], draft_tokens [N, γ], temperature / seed / positions [N]."""
     stream = _device_and_stream(hidden)
     with torch.cuda.device(hidden.device):
+        _prepare_outside_capture()
         args = (hidden, lm_head, draft_tokens, temperature, seed, positions, vocab_size)
         params, result, _inputs = _verify_call(*args, return_logprobs, num_splits)
         status = library().flashspecVerifyResample(ctypes.byref(params), ctypes.c_void_p(stream))

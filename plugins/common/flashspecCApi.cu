@@ -97,6 +97,11 @@ int32_t flashspecKernelPath(int32_t op, void const* params)
     }
 }
 
+int32_t flashspecPrepareKernels(void)
+{
+    return static_cast<int32_t>(prepareKernels());
+}
+
 int32_t flashspecTritonAotArch(void)
 {
     return aot::kTable.numKernels > 0 ? aot::kTable.arch : 0;

@@ -40,6 +40,12 @@ FLASHSPEC_API int64_t flashspecStagedSmemBytes(int32_t numRows, int32_t hiddenSi
 //! The FlashspecKernelPath a call of op (0: TiledArgmax, 1: VerifyResample) with these params would
 //! run on the current device: the compiled Triton kernels or the native CUDA kernels; -1 if op is unknown.
 FLASHSPEC_API int32_t flashspecKernelPath(int32_t op, void const* params);
+//! Loads the Triton kernels compiled into the library into the current CUDA context, once per
+//! context (aot::prepare, tritonAot.h). Call it outside CUDA-graph capture before a launch that
+//! may be captured: a launch on a capturing stream never loads them and returns
+//! cudaErrorStreamCaptureUnsupported where they are not loaded. 0 also where there is nothing to
+//! load; cudaErrorNoDevice (100) without a CUDA driver.
+FLASHSPEC_API int32_t flashspecPrepareKernels(void);
 //! The compute capability (major * 10 + minor) of the Triton kernels compiled into the library; 0 if none.
 FLASHSPEC_API int32_t flashspecTritonAotArch(void);
 //! Workspace bytes of a call (numRows: N for TiledArgmax, N · (γ + 1) for VerifyResample).

@@ -106,6 +106,13 @@ int32_t verifyResamplePath(VerifyResampleParams const& params);
 size_t getTiledArgmaxWorkspaceSize(int32_t numRows, int32_t numSplits, int32_t hiddenSize);
 size_t getVerifyResampleWorkspaceSize(int32_t numRows, int32_t numSplits, int32_t hiddenSize);
 
+//! Loads the kernels invoke<Op> launches through the driver (the compiled Triton kernels:
+//! aot::prepare, tritonAot.h) into the current CUDA context, once per context. Call it outside
+//! CUDA-graph capture: an invoke<Op> on a capturing stream never loads them, and fails with
+//! cudaErrorStreamCaptureUnsupported where they are not loaded yet. (The native kernels are the
+//! CUDA runtime's to load.)
+cudaError_t prepareKernels();
+
 //! cudaSuccess, cudaErrorInvalidValue for arguments outside the contract, or a launch error.
 cudaError_t invokeTiledArgmax(TiledArgmaxParams const& params, cudaStream_t stream);
 cudaError_t invokeVerifyResample(VerifyResampleParams const& params, cudaStream_t stream);

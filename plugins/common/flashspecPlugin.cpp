@@ -54,6 +54,19 @@ void logError(char const* format, ...) noexcept
     }
 }
 
+void logLaunchError(char const* op, cudaError_t status) noexcept
+{
+    if (status == cudaErrorStreamCaptureUnsupported)
+    {
+        logError("%s: %s: its compiled kernels are not loaded in this CUDA context and are never loaded during "
+                 "CUDA-graph capture; create the execution context on this CUDA context, or run enqueueV3 once, "
+                 "before capturing",
+            op, cudaGetErrorString(status));
+        return;
+    }
+    logError("%s: %s", op, cudaGetErrorString(status));
+}
+
 FlashspecPlugin::FlashspecPlugin(int32_t vocabSize, int32_t numSplits)
     : mVocabSize(vocabSize)
     , mNumSplits(numSplits)
@@ -122,6 +135,9 @@ int32_t FlashspecPlugin::configurePlugin(nvinfer1::DynamicPluginTensorDesc const
     {
         return -1;
     }
+    // The builder's timing runs enqueue: the kernels are loaded here, outside any capture. A
+    // failure (no GPU: a CPU-only builder) is enqueue's to report.
+    static_cast<void>(prepareKernels());
     // The split count is fixed here, at build time, for the largest shape of the profile (input 0
     // is hidden [..., H]: its leading dims are the rows), and serialized with the plugin: the
     // workspace and every enqueue use this one value on whatever GPU runs the engine (the same
@@ -160,6 +176,11 @@ int32_t FlashspecPlugin::onShapeChange(nvinfer1::PluginTensorDesc const* /* in *
 
 nvinfer1::IPluginV3* FlashspecPlugin::attachToContext(nvinfer1::IPluginResourceContext* /* context */) noexcept
 {
+    // A new execution context, on the CUDA context it will run in: the kernels are loaded here, not
+    // in an enqueue that may be captured into a CUDA graph. (onShapeChange is no such place:
+    // TensorRT calls it from inside enqueueV3.) A failure is enqueue's to report; it loads them
+    // outside capture or refuses (prepareKernels).
+    static_cast<void>(prepareKernels());
     return clone();
 }
 

@@ -30,6 +30,9 @@ bool isFloatType(nvinfer1::DataType type) noexcept;
 //! printf-style error to TensorRT's logger; formats into a fixed buffer, so it never allocates.
 void logError(char const* format, ...) noexcept __attribute__((format(printf, 1, 2)));
 void setLoggerFinder(nvinfer1::ILoggerFinder* finder) noexcept;
+//! The error of a failed invoke<Op> in `op`'s enqueue, with what to do where the stream was being
+//! captured before the kernels were loaded into its CUDA context (prepareKernels).
+void logLaunchError(char const* op, cudaError_t status) noexcept;
 
 //! The exception barrier of a noexcept entry point that may allocate: f()'s result, or
 //! `fallback` with the exception logged (nothing escapes into TensorRT).

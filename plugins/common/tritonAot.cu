@@ -1,8 +1,18 @@
 /*
  * Launcher of the ahead-of-time compiled Triton kernels (tritonAot.h). The CUDA driver API is
  * reached through dlopen("libcuda.so.1"), as Triton's own launcher does, so the library still
- * loads on a machine without a driver (CI loads it on CPU for the ABI tests). Modules are loaded
- * lazily, once per (CUDA context, kernel), and kept for the context's lifetime.
+ * loads on a machine without a driver (CI loads it on CPU for the ABI tests).
+ *
+ * Module loading, and the capture rule: every kernel of the table is loaded into a CUDA context
+ * at once, by prepare() (C ABI flashspecPrepareKernels; the plugins call it from configurePlugin
+ * and attachToContext, flashspec_export/ops/cuda.py before a launch outside capture), or by the
+ * first launch in the context. Loading a module is not a stream operation and may allocate, so
+ * it must not happen while a CUDA graph is being captured: a launch on a capturing stream in a
+ * context without the kernels loads nothing and fails with cudaErrorStreamCaptureUnsupported.
+ * The cache is keyed by the context's ID (cuCtxGetId, CUDA 12.0 drivers on), which the driver
+ * never hands out twice, not by the CUcontext handle, which a context created after another was
+ * destroyed may get again. A destroyed context's modules went with it (the driver unloads them);
+ * its entry is dropped when a later context turns up with its handle.
  *
  * Argument order per kernel: kernels/aot.py RUNTIME_ARGS (checked there against the kernels'
  * signatures), then the global and profile scratch pointers Triton 3.x appends (null: the
@@ -16,6 +26,7 @@
 #include <cuda.h>
 #include <dlfcn.h>
 
+#include <iterator>
 #include <mutex>
 #include <string>
 #include <type_traits>
@@ -31,8 +42,11 @@ namespace
 
 struct Driver
 {
+    bool opened = false; // libcuda.so.1 was found
     decltype(&::cuCtxGetCurrent) ctxGetCurrent = nullptr;
+    decltype(&::cuCtxGetId) ctxGetId = nullptr; // CUDA 12.0 drivers on
     decltype(&::cuModuleLoadData) moduleLoadData = nullptr;
+    decltype(&::cuModuleUnload) moduleUnload = nullptr;
     decltype(&::cuModuleGetFunction) moduleGetFunction = nullptr;
     decltype(&::cuFuncSetAttribute) funcSetAttribute = nullptr;
     decltype(&::cuLaunchKernel) launchKernel = nullptr;
@@ -40,7 +54,8 @@ struct Driver
 
     bool loaded() const
     {
-        return ctxGetCurrent && moduleLoadData && moduleGetFunction && funcSetAttribute && launchKernel;
+        return ctxGetCurrent && ctxGetId && moduleLoadData && moduleUnload && moduleGetFunction && funcSetAttribute
+            && launchKernel;
     }
 };
 
@@ -53,9 +68,12 @@ Driver const& driver()
         {
             return d;
         }
+        d.opened = true;
         auto resolve = [&](auto& fn, char const* name) { fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(handle, name)); };
         resolve(d.ctxGetCurrent, "cuCtxGetCurrent");
+        resolve(d.ctxGetId, "cuCtxGetId");
         resolve(d.moduleLoadData, "cuModuleLoadData");
+        resolve(d.moduleUnload, "cuModuleUnload");
         resolve(d.moduleGetFunction, "cuModuleGetFunction");
         resolve(d.funcSetAttribute, "cuFuncSetAttribute");
         resolve(d.launchKernel, "cuLaunchKernel");
@@ -81,51 +99,135 @@ cudaError_t toCudaError(CUresult result)
     }
 }
 
-//! The kernel's function in the current context, its module loaded on first use there.
-cudaError_t function(int32_t index, CUfunction& out)
+//! The current CUDA context (where none is current, the current device's primary context, made
+//! current) and its ID, unique over the process's lifetime.
+cudaError_t currentContext(CUcontext& context, unsigned long long& id)
 {
     Driver const& d = driver();
+    if (!d.opened)
+    {
+        return cudaErrorNoDevice;
+    }
     if (!d.loaded())
     {
         return cudaErrorInsufficientDriver;
     }
-    CUcontext context = nullptr;
+    context = nullptr;
     if (d.ctxGetCurrent(&context) != CUDA_SUCCESS || context == nullptr)
     {
         // No current context yet: the runtime's primary context of the current device.
         int device = 0;
-        if (cudaGetDevice(&device) != cudaSuccess || cudaSetDevice(device) != cudaSuccess
-            || d.ctxGetCurrent(&context) != CUDA_SUCCESS || context == nullptr)
+        cudaError_t status = cudaGetDevice(&device);
+        if (status == cudaSuccess)
+        {
+            status = cudaSetDevice(device);
+        }
+        if (status != cudaSuccess)
+        {
+            return status;
+        }
+        if (d.ctxGetCurrent(&context) != CUDA_SUCCESS || context == nullptr)
         {
             return cudaErrorInitializationError;
         }
     }
-    static std::mutex mutex;
-    static std::unordered_map<CUcontext, std::vector<CUfunction>> functions;
-    std::lock_guard<std::mutex> lock(mutex);
-    std::vector<CUfunction>& loaded = functions[context];
-    loaded.resize(kTable.numKernels, nullptr);
-    if (loaded[index] == nullptr)
+    return toCudaError(d.ctxGetId(context, &id));
+}
+
+//! The table's kernels loaded into one context.
+struct ContextKernels
+{
+    CUcontext handle;                  // a later context with this handle: this one is gone
+    std::vector<CUfunction> functions; // [kTable.numKernels]
+};
+
+//! Loaded kernels by context ID. Allocated once and never destroyed: a launch may still run on
+//! another thread while static destructors run at exit.
+struct KernelCache
+{
+    std::mutex mutex;
+    std::unordered_map<unsigned long long, ContextKernels> byContext;
+};
+
+KernelCache& kernelCache()
+{
+    static auto* const instance = new KernelCache;
+    return *instance;
+}
+
+//! Loads every kernel of the table into the current context: `functions` [kTable.numKernels], or
+//! an error with nothing left loaded.
+cudaError_t loadKernels(std::vector<CUfunction>& functions)
+{
+    Driver const& d = driver();
+    std::vector<CUmodule> modules;
+    functions.assign(kTable.numKernels, nullptr);
+    CUresult result = CUDA_SUCCESS;
+    for (size_t i = 0; i < kTable.numKernels && result == CUDA_SUCCESS; ++i)
     {
-        Kernel const& k = kTable.kernels[index];
+        Kernel const& k = kTable.kernels[i];
         CUmodule module = nullptr;
-        CUfunction fn = nullptr;
-        CUresult result = d.moduleLoadData(&module, k.cubin);
-        if (result == CUDA_SUCCESS)
-        {
-            result = d.moduleGetFunction(&fn, module, k.name);
-        }
-        if (result == CUDA_SUCCESS && k.sharedBytes > 48 * 1024)
-        {
-            result = d.funcSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, k.sharedBytes);
-        }
+        result = d.moduleLoadData(&module, k.cubin);
         if (result != CUDA_SUCCESS)
         {
-            return toCudaError(result);
+            break;
         }
-        loaded[index] = fn;
+        modules.push_back(module);
+        result = d.moduleGetFunction(&functions[i], module, k.name);
+        if (result == CUDA_SUCCESS && k.sharedBytes > 48 * 1024)
+        {
+            result = d.funcSetAttribute(functions[i], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, k.sharedBytes);
+        }
     }
-    out = loaded[index];
+    if (result != CUDA_SUCCESS)
+    {
+        for (CUmodule module : modules)
+        {
+            d.moduleUnload(module);
+        }
+        functions.clear();
+    }
+    return toCudaError(result);
+}
+
+//! The table's kernels in the current context (`functions`: kTable.numKernels of them), loaded
+//! here where they are not yet. `launchStream`: the stream of the launch that asks, or nullptr
+//! (prepare): a launch on a capturing stream loads nothing (the capture rule at the top).
+cudaError_t contextKernels(cudaStream_t launchStream, bool launching, CUfunction const*& functions)
+{
+    CUcontext context = nullptr;
+    unsigned long long id = 0;
+    cudaError_t status = currentContext(context, id);
+    if (status != cudaSuccess)
+    {
+        return status;
+    }
+    KernelCache& cache = kernelCache();
+    std::lock_guard<std::mutex> const lock(cache.mutex);
+    auto found = cache.byContext.find(id);
+    if (found == cache.byContext.end())
+    {
+        cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+        if (launching
+            && (cudaStreamIsCapturing(launchStream, &capture) != cudaSuccess
+                || capture != cudaStreamCaptureStatusNone))
+        {
+            return cudaErrorStreamCaptureUnsupported;
+        }
+        // A context destroyed since: the driver unloaded its modules with it.
+        for (auto it = cache.byContext.begin(); it != cache.byContext.end();)
+        {
+            it = it->second.handle == context ? cache.byContext.erase(it) : std::next(it);
+        }
+        ContextKernels entry{context, {}};
+        status = loadKernels(entry.functions);
+        if (status != cudaSuccess)
+        {
+            return status;
+        }
+        found = cache.byContext.emplace(id, std::move(entry)).first;
+    }
+    functions = found->second.functions.data();
     return cudaSuccess;
 }
 
@@ -134,12 +236,13 @@ cudaError_t function(int32_t index, CUfunction& out)
 template <size_t N>
 cudaError_t launch(int32_t index, unsigned gridX, unsigned gridY, void* (&&args)[N], cudaStream_t stream)
 {
-    CUfunction fn = nullptr;
-    cudaError_t const status = function(index, fn);
+    CUfunction const* functions = nullptr;
+    cudaError_t const status = contextKernels(stream, true, functions);
     if (status != cudaSuccess)
     {
         return status;
     }
+    CUfunction const fn = functions[index];
     CUdeviceptr globalScratch = 0;
     CUdeviceptr profileScratch = 0;
     void* params[N + 2];
@@ -356,6 +459,34 @@ cudaError_t launchHopper(Plan const& plan, int32_t kernel, void const* hidden, v
 
 } // namespace
 
+cudaError_t prepare()
+{
+    if (kTable.numKernels == 0)
+    {
+        return cudaSuccess;
+    }
+    CUcontext context = nullptr;
+    unsigned long long id = 0;
+    cudaError_t const status = currentContext(context, id); // a clear status without a driver
+    if (status != cudaSuccess)
+    {
+        return status;
+    }
+    int32_t arch = 0;
+    int32_t sms = 0;
+    int device = 0;
+    if (!currentDevice(arch, sms, device))
+    {
+        return cudaErrorInitializationError;
+    }
+    if (arch != kTable.arch)
+    {
+        return cudaSuccess; // the native kernels run every call here: nothing to load
+    }
+    CUfunction const* functions = nullptr;
+    return contextKernels(nullptr, false, functions);
+}
+
 int32_t tableSplits(size_t row, int32_t numRows, int32_t vocabSize, int32_t sms)
 {
     return row < kTable.numTiles ? numSplits(kTable.tiles[row], numRows, vocabSize, sms) : -1;
@@ -513,4 +644,10 @@ cudaError_t launchVerifyResample(VerifyResampleParams const& p, Plan const& plan
 }
 
 } // namespace aot
+
+cudaError_t prepareKernels()
+{
+    return aot::prepare();
+}
+
 } // namespace flashspec

@@ -97,6 +97,15 @@ int32_t tableSplits(size_t row, int32_t numRows, int32_t vocabSize, int32_t sms)
 //! (one split per tile at most: cdiv(V, the smallest BLOCK_V)); 0 for an empty table.
 int32_t maxTableSplits(int32_t vocabSize);
 
+//! Loads the compiled kernels into the current CUDA context (once per context; the current
+//! device's primary context where none is current). Call it outside CUDA-graph capture, before a
+//! launch that may be captured: a launch on a capturing stream never loads them and fails with
+//! cudaErrorStreamCaptureUnsupported where they are not loaded (tritonAot.cu says why). Success
+//! without loading anything where no kernels are compiled in or the device is not the table's
+//! architecture; cudaErrorNoDevice without a CUDA driver, cudaErrorInsufficientDriver with one
+//! older than CUDA 12.0.
+cudaError_t prepare();
+
 //! A plan for the call, or false: the native kernels run it.
 bool planTiledArgmax(TiledArgmaxParams const& params, Plan& plan);
 bool planVerifyResample(VerifyResampleParams const& params, Plan& plan);

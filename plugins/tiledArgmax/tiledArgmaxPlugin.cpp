@@ -97,7 +97,7 @@ int32_t TiledArgmaxPlugin::enqueue(PluginTensorDesc const* inputDesc, PluginTens
     cudaError_t const status = invokeTiledArgmax(params, stream);
     if (status != cudaSuccess)
     {
-        logError("TiledArgmax: %s", cudaGetErrorString(status));
+        logLaunchError("TiledArgmax", status);
         return -1;
     }
     return 0;

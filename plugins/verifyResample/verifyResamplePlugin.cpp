@@ -125,7 +125,7 @@ int32_t VerifyResamplePlugin::enqueue(PluginTensorDesc const* inputDesc, PluginT
     cudaError_t const status = invokeVerifyResample(params, stream);
     if (status != cudaSuccess)
     {
-        logError("VerifyResample: %s", cudaGetErrorString(status));
+        logLaunchError("VerifyResample", status);
         return -1;
     }
     return 0;
