@@ -204,7 +204,7 @@ def _verify_tiles_kernel(
         tl.store(ws_float_ptr + F_SUM_EXP * plane + ws_off, s, mask=row_ok)
 
 
-@triton.jit(do_not_specialize=["num_rows", "gamma", "num_splits"])
+@triton.jit(do_not_specialize=["num_rows", "gamma", "num_splits", "stride_dn"])
 def _verify_finalize_kernel(
     ws_float_ptr,  # [4, R, S] float32
     ws_index_ptr,  # [R, S] int32
@@ -256,6 +256,11 @@ def _verify_finalize_kernel(
         best_logit = tl.sum(tl.where(chosen, logit, 0.0), 1)
         logprobs = tl.where(i <= k, best_logit - lse, 0.0)
         tl.store(logprobs_ptr + n * (gamma + 1) + i, logprobs, mask=row_ok)
+
+
+# The finalize's block of draft positions: at least 8, so that γ = 0..7 share one compiled kernel
+# (a serving loop that changes γ does not recompile; kernels/aot.py compiles 4 and 8).
+FINALIZE_MIN_ROWS = 8
 
 
 class VerifyWorkspace(NamedTuple):
@@ -339,8 +344,9 @@ def verify_resample(
         )
     temperature, seed, positions = (t.contiguous() for t in (temperature, seed, positions))
     # γ = 0 has no drafts to read; any int64 tensor stands in for the (never loaded) pointer.
+    # The drafts' unit stride is specialised on (1 also for γ = 0), the row stride γ is not.
     drafts = draft_tokens if gamma > 0 else seed
-    stride_dn, stride_di = draft_tokens.stride() if gamma > 0 else (0, 0)
+    stride_dn, stride_di = draft_tokens.stride() if gamma > 0 else (0, 1)
     libdevice = use_libdevice(hidden)
 
     tokens = torch.empty((n, width), dtype=torch.int64, device=device)
@@ -407,7 +413,7 @@ def verify_resample(
         stride_di,
         RETURN_LOGPROBS=return_logprobs,
         LIBDEVICE=libdevice,
-        BLOCK_R=triton.next_power_of_2(width),
+        BLOCK_R=max(FINALIZE_MIN_ROWS, triton.next_power_of_2(width)),
         BLOCK_S=triton.next_power_of_2(splits),
     )
     return VerifyResult(tokens, num_emitted, logprobs)

@@ -3,6 +3,9 @@
 # Log-probabilities: fp32 log-sum-exp over tiles vs over the whole row (ulp-level differences).
 LOGPROB_ATOL = 2e-5
 LOGPROB_RTOL = 1e-5
+# The same at a deployed H (4096): each logit is a 4096-term fp32 dot product whose order differs
+# between tensor-core kernels and the reference (measured 6e-5 on an H200, bf16, V 32000).
+LOGPROB_LARGE_H_ATOL = 2e-4
 # max_logit of TiledArgmax: same fp32 dot products, possibly a different summation order.
 LOGIT_ATOL = 1e-4
 LOGIT_RTOL = 1e-5

@@ -109,12 +109,34 @@ void checkCommon(char const* name, int32_t op, int32_t nbOutputs)
     check(fields->nbFields == 2 && std::strcmp(fields->fields[0].name, "vocab_size") == 0 && intAt(fields, 0) == 1000
             && std::strcmp(fields->fields[1].name, "num_splits") == 0 && intAt(fields, 1) == 0,
         std::string(name) + ": serializes vocab_size = 1000 and num_splits = 0 (unresolved) before the build");
-    // configurePlugin (build time) fixes the split count for the largest shape; it is serialized.
-    DynamicPluginTensorDesc hidden = desc(DataType::kBF16);
-    hidden.max.nbDims = 2;
-    hidden.max.d[0] = 64;
-    hidden.max.d[1] = 256;
-    check(build->configurePlugin(&hidden, 1, nullptr, 0) == 0, std::string(name) + ": configures");
+    // configurePlugin (build time) fixes the split count for the largest shape (64 rows of H = 256:
+    // TiledArgmax [64, 256], VerifyResample [16, 4, 256]); it is serialized.
+    bool const verify = op == FLASHSPEC_OP_VERIFY_RESAMPLE;
+    std::vector<DynamicPluginTensorDesc> inputs;
+    auto input = [&](DataType type, std::initializer_list<int64_t> dims) {
+        DynamicPluginTensorDesc d = desc(type);
+        d.desc.dims.nbDims = d.min.nbDims = d.max.nbDims = static_cast<int32_t>(dims.size());
+        int32_t i = 0;
+        for (int64_t x : dims)
+        {
+            d.desc.dims.d[i] = d.min.d[i] = d.max.d[i] = x;
+            ++i;
+        }
+        inputs.push_back(d);
+    };
+    input(DataType::kBF16, verify ? std::initializer_list<int64_t>{16, 4, 256} : std::initializer_list<int64_t>{64, 256});
+    input(DataType::kBF16, {1024, 256});
+    if (verify)
+    {
+        input(DataType::kINT64, {16, 3});
+        input(DataType::kFLOAT, {16});
+        input(DataType::kINT64, {16});
+        input(DataType::kINT64, {16});
+    }
+    check(build->configurePlugin(inputs.data(), static_cast<int32_t>(inputs.size()), nullptr, 0) == 0,
+        std::string(name) + ": configures");
+    check(build->configurePlugin(inputs.data(), 1, nullptr, 0) != 0,
+        std::string(name) + ": refuses to configure without all its inputs");
     int32_t const splits = intAt(runtime->getFieldsToSerialize(), 1);
     check(splits == flashspec::resolveNumSplits(op, 64, 256, 1000, FLASHSPEC_BFLOAT16, 0) && splits > 0
             && splits <= flashspec::maxNumSplits(1000),

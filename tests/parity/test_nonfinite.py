@@ -23,7 +23,7 @@ import torch
 from flashspec_export import ops
 from flashspec_export.reference import noise
 from tests.parity.conftest import runnable
-from tests.tolerances import LOGIT_ATOL, LOGPROB_ATOL, LOGPROB_RTOL
+from tests.tolerances import LOGIT_ATOL, LOGPROB_ATOL, LOGPROB_LARGE_H_ATOL, LOGPROB_RTOL
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 KINDS = ("nan_rows", "neg_inf_start", "pos_inf", "dead_row")
@@ -112,14 +112,12 @@ def test_the_reference_follows_the_rule(kind):
     assert bool(logprobs[emitted & ~undefined].isfinite().all())
 
 
-def _assert_same(got, want):
+def _assert_same(got, want, atol=LOGPROB_ATOL):
     tokens, emitted, logprobs = (t.cpu() for t in got)
     r_tokens, r_emitted, r_logprobs = (t.cpu() for t in want)
     assert torch.equal(tokens, r_tokens), (tokens, r_tokens)
     assert torch.equal(emitted, r_emitted)
-    torch.testing.assert_close(
-        logprobs, r_logprobs, atol=LOGPROB_ATOL, rtol=LOGPROB_RTOL, equal_nan=True
-    )
+    torch.testing.assert_close(logprobs, r_logprobs, atol=atol, rtol=LOGPROB_RTOL, equal_nan=True)
 
 
 @pytest.mark.parametrize(
@@ -154,7 +152,8 @@ def test_deployed_shape_bf16(backend, n, kind):
     """bf16 at H = 4096 (the compiled-in kernels of the CUDA library, and on Hopper from 17 rows
     the warp-specialised kernels) against the reference on the same inputs."""
     case, _ = _verify_case(kind, n, 4096, 1000, torch.bfloat16)
-    _assert_same(_verify(case, runnable(backend)), _verify(case, "reference"))
+    got, want = _verify(case, runnable(backend)), _verify(case, "reference")
+    _assert_same(got, want, atol=LOGPROB_LARGE_H_ATOL)
 
 
 def test_the_onnx_function_body_follows_the_rule():
