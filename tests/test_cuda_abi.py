@@ -220,3 +220,22 @@ def test_the_staged_hidden_block_fits_the_devices_shared_memory(device):
     # fp32, H 4096, 5 rows: 4 rows (64 KB) on a 99 KB GPU, 8 rows (128 KB) on Hopper
     assert lib.flashspecStagedSmemBytes(5, 4096, 0, OPTIN_BYTES["sm_86/89/120"]) == 64 * 1024
     assert lib.flashspecStagedSmemBytes(5, 4096, 0, OPTIN_BYTES["sm_90"]) == 128 * 1024
+
+
+@pytest.mark.cuda_kernels
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_native_path_is_never_silent(capfd):
+    """A (dtype, H) without compiled-in kernels on sm_90 (the table's architecture, or the
+    default build's where the library has none) runs the native kernels and says so on stderr,
+    once per (op, dtype, H) and process. fp32 at H = 88 is never compiled in nor used elsewhere
+    in the suite."""
+    from flashspec_export import ops
+
+    hidden = torch.randn(4, 88, device="cuda")
+    lm_head = torch.randn(1000, 88, device="cuda")
+    assert cuda.kernel_path("tiled_argmax", hidden, lm_head, 1000) == "native"
+    for _ in range(2):
+        ops.tiled_argmax(hidden, lm_head, 1000, backend="cuda")
+    torch.cuda.synchronize()
+    said = capfd.readouterr().err.count("TiledArgmax (float32, H 88) runs the native CUDA kernels")
+    assert said == (1 if torch.cuda.get_device_capability() == (9, 0) else 0)

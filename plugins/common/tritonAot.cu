@@ -26,6 +26,8 @@
 #include <cuda.h>
 #include <dlfcn.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <iterator>
 #include <mutex>
 #include <string>
@@ -513,6 +515,61 @@ int32_t tunedSplits(int32_t op, int32_t numRows, int32_t hiddenSize, int32_t voc
     int32_t const splits = numSplits(*tile, numRows, vocabSize, sms);
     // Some finalize kernel must take it (γ unknown here: the narrowest verify width).
     return findFinalize(op, splits, 1, false) != nullptr ? splits : 0;
+}
+
+void warnNative(int32_t op, int32_t dtype, int32_t hiddenSize)
+{
+    int32_t arch = 0;
+    int32_t sms = 0;
+    int device = 0;
+    bool const emptyOnHopper = kTable.numTiles == 0 && currentDevice(arch, sms, device) && arch == 90;
+    if (!emptyOnHopper && (kTable.numTiles == 0 || findTile(op, 1, hiddenSize, dtype, sms) != nullptr))
+    {
+        return; // no table, and not a GPU the default build compiles for; or compiled in after all
+    }
+    if (!emptyOnHopper && (!currentDevice(arch, sms, device) || arch != kTable.arch))
+    {
+        return; // a GPU the library has no compiled kernels for
+    }
+    static std::mutex lock;
+    static std::vector<int64_t> warned;
+    int64_t const key = (int64_t{op} << 40) | (int64_t{dtype} << 32) | hiddenSize;
+    {
+        std::lock_guard<std::mutex> const guard(lock);
+        if (std::find(warned.begin(), warned.end(), key) != warned.end())
+        {
+            return;
+        }
+        warned.push_back(key);
+    }
+    char const* const dtypes[] = {"float32", "float16", "bfloat16"};
+    char const* const opName = op == FLASHSPEC_OP_VERIFY_RESAMPLE ? "VerifyResample" : "TiledArgmax";
+    char const* const dtypeName = dtype >= 0 && dtype < 3 ? dtypes[dtype] : "?";
+    if (emptyOnHopper)
+    {
+        std::fprintf(stderr,
+            "flashspec: %s (%s, H %d) runs the native CUDA kernels: this library was built without the "
+            "compiled-in Triton kernels (FLASHSPEC_TRITON_AOT=OFF); on this GPU they are up to 10x faster at "
+            "512 rows. Rebuild after `pip install -e .` (plugins/README.md).\n",
+            opName, dtypeName, hiddenSize);
+        return;
+    }
+    std::string compiled;
+    for (size_t i = 0; i < kTable.numTiles; ++i)
+    {
+        TileConfig const& t = kTable.tiles[i];
+        std::string const entry = std::string(t.dtype >= 0 && t.dtype < 3 ? dtypes[t.dtype] : "?") + " H "
+            + std::to_string(t.hiddenSize);
+        if (t.op == op && compiled.find(entry) == std::string::npos)
+        {
+            compiled += (compiled.empty() ? "" : ", ") + entry;
+        }
+    }
+    std::fprintf(stderr,
+        "flashspec: %s (%s, H %d) runs the native CUDA kernels, up to 10x slower at 512 rows: this library's "
+        "compiled-in Triton kernels for sm_%d are %s. Rebuild with -DFLASHSPEC_AOT_DTYPES=%s "
+        "-DFLASHSPEC_AOT_HIDDEN_SIZES=%d to run them (plugins/README.md).\n",
+        opName, dtypeName, hiddenSize, kTable.arch, compiled.c_str(), dtypeName, hiddenSize);
 }
 
 bool planTiledArgmax(TiledArgmaxParams const& p, Plan& plan)

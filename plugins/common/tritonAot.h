@@ -106,6 +106,11 @@ int32_t maxTableSplits(int32_t vocabSize);
 //! older than CUDA 12.0.
 cudaError_t prepare();
 
+//! Once per (op, dtype, H) and process, a line on stderr where a call runs the native kernels on
+//! a GPU the library has compiled kernels for but not for this (dtype, H) — or on sm_90 (the
+//! default build's architecture) in a library built without them: never silently slow.
+void warnNative(int32_t op, int32_t dtype, int32_t hiddenSize);
+
 //! A plan for the call, or false: the native kernels run it.
 bool planTiledArgmax(TiledArgmaxParams const& params, Plan& plan);
 bool planVerifyResample(VerifyResampleParams const& params, Plan& plan);

@@ -134,6 +134,7 @@ cudaError_t invokeTiledArgmax(TiledArgmaxParams const& p, cudaStream_t stream)
     {
         return aot::launchTiledArgmax(p, aotPlan, stream); // the compiled Triton kernels
     }
+    aot::warnNative(FLASHSPEC_OP_TILED_ARGMAX, p.dtype, p.hiddenSize);
     LaunchPlan const plan = planLaunch(
         FLASHSPEC_OP_TILED_ARGMAX, p.hidden, p.lmHead, p.numRows, p.hiddenSize, p.vocabSize, p.dtype, p.numSplits);
     if (!plan.mma && !hiddenFits(p.hiddenSize, p.dtype, hiddenSmemLimit()))

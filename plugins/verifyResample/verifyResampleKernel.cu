@@ -259,6 +259,7 @@ cudaError_t invokeVerifyResample(VerifyResampleParams const& p, cudaStream_t str
     {
         return aot::launchVerifyResample(p, aotPlan, stream); // the compiled Triton kernels
     }
+    aot::warnNative(FLASHSPEC_OP_VERIFY_RESAMPLE, p.dtype, p.hiddenSize);
     int32_t const numRows = p.batch * (p.gamma + 1);
     LaunchPlan const plan = planLaunch(FLASHSPEC_OP_VERIFY_RESAMPLE, p.hidden, p.lmHead, numRows, p.hiddenSize, p.vocabSize, p.dtype, p.numSplits);
     if (!plan.mma && !hiddenFits(p.hiddenSize, p.dtype, hiddenSmemLimit()))
