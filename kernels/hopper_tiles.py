@@ -75,6 +75,7 @@ from flashspec_export.kernels.noise import (
     token_bits,
 )
 from flashspec_export.ops.workspace import launch_workspace
+from flashspec_export.reference import verify_resample as reference
 
 # Gluon is experimental and renames between Triton releases: the names this file needs, as
 # Triton 3.6 and later releases spell them (tests/test_triton_aot.py compiles the kernel under
@@ -90,6 +91,7 @@ _PUBLIC_REINTERPRET: gl.constexpr = gl.constexpr(
 # covers the ~6 fp32 roundings of 2**-24 it needs with 2.5x slack, RANK_OFFSET the largest
 # |Gumbel| 21.5), for scores below RANK_LIMIT in magnitude.
 RANK_REL: gl.constexpr = gl.constexpr(2.0**-20)
+GREEDY_BELOW: gl.constexpr = gl.constexpr(reference.GREEDY_BELOW)  # T below it: a greedy row
 RANK_OFFSET: gl.constexpr = gl.constexpr(24.0)
 RANK_LIMIT: gl.constexpr = gl.constexpr(2.0**64)
 
@@ -456,7 +458,7 @@ def _epilogue_partition(shared, VERIFY: gl.constexpr, RETURN_LOGPROBS: gl.conste
             position = gl.load(positions_ptr + block_seq, mask=block_ok, other=0)
             position += block_rows - block_seq * (gamma + 1)
             block_t = gl.load(temperature_ptr + block_seq, mask=block_ok, other=0.0)
-            any_sampled = gl.max(gl.where(block_t != 0.0, 1, 0), 0) > 0
+            any_sampled = gl.max(gl.where(block_t >= GREEDY_BELOW, 1, 0), 0) > 0
             block_a, block_b = row_keys(seed, position, STREAM_GUMBEL)
             _cta_barrier()  # the previous tile's reads of this CTA's scratch are done
             in_block = gl.arange(0, BLOCK_N, layout=block_layout)
@@ -477,7 +479,7 @@ def _epilogue_partition(shared, VERIFY: gl.constexpr, RETURN_LOGPROBS: gl.conste
                 in_chunk = chunk * CHUNK + gl.arange(0, CHUNK, layout=row_layout)
                 temperature = gl.load(keys_ptr + 2 * BLOCK_N + in_chunk)
                 temperature = temperature.to(gl.float32, bitcast=True)
-                greedy = temperature == 0.0
+                greedy = temperature < GREEDY_BELOW  # reference.verify_resample.GREEDY_BELOW
                 scale = gl.where(greedy, 1.0, temperature)
                 if any_sampled:
                     key_a = gl.load(keys_ptr + in_chunk).to(gl.uint32, bitcast=True)

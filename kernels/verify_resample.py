@@ -58,6 +58,7 @@ from flashspec_export.kernels.tiles import (
     resolve_config,
 )
 from flashspec_export.ops.workspace import launch_workspace
+from flashspec_export.reference import verify_resample as reference
 from flashspec_export.reference.verify_resample import VerifyResult
 
 # Float fields of the stage-1 workspace [NUM_FIELDS, R, S] (the last three only written with
@@ -68,6 +69,7 @@ F_BEST_SCORE: tl.constexpr = tl.constexpr(_BEST_SCORE)
 F_BEST_LOGIT: tl.constexpr = tl.constexpr(_BEST_LOGIT)
 F_MAX: tl.constexpr = tl.constexpr(_MAX)
 F_SUM_EXP: tl.constexpr = tl.constexpr(_SUM_EXP)
+GREEDY_BELOW: tl.constexpr = tl.constexpr(reference.GREEDY_BELOW)  # T below it: a greedy row
 
 
 @triton.jit
@@ -130,13 +132,13 @@ def _verify_tiles_kernel(
     seq = rows // (gamma + 1)
     pos_i = rows - seq * (gamma + 1)
     temperature = tl.load(temperature_ptr + seq, mask=row_ok, other=1.0)
-    greedy = temperature == 0.0
+    greedy = temperature < GREEDY_BELOW  # reference.verify_resample.GREEDY_BELOW
     scale = tl.where(greedy, 1.0, temperature)  # logits = dot / T, or the raw dot (greedy)
     seed = tl.load(seed_ptr + seq, mask=row_ok, other=0)
     position = tl.load(positions_ptr + seq, mask=row_ok, other=0) + pos_i
     key_a, key_b = row_keys(seed, position, STREAM_GUMBEL)  # [BLOCK_N] uint32 each
     # A block of greedy rows only (T = 0 serving) skips the noise: its scores are the logits.
-    any_sampled = tl.max(tl.where(row_ok & (temperature != 0.0), 1, 0), 0) > 0
+    any_sampled = tl.max(tl.where(row_ok & (temperature >= GREEDY_BELOW), 1, 0), 0) > 0
 
     m = tl.full([EPI_ROWS], float("-inf"), tl.float32)
     s = tl.zeros([EPI_ROWS], tl.float32)

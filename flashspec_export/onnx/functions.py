@@ -17,6 +17,7 @@ from flashspec_export.onnx import noise, schemas  # schemas register on import
 from flashspec_export.onnx.builder import Body
 from flashspec_export.ops import specs
 from flashspec_export.reference import noise as spec
+from flashspec_export.reference.verify_resample import GREEDY_BELOW
 
 DOMAIN = schemas.DOMAIN
 DOMAIN_VERSION = schemas.DOMAIN_VERSION
@@ -84,7 +85,7 @@ def verify_resample_function() -> onnx.FunctionProto:
     unsqueeze2 = b.const([2], I64)
 
     # Logits and their log-sum-exp: [N, R, V], [N, R]  (R = γ + 1)
-    greedy = b.op("Equal", "temperature", zero_f)  # [N]
+    greedy = b.op("Less", "temperature", b.const(GREEDY_BELOW, F32))  # [N]: T < 1e-5 is greedy
     scale = b.op("Where", greedy, one_f, "temperature")
     logits = b.op(
         "Div",

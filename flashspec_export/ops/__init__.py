@@ -34,7 +34,7 @@ def verify_resample(
         prefix and the drafts ``d[:i]``
     lm_head : [V, H], same dtype and device as ``hidden``
     draft_tokens : [N, γ] int64, ids in [0, vocab_size)
-    temperature : float or [N] tensor, >= 0; 0 means a greedy target
+    temperature : float or [N] tensor, >= 0; below 1e-5 (0 included) a greedy target
     seed : int or [N] int64 tensor, >= 0
     positions : int or [N] int64 tensor, absolute position of row 0 (keys the noise)
     vocab_size : LM-head rows >= vocab_size are padding (default: V)

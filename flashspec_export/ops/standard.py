@@ -17,6 +17,7 @@ from flashspec_export.reference.sampled_verify import exponential_race
 from flashspec_export.reference.verify_resample import (
     VerifyResult,
     count_accepted,
+    is_greedy,
     logit_scale,
     no_nan,
 )
@@ -35,7 +36,7 @@ def verify_resample(
 ) -> VerifyResult:
     """Materialised ``VerifyResample``; arguments as ``reference.verify_resample``."""
     gamma = draft_tokens.shape[1]
-    greedy = temperature == 0  # [N]
+    greedy = is_greedy(temperature)  # [N]
     logits = no_nan(hidden.float() @ lm_head[:vocab_size].float().T)  # [N, γ + 1, V]
     logits = logits / logit_scale(temperature)[:, None, None]
     probs = torch.softmax(logits, dim=-1)  # [N, γ + 1, V]

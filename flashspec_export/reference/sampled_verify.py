@@ -17,7 +17,12 @@ from __future__ import annotations
 import torch
 
 from flashspec_export.reference import noise
-from flashspec_export.reference.verify_resample import VerifyResult, count_accepted, logit_scale
+from flashspec_export.reference.verify_resample import (
+    VerifyResult,
+    count_accepted,
+    is_greedy,
+    logit_scale,
+)
 
 
 def acceptance_uniform(seed: torch.Tensor, positions: torch.Tensor, gamma: int) -> torch.Tensor:
@@ -76,7 +81,7 @@ def target_probs(target_logits: torch.Tensor, temperature: torch.Tensor) -> torc
     logits = target_logits.float()
     probs = torch.softmax(logits / logit_scale(temperature)[:, None, None], dim=-1)
     one_hot = torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).float()
-    return torch.where((temperature == 0)[:, None, None], one_hot, probs)
+    return torch.where(is_greedy(temperature)[:, None, None], one_hot, probs)
 
 
 def sample_draft(

@@ -4,7 +4,8 @@ Terms (per sequence n and draft position i = 0..γ, row i at absolute position `
 
 - row i of ``hidden`` is the target state after the prefix and the drafts ``d[:i]``;
 - ``l_i = hidden_i · lm_headᵀ / T`` (fp32 accumulation; ``T = 0`` means greedy and uses the
-  raw dot products), ``g_i,v = gumbel(seed, p + i, v, STREAM_GUMBEL)``;
+  raw dot products; so does any ``T < GREEDY_BELOW``), ``g_i,v = gumbel(seed, p + i, v,
+  STREAM_GUMBEL)``;
 - ``y_i = argmax_v (l_i,v + g_i,v)``, lowest id on ties; greedy: ``y_i = argmax_v l_i,v``;
 - the draft ``x = d_i`` (i < γ) is accepted iff ``y_i == x``; at the first rejection ``y_i`` is
   emitted; when every draft is accepted, row γ emits the bonus ``y_γ``. So the step emits
@@ -77,9 +78,20 @@ def no_nan(logits: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isnan(logits), float("-inf"), logits)
 
 
+# Temperatures below this are greedy, in every backend (as serving stacks treat them): dividing
+# by a tiny T would overflow the logits to ±inf (T = 1e-38 made token 0 win, NaN log-probabilities).
+# Compared in fp32 (the temperatures' type), so every backend draws the same line.
+GREEDY_BELOW = 1e-5
+
+
+def is_greedy(temperature: torch.Tensor) -> torch.Tensor:
+    """Rows whose target is greedy: ``T < GREEDY_BELOW`` (0 included)."""
+    return temperature < GREEDY_BELOW
+
+
 def logit_scale(temperature: torch.Tensor) -> torch.Tensor:
-    """Divisor of the dot products: ``T``, or 1 for greedy rows (``T == 0``)."""
-    return torch.where(temperature == 0, torch.ones_like(temperature), temperature)
+    """Divisor of the dot products: ``T``, or 1 for greedy rows (``T < GREEDY_BELOW``)."""
+    return torch.where(is_greedy(temperature), torch.ones_like(temperature), temperature)
 
 
 def tile_summaries(
@@ -99,7 +111,7 @@ def tile_summaries(
     row_pos = positions[:, None] + torch.arange(rows, device=device)  # [N, R]
     a, b = noise.row_keys(seed[:, None], row_pos, noise.STREAM_GUMBEL)  # [N, R] each
     scale = logit_scale(temperature)[:, None, None]  # [N, 1, 1]
-    greedy = (temperature == 0)[:, None, None]  # [N, 1, 1]
+    greedy = is_greedy(temperature)[:, None, None]  # [N, 1, 1]
 
     fields = {name: [] for name in TileSummaries._fields}
     for start in range(0, vocab_size, block_v):

@@ -24,6 +24,9 @@ namespace flashspec
 namespace
 {
 
+//! Temperatures below this are greedy rows (reference.verify_resample.GREEDY_BELOW, compared in fp32).
+constexpr float kGreedyBelow = 1e-5f;
+
 struct Summary
 {
     float bestScore = -INFINITY; // l(y) + g(y) (greedy: l(y))
@@ -124,7 +127,7 @@ __global__ void __launch_bounds__(kThreads) verifyTilesKernel(T const* hidden, T
     int const n = row / rowsPerSeq;
     int const i = row - n * rowsPerSeq;
     float const temperature = in.temperature[n];
-    bool const greedy = temperature == 0.0f;
+    bool const greedy = temperature < kGreedyBelow; // reference.verify_resample.GREEDY_BELOW
     float const scale = greedy ? 1.0f : temperature;
     RowKeys const keys = rowKeys(in.seed[n], in.positions[n] + i, kStreamGumbel);
 

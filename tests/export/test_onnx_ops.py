@@ -99,6 +99,23 @@ def test_verify_resample_body_emits_the_reference_tokens(dtype, gamma):
         assert emitted.max() > 1, "no draft was ever accepted: the case is vacuous"
 
 
+def test_verify_resample_body_is_greedy_below_1e_5():
+    """T < 1e-5 is greedy in the function body too: the tokens of T = 0, finite log-probs."""
+    hidden, lm_head, drafts, _, seeds, positions, vocab = make_case(
+        6, 3, 40, 1000, torch.float32, padded_vocab=1024, seed=5
+    )
+    session = _session(functions.single_op_model("VerifyResample", TensorProto.FLOAT, vocab))
+    outputs = []
+    for t in (0.0, 1e-38, 9.99e-6):
+        feeds = dict(hidden=hidden.numpy(), lm_head=lm_head.numpy(), draft_tokens=drafts.numpy())
+        feeds |= dict(temperature=np.full(6, t, np.float32), seed=seeds.numpy())
+        outputs.append(session.run(None, feeds | dict(positions=positions.numpy())))
+    for tokens, emitted, logprobs in outputs[1:]:
+        np.testing.assert_array_equal(tokens, outputs[0][0])
+        np.testing.assert_array_equal(emitted, outputs[0][1])
+        assert np.isfinite(logprobs).all()
+
+
 @pytest.mark.parametrize("dtype", list(FLOAT_TYPES), ids=str)
 def test_tiled_argmax_body_matches_the_reference(dtype):
     g = torch.Generator().manual_seed(0)

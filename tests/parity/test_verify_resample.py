@@ -90,6 +90,23 @@ def test_an_all_greedy_batch_matches_the_reference(backend, dtype):
     assert emitted.max() > 1  # drafts accepted: the greedy chain is checked beyond row 0
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_tiny_temperatures_are_greedy_and_finite(backend, dtype):
+    """T below 1e-5 (GREEDY_BELOW) is greedy in every backend: the tokens and log-probabilities
+    of T = 0, all finite. Dividing by T = 1e-38 overflows the logits to ±inf instead (token 0 or
+    another +inf id wins, NaN log-probabilities)."""
+    case = list(_case(12, 3, 40, 1000, 1024, dtype, seed=13))
+    case[3] = torch.zeros_like(case[3])
+    zero = _run(tuple(case), "reference")
+    for tiny in (1e-38, 1e-30, 1e-6, 9.99e-6):
+        case[3] = torch.full_like(case[3], tiny)
+        _assert_parity(tuple(case), backend)
+        got = _run(tuple(case), backend)
+        assert torch.equal(got[0], zero[0]) and torch.equal(got[1], zero[1]), tiny
+        assert bool(got[2].isfinite().all()), tiny
+        torch.testing.assert_close(got[2], zero[2], atol=LOGPROB_ATOL, rtol=LOGPROB_RTOL)
+
+
 def test_every_outcome_is_exercised(backend):
     """Enough sequences that 1..γ+1 emitted tokens all occur (checked on the reference, so the
     parity is not vacuous); 96 flattened rows also span more than one row block."""
