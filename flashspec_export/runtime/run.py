@@ -122,11 +122,11 @@ def run(config: RunConfig) -> RunReport:
         target, drafter = sessions.from_engines(config.export_dir, manifest)
     else:
         target, drafter = sessions.from_export(config.export_dir, manifest)
-    reference_pair = sessions.reference_of(manifest) if config.check else None
     prompt, tokenizer = _prompts(config, manifest, target.batch)
     temperature = torch.full((target.batch,), config.temperature)
     if config.seed + target.batch - 1 > MAX_SEED:  # sequence i uses seed + i
         raise ConfigError(f"seed: {config.seed} + batch {target.batch} - 1 exceeds {MAX_SEED}")
+    reference_pair = sessions.reference_of(manifest) if config.check else None
     seeds = torch.arange(target.batch, dtype=torch.int64) + config.seed
     args = (prompt, config.new_tokens, manifest.gamma, temperature, seeds)
 

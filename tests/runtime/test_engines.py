@@ -149,13 +149,15 @@ def test_stale_replaced_or_foreign_engines_are_refused_by_name(built, tmp_path):
     engine.write_bytes(intact)
     engine_record.verify(out, written, flavour, version)  # as built: accepted
 
-    graphs = dict(written.graphs)
-    graphs["target_step"] = dataclasses.replace(graphs["target_step"], sha256="0" * 64)
-    reexported = dataclasses.replace(written, graphs=graphs)
-    message = _refusal(out, reexported, flavour, version)
-    assert re.fullmatch(
-        rf"engines: {step} was built from another export's target_step.onnx.*{rebuild}", message
-    )
+    for changed in ("sha256", "data_sha256"):  # a re-export: new graph, or new weights only
+        graphs = dict(written.graphs)
+        graphs["target_step"] = dataclasses.replace(graphs["target_step"], **{changed: "0" * 64})
+        reexported = dataclasses.replace(written, graphs=graphs)
+        message = _refusal(out, reexported, flavour, version)
+        assert re.fullmatch(
+            rf"engines: {step} was built from another export's target_step.onnx.*{rebuild}",
+            message,
+        )
 
     message = _refusal(out, written, flavour, "0.0.1")
     assert f"built by {flavour} {version}, this runtime has {flavour} 0.0.1" in message
