@@ -11,6 +11,9 @@ import torch
 from flashspec_export.ops import registry, validation
 from flashspec_export.ops.registry import backends
 
+# The backends that take top_k / top_p / allowed_tokens (the fused kernels: next).
+TRUNCATING_BACKENDS = ("reference", "standard")
+
 
 def verify_resample(
     hidden: torch.Tensor,
@@ -24,6 +27,9 @@ def verify_resample(
     return_logprobs: bool = False,
     backend: str = "reference",
     check_values: bool = True,
+    top_k: int | torch.Tensor | None = None,
+    top_p: float | torch.Tensor | None = None,
+    allowed_tokens: torch.Tensor | None = None,
 ):
     """Verify γ greedy drafts per sequence and emit the next tokens (VerifyResample in
     docs/DESIGN.md): per position the Gumbel-max sample ``y``; drafts accepted while equal to it.
@@ -41,6 +47,13 @@ def verify_resample(
     return_logprobs : also return the target log-probabilities of the emitted tokens
     backend : one of ``backends("verify_resample")``
     check_values : check value ranges and finiteness (reads data back to the host)
+    top_k : int or [N] int64 tensor, >= 0 (0: off): sample among the k largest logits
+    top_p : float or [N] float32 tensor in (0, 1] (1: off): then among the nucleus of mass p
+    allowed_tokens : [N, γ + 1, ceil(vocab_size / 32)] int32 bit masks (bit j of word w allows
+        token 32·w + j), applied first; every row must allow a token. Drafts may end early:
+        ``draft_tokens[i, j:] = -1``. The law is the truncated target's, the coupled rule holds
+        on the kept tokens (``reference/truncation.py``); the reference and standard backends
+        take these today
 
     Returns
     -------
@@ -51,7 +64,17 @@ def verify_resample(
     inputs = validation.check_verify_inputs(
         hidden, lm_head, draft_tokens, temperature, seed, positions, vocab_size, check_values
     )
-    result = registry.resolve("verify_resample", backend)(*inputs, return_logprobs=return_logprobs)
+    truncation = validation.check_truncation(top_k, top_p, allowed_tokens, inputs, check_values)
+    implementation = registry.resolve("verify_resample", backend)
+    if not truncation.active:
+        result = implementation(*inputs, return_logprobs=return_logprobs)
+    elif backend in TRUNCATING_BACKENDS:
+        result = implementation(*inputs, return_logprobs=return_logprobs, **truncation._asdict())
+    else:
+        raise ValueError(
+            f"backend: {backend!r} does not take top_k / top_p / allowed_tokens yet; "
+            f"{' and '.join(repr(b) for b in TRUNCATING_BACKENDS)} do"
+        )
     return tuple(result) if return_logprobs else (result.tokens, result.num_emitted)
 
 

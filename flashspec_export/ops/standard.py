@@ -33,12 +33,16 @@ def verify_resample(
     vocab_size,
     *,
     return_logprobs=False,
+    top_k=None,
+    top_p=None,
+    allowed_tokens=None,
 ) -> VerifyResult:
     """Materialised ``VerifyResample``; arguments as ``reference.verify_resample``."""
     gamma = draft_tokens.shape[1]
     greedy = is_greedy(temperature)  # [N]
     logits = no_nan(hidden.float() @ lm_head[:vocab_size].float().T)  # [N, γ + 1, V]
     logits = logits / logit_scale(temperature)[:, None, None]
+    logits = _truncated(logits, top_k, top_p, allowed_tokens)
     probs = torch.softmax(logits, dim=-1)  # [N, γ + 1, V]
     row_pos = positions[:, None] + torch.arange(gamma + 1, device=positions.device)
     sampled = exponential_race(probs, seed, row_pos, noise.STREAM_GUMBEL)  # [N, γ + 1]
@@ -56,6 +60,31 @@ def verify_resample(
         emitted = log_probs.gather(-1, tokens.clamp_min(0)[..., None]).squeeze(-1)
         logprobs = torch.where(tokens >= 0, emitted, 0.0)
     return VerifyResult(tokens, num_accepted + 1, logprobs)
+
+
+def _truncated(logits, top_k, top_p, allowed_tokens):
+    """``logits [N, R, V]`` with -inf outside what the request keeps: the allowed tokens (bit
+    ``v % 32`` of word ``v // 32``), then the top-k, then the top-p nucleus of the renormalised
+    rest, in the row sorted once (descending, ties by lower id) and scattered back."""
+    vocab = logits.shape[-1]
+    if allowed_tokens is not None:
+        ids = torch.arange(vocab, device=logits.device)
+        bits = (allowed_tokens[..., ids // 32] >> (ids % 32).to(torch.int32)) & 1
+        logits = logits.masked_fill(bits == 0, float("-inf"))
+    if top_k is None and top_p is None:
+        return logits
+    ordered, order = logits.sort(dim=-1, descending=True, stable=True)
+    keep = torch.ones_like(ordered, dtype=torch.bool)
+    if top_k is not None:
+        rank = torch.arange(vocab, device=logits.device)
+        keep &= (top_k[:, None, None] == 0) | (rank < top_k[:, None, None])
+    if top_p is not None:
+        probs = ordered.masked_fill(~keep, float("-inf")).softmax(dim=-1)
+        mass_before = probs.cumsum(dim=-1) - probs
+        keep &= (top_p[:, None, None] >= 1.0) | (mass_before < top_p[:, None, None])
+        keep[..., 0] = True
+    dropped = torch.zeros_like(keep).scatter_(-1, order, ~keep)
+    return logits.masked_fill(dropped, float("-inf"))
 
 
 def tiled_argmax(hidden, lm_head, vocab_size) -> tuple[torch.Tensor, torch.Tensor]:

@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import torch
 
-from flashspec_export.reference import noise
+from flashspec_export.reference import noise, truncation
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -111,6 +111,19 @@ def _check_range(name: str, t: torch.Tensor, low, high, what: str) -> None:
         raise ValueError(f"{name}: expected {what}, got {bad}")
 
 
+def _check_drafts(draft_tokens: torch.Tensor, vocab_size: int) -> None:
+    """Ids in [0, V), or -1 from some position on (a sequence that proposed fewer drafts)."""
+    want = f"ids in [0, {vocab_size}), or -1 placeholders after a sequence's last draft"
+    _check_range("draft_tokens", draft_tokens, -1, vocab_size - 1, want)
+    placeholder = draft_tokens == -1
+    if bool((placeholder[:, :-1] & ~placeholder[:, 1:]).any()):
+        seq = int((placeholder[:, :-1] & ~placeholder[:, 1:]).any(dim=1).nonzero()[0])
+        raise ValueError(
+            f"draft_tokens: sequence {seq} has a draft after a -1 placeholder "
+            f"{draft_tokens[seq].tolist()}; expected {want}"
+        )
+
+
 def check_temperature(temperature, n: int, device, check_values: bool) -> torch.Tensor:
     """float or [N] tensor -> [N] float32, finite and >= 0 (0: greedy)."""
     t = _per_row("temperature", temperature, n, device, torch.float32, (float, int))
@@ -163,13 +176,62 @@ def check_verify_inputs(
     if check_values:
         _check_finite("hidden", hidden)
         _check_finite("lm_head", lm_head[:vocab_size])
-        _check_range("draft_tokens", draft_tokens, 0, vocab_size - 1, f"ids in [0, {vocab_size})")
+        _check_drafts(draft_tokens, vocab_size)
         _check_range("seed", seed, 0, noise.MAX_SEED, "values >= 0")
         top = noise.MAX_POSITION - gamma
         _check_range(
             "positions", positions, 0, top, f"values in [0, {top}] (position + gamma < 2**31 - 1)"
         )
     return VerifyInputs(hidden, lm_head, draft_tokens, temperature, seed, positions, vocab_size)
+
+
+class Truncation(NamedTuple):
+    """Canonical sampling truncation of ``VerifyResample`` (``reference/truncation.py``); None:
+    off."""
+
+    top_k: torch.Tensor | None  # [N] int64, 0: off
+    top_p: torch.Tensor | None  # [N] float32 in (0, 1], 1: off
+    allowed_tokens: torch.Tensor | None  # [N, γ + 1, ceil(V / 32)] int32
+
+    @property
+    def active(self) -> bool:
+        return any(x is not None for x in self)
+
+
+def check_truncation(top_k, top_p, allowed_tokens, inputs: VerifyInputs, check_values: bool):
+    """Validate ``top_k``, ``top_p`` and ``allowed_tokens`` against the verify inputs."""
+    n, rows, _ = inputs.hidden.shape
+    device = inputs.hidden.device
+    if top_k is not None:
+        top_k = _per_row("top_k", top_k, n, device, torch.int64, (int,))
+        if check_values:
+            _check_range("top_k", top_k, 0, 2**62, "integers >= 0 (0: off)")
+    if top_p is not None:
+        top_p = _per_row("top_p", top_p, n, device, torch.float32, (float, int))
+        ok = (top_p > 0) & (top_p <= 1)
+        if check_values and not bool(ok.all()):
+            bad = top_p[~ok][0].item()
+            raise ValueError(f"top_p: expected values in (0, 1] (1: off), got {bad}")
+    if allowed_tokens is not None:
+        words = truncation.words_for(inputs.vocab_size)
+        want = f"[N, gamma + 1, ceil(vocab_size / 32)] = [{n}, {rows}, {words}]"
+        allowed_tokens = _require_tensor("allowed_tokens", allowed_tokens, want)
+        if allowed_tokens.shape != (n, rows, words) or allowed_tokens.dtype != torch.int32:
+            raise ValueError(
+                f"allowed_tokens: expected an int32 tensor of shape {want}, got "
+                f"{allowed_tokens.dtype} {_shape(allowed_tokens)}"
+            )
+        allowed_tokens = allowed_tokens.to(device)
+        if check_values:
+            ids = torch.arange(inputs.vocab_size, device=device)
+            counts = truncation.allowed_ids(allowed_tokens, ids).sum(dim=-1)  # [N, R]
+            if bool((counts == 0).any()):
+                seq, row = (int(i) for i in (counts == 0).nonzero()[0])
+                raise ValueError(
+                    f"allowed_tokens: sequence {seq}, position {row} allows no token below "
+                    f"vocab_size {inputs.vocab_size}; every row must allow at least one"
+                )
+    return Truncation(top_k, top_p, allowed_tokens)
 
 
 def check_argmax_inputs(hidden, lm_head, vocab_size, check_values: bool):

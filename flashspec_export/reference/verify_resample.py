@@ -27,7 +27,9 @@ floating-point differences between batched and single-row logits.
 
 The computation mirrors the kernels: stage 1 walks vocabulary tiles and keeps per-tile summaries
 (the best noisy candidate; with log-probabilities also the max and sum-exp), stage 2 reduces the
-summaries and walks the positions left to right. Nothing vocabulary-sized outlives a tile.
+summaries and walks the positions left to right. Nothing vocabulary-sized outlives a tile — except
+under top-k / top-p, whose threshold the reference takes from the sorted row
+(``reference/truncation.py``: the mask, top-k and top-p a serving request asks for).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from typing import NamedTuple
 
 import torch
 
-from flashspec_export.reference import noise
+from flashspec_export.reference import noise, truncation
 
 DEFAULT_BLOCK_V = 4096
 
@@ -103,6 +105,9 @@ def tile_summaries(
     vocab_size: int,
     block_v: int,
     return_logprobs: bool,
+    top_k: torch.Tensor | None = None,
+    top_p: torch.Tensor | None = None,
+    allowed_tokens: torch.Tensor | None = None,
 ) -> TileSummaries:
     """Stage 1: per-tile summaries. Shapes as in ``verify_resample``; the drafts are not read."""
     rows = hidden.shape[1]
@@ -113,11 +118,25 @@ def tile_summaries(
     scale = logit_scale(temperature)[:, None, None]  # [N, 1, 1]
     greedy = is_greedy(temperature)[:, None, None]  # [N, 1, 1]
 
+    def masked_logits(token):  # [N, R, B]: the logits of ids `token`, -inf where not allowed
+        logits = no_nan(hidden32 @ lm_head[token].float().T) / scale
+        if allowed_tokens is None:
+            return logits
+        return torch.where(truncation.allowed_ids(allowed_tokens, token), logits, float("-inf"))
+
+    limit = None  # the last kept (logit, id) of each row under top-k / top-p (truncation.py)
+    if top_k is not None or top_p is not None:
+        limit = truncation.threshold(
+            masked_logits(torch.arange(vocab_size, device=device)), top_k, top_p
+        )
+
     fields = {name: [] for name in TileSummaries._fields}
     for start in range(0, vocab_size, block_v):
         stop = min(start + block_v, vocab_size)
         token = torch.arange(start, stop, device=device)  # [B]
-        logits = no_nan(hidden32 @ lm_head[start:stop].float().T) / scale  # [N, R, B]
+        logits = masked_logits(token)  # [N, R, B]
+        if limit is not None:
+            logits = torch.where(truncation.kept(logits, token, limit), logits, float("-inf"))
         g = noise.gumbel_from_bits(noise.token_bits(a[..., None], b[..., None], token))
         score = torch.where(greedy, logits, logits + g)  # [N, R, B]
         best_score, best_arg = score.max(dim=-1)  # first occurrence on ties
@@ -168,6 +187,9 @@ def verify_resample(
     *,
     return_logprobs: bool = False,
     block_v: int = DEFAULT_BLOCK_V,
+    top_k: torch.Tensor | None = None,
+    top_p: torch.Tensor | None = None,
+    allowed_tokens: torch.Tensor | None = None,
 ) -> VerifyResult:
     """Verify γ greedy drafts per sequence and emit the next tokens (tiled reference).
 
@@ -175,19 +197,34 @@ def verify_resample(
     ----------
     hidden : [N, γ + 1, H] float32 / bfloat16 / float16
     lm_head : [V, H], same dtype as ``hidden``
-    draft_tokens : [N, γ] int64, ids in [0, vocab_size)
-    temperature : [N] float32, >= 0 (0: greedy target)
+    draft_tokens : [N, γ] int64, ids in [0, vocab_size); -1 from some position on: the sequence
+        proposed fewer drafts (it stops at its first -1 and emits that row's sample)
+    temperature : [N] float32, >= 0 (below GREEDY_BELOW: greedy target)
     seed : [N] int64, >= 0
     positions : [N] int64, absolute position of row 0 (keys the noise)
     vocab_size : logical vocabulary; LM-head rows >= vocab_size are padding
     return_logprobs : also return the target log-probabilities of the emitted tokens
     block_v : vocabulary tile size (tokens do not depend on it)
+    top_k : [N] int64 (0: off), or None; top_p : [N] float32 in (0, 1] (1: off), or None;
+    allowed_tokens : [N, γ + 1, ceil(vocab_size / 32)] int32 bit masks, or None — the
+        truncation of ``reference/truncation.py``; the log-probabilities are then those of the
+        truncated, renormalised distribution the tokens are drawn from
 
     Returns
     -------
     VerifyResult(tokens [N, γ + 1] int64, num_emitted [N] int64, logprobs [N, γ + 1] or None)
     """
     summaries = tile_summaries(
-        hidden, lm_head, temperature, seed, positions, vocab_size, block_v, return_logprobs
+        hidden,
+        lm_head,
+        temperature,
+        seed,
+        positions,
+        vocab_size,
+        block_v,
+        return_logprobs,
+        top_k,
+        top_p,
+        allowed_tokens,
     )
     return finalize(summaries, draft_tokens, return_logprobs)

@@ -107,6 +107,40 @@ def test_tiny_temperatures_are_greedy_and_finite(backend, dtype):
         torch.testing.assert_close(got[2], zero[2], atol=LOGPROB_ATOL, rtol=LOGPROB_RTOL)
 
 
+def test_ragged_drafts_equal_each_sequence_verified_alone(backend):
+    """Drafts may end early (-1 from some position on): sequence i then verifies only its own
+    drafts and emits the sample of its first placeholder row, exactly as verifying it alone with
+    its γ_i drafts does."""
+    case = list(_case(9, 4, 40, 1000, 1024, torch.float32, seed=21))
+    drafts = case[2].clone()
+    lengths = [0, 1, 2, 3, 4, 0, 2, 4, 1]
+    for row, length in enumerate(lengths):
+        drafts[row, length:] = -1
+    case[2] = drafts
+    tokens, emitted = _assert_parity(tuple(case), backend)
+    for row, length in enumerate(lengths):
+        alone = [t if i == 1 else t[row : row + 1] for i, t in enumerate(case[:6])]
+        alone[0], alone[2] = alone[0][:, : length + 1], alone[2][:, :length]
+        t, e = ops.verify_resample(*alone, case[6], backend=backend)
+        assert int(e) == int(emitted[row]) <= length + 1
+        assert tokens[row, : int(e)].tolist() == t[0, : int(e)].tolist()
+    assert max(emitted.tolist()) > 1
+
+
+def test_a_placeholder_is_never_compared_as_a_token(backend):
+    """Golden: every row's sample is token 0 (its logit dominates) and the drafts are [0, -1];
+    the step accepts 0, then stops at the placeholder and emits row 1's sample, 0 — a backend
+    that read -1 as token 0 (a clamp) would accept it and emit a third token."""
+    hidden = torch.zeros(1, 3, 8)
+    hidden[..., 0] = 1.0
+    lm_head = torch.eye(8) * 50.0
+    drafts = torch.tensor([[0, -1]])
+    keys = (torch.zeros(1), torch.tensor([3]), torch.tensor([0]))
+    case = (*(t.to(DEVICE) for t in (hidden, lm_head, drafts, *keys)), 8)
+    tokens, emitted = _assert_parity(case, backend)
+    assert tokens.tolist() == [[0, 0, -1]] and emitted.tolist() == [2]
+
+
 def test_every_outcome_is_exercised(backend):
     """Enough sequences that 1..γ+1 emitted tokens all occur (checked on the reference, so the
     parity is not vacuous); 96 flattened rows also span more than one row block."""

@@ -71,12 +71,46 @@ def test_good_input_passes():
         (
             dict(draft_tokens=torch.tensor([[0, 16], [0, 0]])),
             ValueError,
-            r"draft_tokens: expected ids in \[0, 16\), got 16",
+            r"draft_tokens: expected ids in \[0, 16\), or -1 placeholders after a sequence's last "
+            r"draft, got 16",
         ),
         (
-            dict(draft_tokens=torch.tensor([[0, -1], [0, 0]])),
+            dict(draft_tokens=torch.tensor([[0, -2], [0, 0]])),
             ValueError,
-            r"draft_tokens: expected ids in \[0, 16\), got -1",
+            r"draft_tokens: expected ids in \[0, 16\), or -1 .*, got -2",
+        ),
+        (
+            dict(draft_tokens=torch.tensor([[-1, 3], [0, 0]])),
+            ValueError,
+            r"draft_tokens: sequence 0 has a draft after a -1 placeholder \[-1, 3\]",
+        ),
+        (
+            dict(top_k=-2),
+            ValueError,
+            r"top_k: expected integers >= 0 \(0: off\), got -2",
+        ),
+        (
+            dict(top_p=0.0),
+            ValueError,
+            r"top_p: expected values in \(0, 1\] \(1: off\), got 0.0",
+        ),
+        (
+            dict(top_p=torch.tensor([0.5, 1.5])),
+            ValueError,
+            r"top_p: expected values in \(0, 1\] \(1: off\), got 1.5",
+        ),
+        (
+            dict(allowed_tokens=torch.zeros(2, 3, 2, dtype=torch.int32)),
+            ValueError,
+            r"allowed_tokens: expected an int32 tensor of shape \[N, gamma \+ 1, "
+            r"ceil\(vocab_size / 32\)\] = \[2, 3, 1\], got torch.int32 \(2, 3, 2\)",
+        ),
+        (
+            dict(
+                allowed_tokens=torch.tensor([[[1], [1], [1]], [[1], [0], [1]]], dtype=torch.int32)
+            ),
+            ValueError,
+            r"allowed_tokens: sequence 1, position 1 allows no token below vocab_size 16",
         ),
         (
             dict(draft_tokens=torch.tensor([[0, 12], [0, 0]]), vocab_size=10),
