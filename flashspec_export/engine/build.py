@@ -21,7 +21,6 @@ import os
 import pathlib
 import shutil
 import tempfile
-import uuid
 from collections.abc import Sequence
 
 from flashspec_export.config import ConfigError
@@ -140,18 +139,6 @@ def _umask() -> int:
     return umask
 
 
-def _replace(out: pathlib.Path, staging: pathlib.Path) -> None:
-    """Put the finished ``staging`` directory at ``out``; the earlier one is moved aside first
-    and removed only once the new one is in place."""
-    if not out.exists():
-        staging.rename(out)
-        return
-    old = out.with_name(f".{out.name}.old-{uuid.uuid4().hex[:8]}")
-    out.rename(old)
-    staging.rename(out)
-    shutil.rmtree(old)
-
-
 def build_engines(
     directory, graphs=None, force: bool = False, function_bodies: bool = False
 ) -> dict[str, EngineReport]:
@@ -214,7 +201,7 @@ def build_engines(
                 os.link(path, staging / path.name)  # engines of the other graphs stay
         engine_record.write(staging, engine_record.Record({**kept, **entries}))
         staging.chmod(0o777 & ~_umask())  # mkdtemp makes it private; engines/ is ordinary
-        _replace(out, staging)
+        export_manifest.replace_directory(out, staging)
     finally:
         if staging.exists():
             shutil.rmtree(staging)

@@ -15,6 +15,8 @@ import dataclasses
 import hashlib
 import json
 import pathlib
+import shutil
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -22,6 +24,19 @@ from flashspec_export.config import DTYPE_NAMES, ConfigError
 
 FILE_NAME = "manifest.json"
 FORMAT = 4  # bump when the layout changes; readers refuse other formats
+
+
+def replace_directory(out: pathlib.Path, staging: pathlib.Path) -> None:
+    """Put the finished ``staging`` directory at ``out`` (an export, or its ``engines/``): an
+    earlier one there is moved aside first and removed only once the new one is in place, so
+    ``out`` is always whole."""
+    if not out.exists():
+        staging.rename(out)
+        return
+    old = out.with_name(f".{out.name}.old-{uuid.uuid4().hex[:8]}")
+    out.rename(old)
+    staging.rename(out)
+    shutil.rmtree(old)
 
 
 def sha256(path: pathlib.Path) -> str:

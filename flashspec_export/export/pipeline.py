@@ -25,7 +25,6 @@ import os
 import pathlib
 import shutil
 import tempfile
-import uuid
 from dataclasses import asdict, replace
 
 import onnx
@@ -58,18 +57,6 @@ def _output_dir(config: ExportConfig) -> pathlib.Path:
             f"out: {out} exists and is not empty; pass --force to overwrite the export there"
         )
     return out
-
-
-def _replace(out: pathlib.Path, staging: pathlib.Path) -> None:
-    """Put the finished ``staging`` directory at ``out``; an earlier export there (``--force``)
-    is moved aside first and removed only once the new one is in place."""
-    if not out.exists():
-        staging.rename(out)
-        return
-    old = out.with_name(f".{out.name}.old-{uuid.uuid4().hex[:8]}")
-    out.rename(old)
-    staging.rename(out)
-    shutil.rmtree(old)
 
 
 def _resolved(spec: str) -> str:
@@ -255,7 +242,7 @@ def export(config: ExportConfig) -> manifest.Manifest:
             tokenizer=_copy_tokenizer(config.target, staging),
         )
         manifest.write(staging, written)
-        _replace(out, staging)
+        manifest.replace_directory(out, staging)
     finally:
         if staging.exists():
             shutil.rmtree(staging)
