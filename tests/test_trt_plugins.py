@@ -115,6 +115,16 @@ def _write_case(directory: pathlib.Path, lm_head, n, gamma, g):
     return (values[0], lm_head, *values[1:])
 
 
+def _runner_inputs(directory: pathlib.Path, op: str, profile: str, seed: int):
+    """(generator, lm_head) of a runner case directory: the bf16 [32064, 4096] head written to
+    it, and the first lines of its cases.txt (op, dtype, H, V, the profile)."""
+    g = torch.Generator().manual_seed(seed)
+    lm_head = (torch.randn(32064, 4096, generator=g) * (6.0 / 64)).to(torch.bfloat16)
+    lm_head.view(torch.int16).numpy().tofile(directory / "lm_head.bin")
+    lines = [f"op {op}", "dtype bfloat16", "hidden 4096", "vocab 32000 padded 32064", profile]
+    return g, lm_head, lines
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.skipif(not RUNNER.is_file(), reason=f"needs TensorRT headers to build it: {HOW}")
@@ -122,11 +132,7 @@ def test_verify_plugin_under_a_dynamic_profile_emits_the_reference_tokens(tmp_pa
     """The plugin configured for a profile (N 1..32, γ 0..8), deserialized from its fields and
     run at six shapes with the profile's one workspace, as an engine runs it: the reference's
     tokens and log-probabilities at every shape (bf16, H = 4096, V = 32000)."""
-    g = torch.Generator().manual_seed(0)
-    lm_head = (torch.randn(32064, 4096, generator=g) * (6.0 / 64)).to(torch.bfloat16)
-    lm_head.view(torch.int16).numpy().tofile(tmp_path / "lm_head.bin")
-    lines = ["op VerifyResample", "dtype bfloat16", "hidden 4096", "vocab 32000 padded 32064"]
-    lines.append("profile 32 9")
+    g, lm_head, lines = _runner_inputs(tmp_path, "VerifyResample", "profile 32 9", seed=0)
     cases = {}
     for n, gamma in PROFILE_CASES:
         name = f"n{n}_g{gamma}"
@@ -161,11 +167,7 @@ def test_verify_plugin_under_a_dynamic_profile_emits_the_reference_tokens(tmp_pa
 @pytest.mark.skipif(not RUNNER.is_file(), reason=f"needs TensorRT headers to build it: {HOW}")
 def test_argmax_plugin_under_a_dynamic_profile_matches_the_reference(tmp_path):
     """TiledArgmax configured for 1..256 rows and run at 1, 16, 100 and 256 rows (bf16, H 4096)."""
-    g = torch.Generator().manual_seed(1)
-    lm_head = (torch.randn(32064, 4096, generator=g) * (6.0 / 64)).to(torch.bfloat16)
-    lm_head.view(torch.int16).numpy().tofile(tmp_path / "lm_head.bin")
-    lines = ["op TiledArgmax", "dtype bfloat16", "hidden 4096", "vocab 32000 padded 32064"]
-    lines.append("profile 256 1")
+    g, lm_head, lines = _runner_inputs(tmp_path, "TiledArgmax", "profile 256 1", seed=1)
     hidden = {}
     for rows in (1, 16, 100, 256):
         name = f"r{rows}"
