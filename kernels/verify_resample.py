@@ -52,12 +52,14 @@ from flashspec_export.kernels.noise import (
 from flashspec_export.kernels.tiles import (
     KernelConfig,
     check_device,
+    choose_config,
     dot_options,
     dot_tile,
     fold_best,
     resolve_config,
 )
 from flashspec_export.ops.workspace import launch_workspace
+from flashspec_export.reference import noise, truncation
 from flashspec_export.reference import verify_resample as reference
 from flashspec_export.reference.verify_resample import VerifyResult
 
@@ -84,6 +86,56 @@ def _first_rows(acc, EPI_ROWS: tl.constexpr):
     return tl.sum(tl.where(first, groups, -0.0), 0)
 
 
+# The order of the truncation (``reference/truncation.py``: descending logit, then ascending
+# id) as one int64 key: the logit's bits mapped monotonically to int32 in the high word
+# (-0.0 as +0.0, so that equal logits tie), 2**31 - 1 - id in the low word. EMPTY_KEY is below
+# every key (a -inf logit included).
+EMPTY_KEY: tl.constexpr = tl.constexpr(-(2**63))
+_LOW_WORD: tl.constexpr = tl.constexpr(2**31 - 1)
+
+
+@triton.jit
+def order_key(logits, ids):
+    """int64 order keys of fp32 ``logits`` at int ``ids`` (broadcast): larger = earlier."""
+    finite_zero = tl.where(logits == 0.0, 0.0, logits)  # named: the interpreter's .to needs it
+    bits = finite_zero.to(tl.int32, bitcast=True)
+    ordered = tl.where(bits >= 0, bits, bits ^ _LOW_WORD).to(tl.int64)
+    low = _LOW_WORD - ids
+    return (ordered << 32) | low.to(tl.int64)
+
+
+@triton.jit
+def _merge_candidates(cand, keys):
+    """The ``CANDIDATES`` largest of ``cand [ROWS, C]`` and a tile's ``keys [ROWS, BLOCK_V]``
+    (unique keys): the tile's keys above the row's smallest candidate, largest first, each
+    replacing the smallest while larger. A runtime loop of at most C rounds over the rows' largest
+    count above their floor, so a tile with nothing new costs one compare per element."""
+    C: tl.constexpr = cand.shape[1]
+    above = keys > tl.min(cand, 1)[:, None]
+    rounds = tl.minimum(tl.max(tl.sum(above.to(tl.int32), 1), 0), C)
+    slot = tl.arange(0, C)[None, :]
+    for _ in range(0, rounds):
+        best = tl.max(tl.where(above, keys, EMPTY_KEY), 1)
+        low, low_slot = tl.min(cand, 1, return_indices=True, return_indices_tie_break_left=True)
+        replace = (slot == low_slot[:, None]) & (best > low)[:, None]
+        cand = tl.where(replace, best[:, None], cand)
+        above &= keys != best[:, None]
+    return cand
+
+
+@triton.jit
+def _allowed(allowed_ptr, rows, row_ok, tile, num_words, BLOCK_V: tl.constexpr):
+    """[ROWS, BLOCK_V] bool: the tile's ids allowed by the rows' masks, from the tile's
+    ``BLOCK_V / 32`` words per row (bit j of word w allows id 32·w + j)."""
+    word = tile * (BLOCK_V // 32) + tl.arange(0, BLOCK_V // 32)
+    ok = row_ok[:, None] & (word[None, :] < num_words)
+    words = tl.load(
+        allowed_ptr + rows.to(tl.int64)[:, None] * num_words + word[None, :], mask=ok, other=0
+    )
+    bits = (words[:, :, None] >> tl.arange(0, 32)[None, None, :]) & 1
+    return tl.reshape(bits, [rows.shape[0], BLOCK_V]) != 0
+
+
 @triton.jit(do_not_specialize=["num_rows", "gamma", "num_splits", "tiles_per_split"])
 def _verify_tiles_kernel(
     hidden_ptr,  # [N, γ + 1, H]
@@ -93,11 +145,15 @@ def _verify_tiles_kernel(
     positions_ptr,  # [N] int64
     ws_float_ptr,  # [4, R, S] float32: best_score, best_logit, max, sum_exp
     ws_index_ptr,  # [R, S] int32: best_index
+    truncated_ptr,  # [N] int32: 1 where top-k / top-p apply (only with CANDIDATES)
+    allowed_ptr,  # [R, W] int32 allowed-token bit masks (only with MASKED)
+    cand_ptr,  # [R, S, CANDIDATES] int64 out: the split's largest order keys (with CANDIDATES)
     num_rows,  # R = N · (γ + 1)
     gamma,
     vocab_size,
     num_splits,
     tiles_per_split,
+    num_words,  # W = ceil(vocab_size / 32)
     stride_hn,
     stride_hi,
     stride_hh,
@@ -112,6 +168,8 @@ def _verify_tiles_kernel(
     BLOCK_V: tl.constexpr,
     BLOCK_H: tl.constexpr,
     EPI_ROWS: tl.constexpr,  # rows the epilogue scores: BLOCK_N, or fewer when R is below it
+    MASKED: tl.constexpr = False,  # apply allowed_tokens (read once per tile)
+    CANDIDATES: tl.constexpr = 0,  # > 0: keep each split's CANDIDATES largest (logit, id)
 ):
     pid_r = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -137,8 +195,14 @@ def _verify_tiles_kernel(
     seed = tl.load(seed_ptr + seq, mask=row_ok, other=0)
     position = tl.load(positions_ptr + seq, mask=row_ok, other=0) + pos_i
     key_a, key_b = row_keys(seed, position, STREAM_GUMBEL)  # [BLOCK_N] uint32 each
-    # A block of greedy rows only (T = 0 serving) skips the noise: its scores are the logits.
-    any_sampled = tl.max(tl.where(row_ok & (temperature >= GREEDY_BELOW), 1, 0), 0) > 0
+    # A block of greedy rows only (T = 0 serving) skips the noise: its scores are the logits;
+    # so does a block whose sampled rows are all truncated (their winner is taken from the
+    # candidates in stage 2, ``_truncated_summaries``).
+    sampled = row_ok & (temperature >= GREEDY_BELOW)
+    if CANDIDATES > 0:
+        sampled &= tl.load(truncated_ptr + seq, mask=row_ok, other=0) == 0
+        cand = tl.full([EPI_ROWS, CANDIDATES], EMPTY_KEY, tl.int64)
+    any_sampled = tl.max(tl.where(sampled, 1, 0), 0) > 0
 
     m = tl.full([EPI_ROWS], float("-inf"), tl.float32)
     s = tl.zeros([EPI_ROWS], tl.float32)
@@ -174,6 +238,12 @@ def _verify_tiles_kernel(
         logits = tl.math.div_rn(acc, scale[:, None])
         # padded ids and NaN logits: -inf (never sampled, exp = 0; reference.no_nan)
         logits = tl.where(col_ok[None, :] & (logits == logits), logits, float("-inf"))
+        if MASKED:
+            logits = tl.where(
+                _allowed(allowed_ptr, rows, row_ok, tile, num_words, BLOCK_V), logits, float("-inf")
+            )
+        if CANDIDATES > 0:
+            cand = _merge_candidates(cand, order_key(logits, cols[None, :]))
 
         # Gumbel-max sample: 7 32-bit multiply-mods and 2 logs per element, in registers.
         if any_sampled:
@@ -204,6 +274,11 @@ def _verify_tiles_kernel(
         tl.store(ws_float_ptr + F_BEST_LOGIT * plane + ws_off, best_logit, mask=row_ok)
         tl.store(ws_float_ptr + F_MAX * plane + ws_off, m, mask=row_ok)
         tl.store(ws_float_ptr + F_SUM_EXP * plane + ws_off, s, mask=row_ok)
+    if CANDIDATES > 0:
+        slot = tl.arange(0, CANDIDATES)
+        tl.store(
+            cand_ptr + ws_off[:, None] * CANDIDATES + slot[None, :], cand, mask=row_ok[:, None]
+        )
 
 
 @triton.jit(do_not_specialize=["num_rows", "gamma", "num_splits", "stride_dn"])
@@ -292,6 +367,9 @@ def verify_resample(
     return_logprobs: bool = False,
     config: KernelConfig | None = None,
     workspace: VerifyWorkspace | None = None,
+    top_k: torch.Tensor | None = None,
+    top_p: torch.Tensor | None = None,
+    allowed_tokens: torch.Tensor | None = None,
 ) -> VerifyResult:
     """Verify γ greedy drafts per sequence and emit the next tokens (Triton, two launches).
 
@@ -309,6 +387,11 @@ def verify_resample(
     workspace : stage-1 buffers from ``make_workspace(N · (γ + 1), config.num_splits, device)``;
         default: views of one buffer per (device, stream), fresh during CUDA-graph capture
         (``flashspec_export.ops.workspace``)
+    top_k : [N] int64 (0: off), top_p : [N] float32 in (0, 1] (1: off), allowed_tokens :
+        [N, γ + 1, ceil(vocab_size / 32)] int32 bit masks — the truncation of
+        ``reference/truncation.py``, fused (``_truncated_summaries``; the portable kernel, and a
+        sequence whose kept set the candidates do not settle is recomputed materialised, after
+        one flag read back to the host)
 
     Returns
     -------
@@ -322,6 +405,12 @@ def verify_resample(
     # The [R, H] rows as one view (row r = n · (γ + 1) + i), for the Hopper kernel's TMA.
     hidden2d = hidden.view(rows, hidden_size) if hidden.is_contiguous() else None
     config = resolve_config("verify_resample", hidden2d, lm_head, rows, vocab_size, config)
+    truncating = top_k is not None or top_p is not None
+    if (truncating or allowed_tokens is not None) and config.hopper is not None:
+        # the Hopper kernel's epilogue has no mask or candidates (yet): the portable kernel's row
+        config = choose_config(
+            "verify_resample", rows, hidden_size, vocab_size, lm_head.dtype, device, hopper=False
+        )
     if config.epi_rows and rows > config.epi_rows:
         raise ValueError(
             f"config.epi_rows: {config.epi_rows} scores at most that many rows, got "
@@ -375,6 +464,13 @@ def verify_resample(
         )
     else:
         tiles_per_split = triton.cdiv(triton.cdiv(vocab_size, config.block_v), splits)
+        truncated = candidates = None
+        if truncating:
+            truncated = _truncated_sequences(top_k, top_p, n, device)
+            (candidates,) = launch_workspace(
+                device, "verify_candidates", ((rows, splits, CANDIDATES), torch.int64)
+            )
+        words = truncation.words_for(vocab_size)
         _verify_tiles_kernel[(triton.cdiv(rows, config.block_n), splits)](
             hidden,
             lm_head,
@@ -383,24 +479,35 @@ def verify_resample(
             positions,
             workspace.floats,
             workspace.index,
+            truncated if truncating else seed,  # placeholder pointers, never read
+            allowed_tokens if allowed_tokens is not None else seed,
+            candidates if truncating else seed,
             rows,
             gamma,
             vocab_size,
             splits,
             tiles_per_split,
+            words,
             *hidden.stride(),
             *lm_head.stride(),
             HIDDEN_SIZE=hidden_size,
             **dot_options(hidden),
             LIBDEVICE=libdevice,
-            RETURN_LOGPROBS=return_logprobs,
+            # top-p's normaliser is the LSE of every allowed token
+            RETURN_LOGPROBS=return_logprobs or truncating,
             BLOCK_N=config.block_n,
             BLOCK_V=config.block_v,
             BLOCK_H=config.block_h,
             EPI_ROWS=config.epi_rows or config.block_n,
+            MASKED=allowed_tokens is not None,
+            CANDIDATES=CANDIDATES if truncating else 0,
             num_warps=config.num_warps,
             num_stages=config.num_stages,
         )
+        if truncating:
+            fallback = _truncated_summaries(
+                workspace, candidates, truncated, top_k, top_p, temperature, seed, positions
+            )
     _verify_finalize_kernel[(n,)](
         workspace.floats,
         workspace.index,
@@ -418,4 +525,141 @@ def verify_resample(
         BLOCK_R=max(FINALIZE_MIN_ROWS, triton.next_power_of_2(width)),
         BLOCK_S=triton.next_power_of_2(splits),
     )
-    return VerifyResult(tokens, num_emitted, logprobs)
+    result = VerifyResult(tokens, num_emitted, logprobs)
+    if truncating and bool(fallback.any()):
+        seqs = fallback.view(n, width).any(dim=1).nonzero().squeeze(1)
+        _recompute(result, seqs, hidden, lm_head, draft_tokens, temperature, seed, positions,
+                   vocab_size, return_logprobs, top_k, top_p, allowed_tokens)  # fmt: skip
+    return result
+
+
+# Candidates kept per (row, split) for top-k / top-p: the exact kept set is settled from them when
+# it lies inside the keys every split has handed in (``_truncated_summaries``).
+CANDIDATES = 16
+_EMPTY_KEY = -(2**63)
+
+
+def _truncated_sequences(top_k, top_p, n: int, device) -> torch.Tensor:
+    """[N] int32: 1 where top-k (k > 0) or top-p (p < 1) applies."""
+    on = torch.zeros(n, dtype=torch.bool, device=device)
+    if top_k is not None:
+        on |= top_k > 0
+    if top_p is not None:
+        on |= top_p < 1.0
+    return on.to(torch.int32)
+
+
+def decode_keys(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logit float32, id int64) of int64 order keys (``order_key``'s inverse)."""
+    ordered = (keys >> 32).to(torch.int32)
+    bits = torch.where(ordered >= 0, ordered, ordered ^ (2**31 - 1))
+    return bits.view(torch.float32), (2**31 - 1) - (keys & (2**32 - 1))
+
+
+def _truncated_summaries(
+    workspace: VerifyWorkspace,
+    candidates: torch.Tensor,
+    truncated: torch.Tensor,
+    top_k: torch.Tensor | None,
+    top_p: torch.Tensor | None,
+    temperature: torch.Tensor,
+    seed: torch.Tensor,
+    positions: torch.Tensor,
+) -> torch.Tensor:
+    """Stage 2 of the truncated rows: their kept set from the candidates, their sample, and their
+    summaries rewritten as one split (the finalize then accepts and emits as for any row).
+
+    Per row, every split hands in its ``CANDIDATES`` largest order keys; a split that had more
+    tokens than that (its smallest candidate a finite logit) may hide tokens below its smallest
+    one. So the candidates at or above the largest such floor are, in order, an exact prefix of
+    the row's (descending logit, ascending id) order — all of the row when no split was full.
+    The kept set is settled inside that prefix when top-k's k tokens lie in it, or (top-p alone)
+    when the nucleus ends inside it, the normaliser then being the LSE of every allowed token from
+    the stage-1 online softmax. The sample is the Gumbel-max over the kept candidates with the
+    same noise (``reference.noise``), ties to the lowest id; the log-probability's LSE is the kept
+    set's. Rows it does not settle are returned ([R] bool) for ``_recompute``.
+
+    The mass before each token is summed here in another order than the reference's, so a
+    token whose mass-before lies within float rounding of p may be kept by one and not the other.
+    """
+    rows, splits, slots = candidates.shape
+    n = temperature.shape[0]
+    width = rows // n
+    device = candidates.device
+
+    def per_row(t):
+        return t.repeat_interleave(width)
+
+    floor = candidates.amin(dim=-1)  # [R, S]
+    full = (floor != _EMPTY_KEY) & (decode_keys(floor)[0] > float("-inf"))
+    tau = torch.where(full, floor, _EMPTY_KEY).amax(dim=-1)  # [R]
+    keys = candidates.reshape(rows, splits * slots).sort(dim=-1, descending=True).values
+    logit, ids = decode_keys(keys)
+    known = (keys >= tau[:, None]) & (keys != _EMPTY_KEY) & (logit > float("-inf"))
+    complete = tau == _EMPTY_KEY  # every split handed in all its tokens
+    rank = torch.arange(splits * slots, device=device)
+    k = per_row(top_k) if top_k is not None else torch.zeros(rows, dtype=torch.int64, device=device)
+    p = per_row(top_p) if top_p is not None else torch.ones(rows, device=device)
+    keep = known & ((k[:, None] == 0) | (rank[None, :] < k[:, None]))
+    top_k_on = k > 0
+    top_k_known = top_k_on & (k <= known.sum(dim=-1))
+
+    floats = workspace.floats
+    m = floats[_MAX]
+    big_m = m.amax(dim=-1)
+    finite_m = torch.where(big_m == float("-inf"), 0.0, big_m)
+    lse_all = finite_m + torch.log((floats[_SUM_EXP] * torch.exp(m - finite_m[:, None])).sum(-1))
+    lse = torch.where(
+        top_k_on, torch.logsumexp(logit.masked_fill(~keep, float("-inf")), -1), lse_all
+    )
+    probs = torch.exp(logit - lse[:, None]).masked_fill(~keep, 0.0)
+    before = torch.cumsum(probs, dim=-1) - probs
+    nucleus = keep & ((p[:, None] >= 1.0) | (before < p[:, None]))
+    nucleus[:, 0] |= keep[:, 0]  # the top token is always kept
+    ends_inside = (keep & ~nucleus).any(dim=-1)
+    settled = (complete | top_k_known | (~top_k_on & ends_inside)) & nucleus.any(dim=-1)
+
+    seq_rows = per_row(torch.arange(n, device=device))
+    row_pos = positions[seq_rows] + torch.arange(rows, device=device) % width
+    a, b = noise.row_keys(seed[seq_rows], row_pos, noise.STREAM_GUMBEL)
+    g = noise.gumbel_from_bits(noise.token_bits(a[:, None], b[:, None], ids))
+    greedy = reference.is_greedy(temperature)[seq_rows]
+    score = torch.where(greedy[:, None], logit, logit + g).masked_fill(~nucleus, float("-inf"))
+    best = score.amax(dim=-1, keepdim=True)
+    winner = torch.where(score == best, ids, 2**62).argmin(dim=-1, keepdim=True)  # lowest id
+    y = ids.gather(-1, winner).squeeze(-1)
+    y_logit = logit.gather(-1, winner).squeeze(-1)
+    lse_kept = torch.logsumexp(logit.masked_fill(~nucleus, float("-inf")), dim=-1)
+
+    rewrite = (per_row(truncated) != 0) & settled
+    first = torch.arange(splits, device=device)[None, :] == 0
+    where = rewrite[:, None]
+
+    def one_split(field, value, rest):
+        field.copy_(torch.where(where, torch.where(first, value[:, None], rest), field))
+
+    one_split(floats[_BEST_SCORE], torch.zeros_like(lse_kept), float("-inf"))
+    one_split(workspace.index, y.to(torch.int32), 0)
+    one_split(floats[_BEST_LOGIT], y_logit, 0.0)
+    one_split(floats[_MAX], lse_kept, float("-inf"))
+    one_split(floats[_SUM_EXP], torch.ones_like(lse_kept), 0.0)
+    return (per_row(truncated) != 0) & ~settled
+
+
+def _recompute(result, seqs, hidden, lm_head, drafts, temperature, seed, positions, vocab_size,
+               return_logprobs, top_k, top_p, allowed_tokens) -> None:  # fmt: skip
+    """The sequences ``seqs`` verified again by the materialised path, written into ``result``."""
+    from flashspec_export.ops import standard
+
+    def pick(t):
+        return None if t is None else t[seqs]
+
+    again = standard.verify_resample(
+        hidden[seqs], lm_head, drafts[seqs], temperature[seqs], seed[seqs], positions[seqs],
+        vocab_size, return_logprobs=return_logprobs, top_k=pick(top_k), top_p=pick(top_p),
+        allowed_tokens=pick(allowed_tokens),
+    )  # fmt: skip
+    result.tokens[seqs] = again.tokens
+    result.num_emitted[seqs] = again.num_emitted
+    if return_logprobs:
+        result.logprobs[seqs] = again.logprobs

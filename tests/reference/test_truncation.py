@@ -25,7 +25,8 @@ VOCAB = 8
 Z0 = np.array([0.0, 0.5, 2.5, 1.0, 0.0, -1.0, 1.0, 0.3])  # row 0 (the draft: token 2)
 Z1 = np.array([1.0, -1.0, 0.0, 2.0, 0.5, -0.5, 0.0, 1.0])  # row 1 (the bonus row)
 UNIFORM = np.zeros(VOCAB)
-BACKENDS = ["reference", "standard"]
+# The Triton kernels take 20 000 rows in minutes under the interpreter: on the GPU machine.
+BACKENDS = ["reference", "standard", pytest.param("triton", marks=pytest.mark.gpu)]
 
 
 def truncated(z, temperature, top_k=0, top_p=1.0, allowed=None) -> np.ndarray:
@@ -52,18 +53,21 @@ def mask_of(allowed, rows=2) -> torch.Tensor:
 
 
 def step(rows, drafts, temperature, backend, **truncate):
-    """N_SAMPLES independent steps of the given logit rows (lm_head = identity)."""
+    """N_SAMPLES independent steps of the given logit rows (lm_head = identity; on the GPU for
+    Triton)."""
+    device = "cuda" if backend == "triton" else "cpu"
     hidden = torch.tensor(np.stack(rows), dtype=torch.float32)[None].expand(N_SAMPLES, -1, -1)
-    return ops.verify_resample(
-        hidden,
-        torch.eye(VOCAB),
-        torch.tensor([drafts]).expand(N_SAMPLES, -1),
+    tokens, emitted = ops.verify_resample(
+        hidden.to(device),
+        torch.eye(VOCAB, device=device),
+        torch.tensor([drafts], device=device).expand(N_SAMPLES, -1),
         temperature,
-        torch.arange(N_SAMPLES),
-        torch.full((N_SAMPLES,), 7),
+        torch.arange(N_SAMPLES, device=device),
+        torch.full((N_SAMPLES,), 7, device=device),
         backend=backend,
-        **truncate,
+        **{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in truncate.items()},
     )
+    return tokens.cpu(), emitted.cpu()
 
 
 CASES = {  # name: (row-0 logits, temperature, truncation kwargs of the op, of `truncated`)
@@ -155,6 +159,10 @@ def test_speculation_keeps_each_positions_own_truncated_sample(backend):
     seed, positions = torch.arange(n) + 5, torch.randint(0, 1000, (n,), generator=g)
     allowed = torch.randint(-(2**31), 2**31 - 1, (n, gamma + 1, 2), generator=g, dtype=torch.int32)
     top_k, top_p = torch.randint(0, 12, (n,), generator=g), torch.rand(n, generator=g) * 0.9 + 0.1
+    device = "cuda" if backend == "triton" else "cpu"
+    hidden, lm_head, temperature, seed, positions, allowed, top_k, top_p = (
+        t.to(device) for t in (hidden, lm_head, temperature, seed, positions, allowed, top_k, top_p)
+    )
     truncate = dict(top_k=top_k, top_p=top_p)
 
     def alone(i):  # γ = 0 at position i
@@ -172,7 +180,7 @@ def test_speculation_keeps_each_positions_own_truncated_sample(backend):
 
     y = torch.stack([alone(i) for i in range(gamma + 1)], dim=1)
     drafts = torch.where(
-        torch.rand(n, gamma, generator=g) < 0.7, y[:, :gamma], (y[:, :gamma] + 1) % vocab
+        torch.rand(n, gamma, generator=g).to(device) < 0.7, y[:, :gamma], (y[:, :gamma] + 1) % vocab
     )
     tokens, emitted = ops.verify_resample(
         hidden,

@@ -1,0 +1,144 @@
+"""The fused truncation of the Triton VerifyResample (``kernels/verify_resample.py``): top-k,
+top-p and allowed-token masks in the tile pass, the kept set settled from per-split candidates,
+the materialised recomputation where the candidates do not settle it — each path taken and each
+equal to the reference, token for token (the laws: ``tests/reference/test_truncation.py``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flashspec_export import ops
+from tests.parity.conftest import runnable
+
+triton = pytest.importorskip("triton")
+kernels = pytest.importorskip("flashspec_export.kernels.verify_resample")
+
+N, GAMMA, H, V = 6, 3, 32, 1000
+
+
+def _inputs(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(N, GAMMA + 1, H, generator=g)
+    lm_head = torch.randn(V, H, generator=g)
+    temperature = torch.tensor([1.0, 0.7, 0.0, 1.3, 1.0, 0.5])  # a greedy row among them
+    seed_ = torch.arange(N) + 3
+    positions = torch.randint(0, 500, (N,), generator=g)
+    allowed = torch.randint(
+        -(2**31), 2**31 - 1, (N, GAMMA + 1, -(-V // 32)), generator=g, dtype=torch.int32
+    )
+    return hidden, lm_head, temperature, seed_, positions, allowed
+
+
+def _alone_drafts(hidden, lm_head, temperature, seed, positions, **truncate):
+    """Each position's own sample (γ = 0), as drafts: every draft is accepted."""
+    drafts = []
+    for i in range(GAMMA):
+        row = {k: (v[:, i : i + 1] if k == "allowed_tokens" else v) for k, v in truncate.items()}
+        drafts.append(
+            ops.verify_resample(
+                hidden[:, i : i + 1], lm_head, torch.zeros(N, 0, dtype=torch.int64),
+                temperature, seed, positions + i, **row,
+            )[0][:, 0]
+        )  # fmt: skip
+    return torch.stack(drafts, dim=1)
+
+
+TOP_K = torch.tensor([5, 0, 3, 10, 1, 7])
+TOP_P = torch.tensor([0.5, 0.9, 1.0, 0.2, 0.99, 0.7])
+CASES = {  # name: (truncation, whether some sequence is recomputed materialised)
+    "top_k": (dict(top_k=TOP_K), False),
+    "top_p": (dict(top_p=TOP_P), False),
+    "mask": (dict(allowed_tokens="mask"), False),
+    "all_three": (dict(top_k=TOP_K, top_p=TOP_P, allowed_tokens="mask"), False),
+    "large_k": (dict(top_k=torch.tensor([200, 300, 0, 500, 100, 999])), True),
+    "top_p_flat": (dict(top_p=torch.full((N,), 0.999)), True),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_fused_truncation_equals_the_reference(case, monkeypatch):
+    """Tokens, counts and log-probabilities as the reference's, with every draft accepted (so
+    every row's sample is checked) and with the drafts shifted (rejections), and the path the
+    case is built for taken: the candidates settle every row, or some sequence is recomputed."""
+    hidden, lm_head, temperature, seed, positions, allowed = _inputs()
+    truncate, recomputes = CASES[case]
+    truncate = {k: (allowed if isinstance(v, str) else v) for k, v in truncate.items()}
+    recomputed = []
+    original = kernels._recompute
+
+    def spy(result, seqs, *args):  # the real recomputation, recorded
+        recomputed.extend(seqs.tolist())
+        original(result, seqs, *args)
+
+    monkeypatch.setattr(kernels, "_recompute", spy)
+    accepted = _alone_drafts(hidden, lm_head, temperature, seed, positions, **truncate)
+    for drafts in (accepted, (accepted + 1) % V):
+        results = {
+            backend: ops.verify_resample(
+                hidden,
+                lm_head,
+                drafts,
+                temperature,
+                seed,
+                positions,
+                return_logprobs=True,
+                backend=runnable(backend),
+                **truncate,
+            )
+            for backend in ("reference", "triton")
+        }
+        want, got = results["reference"], results["triton"]
+        assert torch.equal(got[0], want[0])
+        assert torch.equal(got[1], want[1])
+        torch.testing.assert_close(got[2], want[2], rtol=0, atol=1e-5)
+    assert bool(recomputed) == recomputes, recomputed
+
+
+def test_order_keys_follow_the_truncation_order():
+    """Descending logit, then ascending id; -0.0 ties with +0.0; -inf is last; the keys decode."""
+    import triton.language as tl
+
+    @triton.jit
+    def keys_kernel(x_ptr, out_ptr, B: tl.constexpr):
+        i = tl.arange(0, B)
+        tl.store(out_ptr + i, kernels.order_key(tl.load(x_ptr + i), i))
+
+    x = torch.tensor([0.0, -0.0, 1.5, -2.0, float("-inf"), float("inf"), 3.0, -1e-30])
+    keys = torch.empty(8, dtype=torch.int64)
+    keys_kernel[(1,)](x, keys, B=8)
+    assert keys.argsort(descending=True).tolist() == [5, 6, 2, 0, 1, 7, 3, 4]
+    logits, ids = kernels.decode_keys(keys)
+    assert torch.equal(logits, x.abs().where(x == 0, x))
+    assert ids.tolist() == list(range(8))
+
+
+def test_merged_candidates_are_the_largest_keys():
+    """``_merge_candidates`` over tiles keeps exactly each row's CANDIDATES largest keys, on
+    rows with many, few and no keys above the running floor (ties of equal logits included)."""
+    import triton.language as tl
+
+    C, ROWS, B, TILES = 4, 4, 16, 3
+
+    @triton.jit
+    def merge_kernel(x_ptr, out_ptr, ROWS: tl.constexpr, B: tl.constexpr, C: tl.constexpr,
+                     TILES: tl.constexpr):  # fmt: skip
+        r = tl.arange(0, ROWS)
+        cand = tl.full([ROWS, C], kernels.EMPTY_KEY, tl.int64)
+        for t in range(TILES):
+            ids = t * B + tl.arange(0, B)
+            logits = tl.load(x_ptr + r[:, None] * (TILES * B) + ids[None, :])
+            cand = kernels._merge_candidates(cand, kernels.order_key(logits, ids[None, :]))
+        tl.store(out_ptr + r[:, None] * C + tl.arange(0, C)[None, :], cand)
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(ROWS, TILES * B, generator=g)
+    x[1] = torch.arange(TILES * B, dtype=torch.float32)  # rising: every tile replaces all
+    x[2] = -torch.arange(TILES * B, dtype=torch.float32)  # falling: later tiles add nothing
+    x[3] = torch.round(x[3])  # many equal logits: ties by the lower id
+    out = torch.empty(ROWS, C, dtype=torch.int64)
+    merge_kernel[(1,)](x, out, ROWS=ROWS, B=B, C=C, TILES=TILES)
+    _, ids = kernels.decode_keys(out.sort(dim=1, descending=True).values)
+    for row in range(ROWS):
+        order = sorted(range(TILES * B), key=lambda v: (-x[row, v].item(), v))[:C]
+        assert ids[row].tolist() == order
