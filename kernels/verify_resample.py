@@ -370,6 +370,7 @@ def verify_resample(
     top_k: torch.Tensor | None = None,
     top_p: torch.Tensor | None = None,
     allowed_tokens: torch.Tensor | None = None,
+    settle_only: bool = False,
 ) -> VerifyResult:
     """Verify γ greedy drafts per sequence and emit the next tokens (Triton, two launches).
 
@@ -392,6 +393,9 @@ def verify_resample(
         ``reference/truncation.py``, fused (``_truncated_summaries``; the portable kernel, and a
         sequence whose kept set the candidates do not settle is recomputed materialised, after
         one flag read back to the host)
+    settle_only : return ``(result, unsettled [R] bool)``: with top-k / top-p, instead of
+        recomputing the unsettled rows' sequences (no host read: CUDA-graph capturable; their
+        entries in ``result`` are then not the op's). For benchmarks and fallback statistics.
 
     Returns
     -------
@@ -505,7 +509,7 @@ def verify_resample(
             num_stages=config.num_stages,
         )
         if truncating:
-            fallback = _truncated_summaries(
+            unsettled = _truncated_summaries(
                 workspace, candidates, truncated, top_k, top_p, temperature, seed, positions
             )
     _verify_finalize_kernel[(n,)](
@@ -526,11 +530,15 @@ def verify_resample(
         BLOCK_S=triton.next_power_of_2(splits),
     )
     result = VerifyResult(tokens, num_emitted, logprobs)
-    if truncating and bool(fallback.any()):
-        seqs = fallback.view(n, width).any(dim=1).nonzero().squeeze(1)
+    if not truncating:
+        return (
+            (result, torch.zeros(rows, dtype=torch.bool, device=device)) if settle_only else result
+        )
+    if not settle_only and bool(unsettled.any()):
+        seqs = unsettled.view(n, width).any(dim=1).nonzero().squeeze(1)
         _recompute(result, seqs, hidden, lm_head, draft_tokens, temperature, seed, positions,
                    vocab_size, return_logprobs, top_k, top_p, allowed_tokens)  # fmt: skip
-    return result
+    return (result, unsettled) if settle_only else result
 
 
 # Candidates kept per (row, split) for top-k / top-p: the exact kept set is settled from them when

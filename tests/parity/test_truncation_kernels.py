@@ -15,6 +15,7 @@ triton = pytest.importorskip("triton")
 kernels = pytest.importorskip("flashspec_export.kernels.verify_resample")
 
 N, GAMMA, H, V = 6, 3, 32, 1000
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # fp32: the interpreter without a GPU
 
 
 def _inputs(seed=0):
@@ -27,7 +28,7 @@ def _inputs(seed=0):
     allowed = torch.randint(
         -(2**31), 2**31 - 1, (N, GAMMA + 1, -(-V // 32)), generator=g, dtype=torch.int32
     )
-    return hidden, lm_head, temperature, seed_, positions, allowed
+    return tuple(t.to(DEVICE) for t in (hidden, lm_head, temperature, seed_, positions, allowed))
 
 
 def _alone_drafts(hidden, lm_head, temperature, seed, positions, **truncate):
@@ -37,22 +38,22 @@ def _alone_drafts(hidden, lm_head, temperature, seed, positions, **truncate):
         row = {k: (v[:, i : i + 1] if k == "allowed_tokens" else v) for k, v in truncate.items()}
         drafts.append(
             ops.verify_resample(
-                hidden[:, i : i + 1], lm_head, torch.zeros(N, 0, dtype=torch.int64),
+                hidden[:, i : i + 1], lm_head, torch.zeros(N, 0, dtype=torch.int64, device=DEVICE),
                 temperature, seed, positions + i, **row,
             )[0][:, 0]
         )  # fmt: skip
     return torch.stack(drafts, dim=1)
 
 
-TOP_K = torch.tensor([5, 0, 3, 10, 1, 7])
-TOP_P = torch.tensor([0.5, 0.9, 1.0, 0.2, 0.99, 0.7])
+TOP_K = torch.tensor([5, 0, 3, 10, 1, 7], device=DEVICE)
+TOP_P = torch.tensor([0.5, 0.9, 1.0, 0.2, 0.99, 0.7], device=DEVICE)
 CASES = {  # name: (truncation, whether some sequence is recomputed materialised)
     "top_k": (dict(top_k=TOP_K), False),
     "top_p": (dict(top_p=TOP_P), False),
     "mask": (dict(allowed_tokens="mask"), False),
     "all_three": (dict(top_k=TOP_K, top_p=TOP_P, allowed_tokens="mask"), False),
-    "large_k": (dict(top_k=torch.tensor([200, 300, 0, 500, 100, 999])), True),
-    "top_p_flat": (dict(top_p=torch.full((N,), 0.999)), True),
+    "large_k": (dict(top_k=torch.tensor([200, 300, 0, 500, 100, 999], device=DEVICE)), True),
+    "top_p_flat": (dict(top_p=torch.full((N,), 0.999, device=DEVICE)), True),
 }
 
 
@@ -73,6 +74,7 @@ def test_the_fused_truncation_equals_the_reference(case, monkeypatch):
 
     monkeypatch.setattr(kernels, "_recompute", spy)
     accepted = _alone_drafts(hidden, lm_head, temperature, seed, positions, **truncate)
+    wanted = []
     for drafts in (accepted, (accepted + 1) % V):
         results = {
             backend: ops.verify_resample(
@@ -89,10 +91,19 @@ def test_the_fused_truncation_equals_the_reference(case, monkeypatch):
             for backend in ("reference", "triton")
         }
         want, got = results["reference"], results["triton"]
+        wanted.append(want)
         assert torch.equal(got[0], want[0])
         assert torch.equal(got[1], want[1])
         torch.testing.assert_close(got[2], want[2], rtol=0, atol=1e-5)
     assert bool(recomputed) == recomputes, recomputed
+    # settle_only (no host read): the unsettled rows reported, the settled sequences already right
+    (tokens, emitted, _), unsettled = kernels.verify_resample(
+        hidden, lm_head, accepted, temperature, seed, positions, V, settle_only=True, **truncate
+    )
+    settled = ~unsettled.view(N, GAMMA + 1).any(dim=1)
+    assert bool(unsettled.any()) == recomputes
+    assert torch.equal(tokens[settled], wanted[0][0][settled])
+    assert torch.equal(emitted[settled], wanted[0][1][settled])
 
 
 def test_order_keys_follow_the_truncation_order():
@@ -104,12 +115,14 @@ def test_order_keys_follow_the_truncation_order():
         i = tl.arange(0, B)
         tl.store(out_ptr + i, kernels.order_key(tl.load(x_ptr + i), i))
 
-    x = torch.tensor([0.0, -0.0, 1.5, -2.0, float("-inf"), float("inf"), 3.0, -1e-30])
-    keys = torch.empty(8, dtype=torch.int64)
+    x = torch.tensor(
+        [0.0, -0.0, 1.5, -2.0, float("-inf"), float("inf"), 3.0, -1e-30], device=DEVICE
+    )
+    keys = torch.empty(8, dtype=torch.int64, device=DEVICE)
     keys_kernel[(1,)](x, keys, B=8)
     assert keys.argsort(descending=True).tolist() == [5, 6, 2, 0, 1, 7, 3, 4]
     logits, ids = kernels.decode_keys(keys)
-    assert torch.equal(logits, x.abs().where(x == 0, x))
+    assert torch.equal(logits, x.abs().where(x == 0, x))  # -0.0 comes back as +0.0
     assert ids.tolist() == list(range(8))
 
 
@@ -136,7 +149,7 @@ def test_merged_candidates_are_the_largest_keys():
     x[1] = torch.arange(TILES * B, dtype=torch.float32)  # rising: every tile replaces all
     x[2] = -torch.arange(TILES * B, dtype=torch.float32)  # falling: later tiles add nothing
     x[3] = torch.round(x[3])  # many equal logits: ties by the lower id
-    out = torch.empty(ROWS, C, dtype=torch.int64)
+    x, out = x.to(DEVICE), torch.empty(ROWS, C, dtype=torch.int64, device=DEVICE)
     merge_kernel[(1,)](x, out, ROWS=ROWS, B=B, C=C, TILES=TILES)
     _, ids = kernels.decode_keys(out.sort(dim=1, descending=True).values)
     for row in range(ROWS):
