@@ -1,0 +1,211 @@
+"""The fused truncation of VerifyResample (issue 35) on a GPU: its speed beside plain verify and
+beside the materialised way serving stacks truncate, and how often its candidates settle the
+kept set on the stdlib-tiny pair's real logits.
+
+Speed (bf16 LM head, ``scripts/kernel_bench.time_graphs``: CUDA graphs, settled, interleaved).
+Logits of standard deviation 4 (random hidden states × 4 against a head scaled by H^-1/2; a
+trained LM's spread at T ~ 1, where a 0.9 nucleus holds a few hundred of 128k tokens). Providers:
+
+- ``verify``: the shipped op without truncation (the Hopper kernel from 17 rows on sm_90);
+- ``verify_portable``: the portable kernel the truncation runs in, without truncation;
+- ``mask``: an allowed-token mask (random bits, half the vocabulary);
+- ``top_k_50``, ``top_k_1024``, ``top_p_0.9``, ``top_k_50_top_p_0.9``: the fused truncation with
+  ``settle_only`` (no host read; the recomputation of unsettled rows is not timed, their share is
+  printed);
+- ``materialised_*``: fp32 logits, the mask expanded from its bits, ``topk`` threshold, a sorted
+  cumulative softmax for top-p, softmax, an exponential race with torch's RNG, drafts accepted
+  while equal — what vLLM-style samplers do;
+- ``matmul``: cuBLAS alone.
+
+Settle rate: the stdlib-tiny target (fp32, ``transformers``) over held-out standard-library files;
+its final hidden states at every position, verified at γ = 0 in batches of R rows with each
+(T, top-k, top-p); the share of rows the candidates do not settle (recomputed materialised by the
+op).
+
+    python docs/bench/truncation_speed.py --rows 1 4 16 64 128 512 --json $OUT/truncation.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import pathlib
+import statistics
+import sys
+
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+from kernel_bench import time_graphs  # noqa: E402
+
+from flashspec_export import ops  # noqa: E402
+from flashspec_export.config import HeadShape  # noqa: E402
+from flashspec_export.kernels import verify_resample as kernel  # noqa: E402
+from flashspec_export.kernels.tiles import choose_config  # noqa: E402
+
+GAMMA = 3
+TRUNCATIONS = {
+    "mask": dict(mask=True),
+    "top_k_50": dict(top_k=50),
+    "top_k_1024": dict(top_k=1024),
+    "top_p_0.9": dict(top_p=0.9),
+    "top_k_50_top_p_0.9": dict(top_k=50, top_p=0.9),
+}
+
+
+def materialised(hidden, lm_head, drafts, temperature, vocab_size, top_k=0, top_p=1.0, mask=None):
+    """A serving stack's sampler: fp32 logits, truncation, softmax, torch RNG, acceptance."""
+    n, width, h = hidden.shape
+    logits = (hidden.reshape(-1, h) @ lm_head[:vocab_size].T).float()
+    logits = logits / temperature.repeat_interleave(width)[:, None]
+    if mask is not None:
+        ids = torch.arange(vocab_size, device=hidden.device)
+        bits = (mask.reshape(n * width, -1)[:, ids // 32] >> (ids % 32).to(torch.int32)) & 1
+        logits = logits.masked_fill(bits == 0, float("-inf"))
+    if top_k:
+        kth = logits.topk(top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        ordered, order = logits.sort(dim=-1, descending=True)
+        probs = ordered.softmax(dim=-1)
+        drop = probs.cumsum(dim=-1) - probs >= top_p
+        logits = logits.scatter(-1, order, ordered.masked_fill(drop, float("-inf")))
+    probs = logits.softmax(dim=-1)
+    y = (probs / torch.empty_like(probs).exponential_()).argmax(dim=-1).view(n, width)
+    accept = (drafts == y[:, :-1]).long().cumprod(dim=1)
+    return y, accept.sum(dim=1) + 1
+
+
+def speed(head: str, rows_list, out: dict) -> None:
+    shape = HeadShape.from_name(head)
+    lm = torch.randn(shape.padded_vocab, shape.hidden_size, device="cuda", dtype=torch.bfloat16)
+    lm *= shape.hidden_size**-0.5
+    for rows in rows_list:
+        n = max(1, rows // (GAMMA + 1))
+        width = rows // n
+        g = torch.Generator(device="cuda").manual_seed(rows)
+        hidden = 4 * torch.randn(n, width, shape.hidden_size, device="cuda", generator=g)
+        hidden = hidden.to(torch.bfloat16)
+        drafts = torch.randint(0, shape.vocab_size, (n, width - 1), device="cuda", generator=g)
+        temperature = torch.ones(n, device="cuda")
+        seed = torch.arange(n, device="cuda") + 1
+        positions = torch.arange(n, device="cuda") * 7
+        words = -(-shape.vocab_size // 32)
+        mask = torch.randint(-(2**31), 2**31 - 1, (n, width, words), device="cuda", generator=g)
+        mask = mask.to(torch.int32)
+        args = (hidden, lm, drafts, temperature, seed, positions, shape.vocab_size)
+        portable = choose_config(
+            "verify_resample", rows, shape.hidden_size, shape.vocab_size, lm.dtype, lm.device,
+            hopper=False,
+        )  # fmt: skip
+        fns = {
+            "verify": functools.partial(kernel.verify_resample, *args),
+            "verify_portable": functools.partial(kernel.verify_resample, *args, config=portable),
+            "matmul": functools.partial(torch.matmul, hidden.view(-1, shape.hidden_size), lm.T),
+        }
+        unsettled = {}
+        for name, spec in TRUNCATIONS.items():
+            kwargs = {}
+            if spec.get("mask"):
+                kwargs["allowed_tokens"] = mask
+            if "top_k" in spec:
+                kwargs["top_k"] = torch.full((n,), spec["top_k"], device="cuda")
+            if "top_p" in spec:
+                kwargs["top_p"] = torch.full((n,), spec["top_p"], device="cuda")
+            fns[name] = functools.partial(kernel.verify_resample, *args, settle_only=True, **kwargs)
+            _, left = fns[name]()
+            unsettled[name] = round(left.float().mean().item(), 4)
+            fns["materialised_" + name] = functools.partial(
+                materialised, hidden, lm, drafts, temperature, shape.vocab_size,
+                top_k=spec.get("top_k", 0), top_p=spec.get("top_p", 1.0),
+                mask=mask if spec.get("mask") else None,
+            )  # fmt: skip
+        times = {k: statistics.median(v) for k, v in time_graphs(fns, 20, 200).items()}
+        entry = {"us": {k: round(v, 1) for k, v in times.items()}, "unsettled": unsettled}
+        out.setdefault(head, {})[rows] = entry
+        base = times["verify"]
+        ratios = " ".join(f"{k} {v:.1f} ({v / base:.2f})" for k, v in times.items())
+        print(f"{head} R={rows}: {ratios} | unsettled {unsettled}", flush=True)
+
+
+def settle_rate(rows_list, out: dict, files: int = 8, tokens: int = 512) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from flashspec_export.training import corpus
+
+    path = ROOT / "flashspec_export/presets/stdlib-tiny/target"
+    model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).cuda().eval()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    states = []
+    for file in corpus.stdlib_files():
+        if corpus.is_held_out(file):
+            ids = tokenizer.encode(corpus.read(file), add_special_tokens=False)[:tokens]
+            if len(ids) == tokens:
+                with torch.no_grad():
+                    x = model.model(torch.tensor([ids], device="cuda")).last_hidden_state[0]
+                states.append(x)
+        if len(states) == files:
+            break
+    hidden = torch.cat(states)  # [P, H]
+    lm = model.lm_head.weight.detach().contiguous()
+    vocab = lm.shape[0]
+    table = {}
+    for temperature in (0.7, 1.0):
+        for top_k, top_p in ((20, 1.0), (50, 1.0), (100, 1.0), (0, 0.8), (0, 0.9), (0, 0.95),
+                             (50, 0.9)):  # fmt: skip
+            for rows in rows_list:
+                left = total = 0
+                for start in range(0, hidden.shape[0] - rows + 1, rows):
+                    h = hidden[start : start + rows, None]
+                    n = rows
+                    kwargs = {"top_k": torch.full((n,), top_k, device="cuda")} if top_k else {}
+                    if top_p < 1:
+                        kwargs["top_p"] = torch.full((n,), top_p, device="cuda")
+                    _, unsettled = kernel.verify_resample(
+                        h, lm, torch.zeros(n, 0, dtype=torch.int64, device="cuda"),
+                        torch.full((n,), temperature, device="cuda"),
+                        torch.arange(n, device="cuda") + start, torch.full((n,), start,
+                        device="cuda"), vocab, settle_only=True, **kwargs,
+                    )  # fmt: skip
+                    left += int(unsettled.sum())
+                    total += n
+                key = f"T={temperature} top_k={top_k} top_p={top_p} R={rows}"
+                table[key] = round(left / total, 4)
+                print(f"stdlib-tiny {key}: unsettled {left}/{total}", flush=True)
+    # the op end to end (recomputation included) equals the reference on these rows
+    n = 64
+    kwargs = dict(
+        top_k=torch.full((n,), 50, device="cuda"), top_p=torch.full((n,), 0.9, device="cuda")
+    )
+    args = (hidden[:n, None], lm, torch.zeros(n, 0, dtype=torch.int64, device="cuda"),
+            torch.ones(n, device="cuda"), torch.arange(n, device="cuda"),
+            torch.zeros(n, dtype=torch.int64, device="cuda"))  # fmt: skip
+    fused = ops.verify_resample(*args, backend="triton", **kwargs)[0]
+    want = ops.verify_resample(*args, backend="reference", **kwargs)[0]
+    table["tokens_equal_reference_64_rows"] = bool(torch.equal(fused, want))
+    out["stdlib_tiny_unsettled"] = table
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--heads", nargs="+", default=["llama3-8b"])
+    parser.add_argument("--rows", nargs="+", type=int, default=[1, 4, 16, 64, 128, 512])
+    parser.add_argument("--settle-rows", nargs="+", type=int, default=[16, 128])
+    parser.add_argument("--candidates", type=int, default=kernel.CANDIDATES)
+    parser.add_argument("--no-speed", action="store_true", help="the settle rates only")
+    parser.add_argument("--json", type=pathlib.Path)
+    args = parser.parse_args()
+    kernel.CANDIDATES = args.candidates  # per (row, split); the kernel's constexpr
+    out = {"device": torch.cuda.get_device_name(), "candidates": args.candidates}
+    print(out, flush=True)
+    settle_rate(args.settle_rows, out)
+    for head in [] if args.no_speed else args.heads:
+        speed(head, args.rows, out)
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
