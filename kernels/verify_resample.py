@@ -105,22 +105,31 @@ def order_key(logits, ids):
 
 
 @triton.jit
-def _merge_candidates(cand, keys):
-    """The ``CANDIDATES`` largest of ``cand [ROWS, C]`` and a tile's ``keys [ROWS, BLOCK_V]``
-    (unique keys): the tile's keys above the row's smallest candidate, largest first, each
-    replacing the smallest while larger. A runtime loop of at most C rounds over the rows' largest
-    count above their floor, so a tile with nothing new costs one compare per element."""
-    C: tl.constexpr = cand.shape[1]
-    above = keys > tl.min(cand, 1)[:, None]
-    rounds = tl.minimum(tl.max(tl.sum(above.to(tl.int32), 1), 0), C)
+def column_top2(first, second, dropped, keys):
+    """Fold a tile's ``keys [ROWS, BLOCK_V]`` into the running state of each (row, column) of
+    the split's tiles: its two largest keys (``first > second``) and the largest it let go
+    (``dropped``). Elementwise: four int64 min / max per key, no reduction."""
+    low = tl.minimum(keys, first)
+    first = tl.maximum(keys, first)
+    dropped = tl.maximum(dropped, tl.minimum(low, second))
+    second = tl.maximum(low, second)
+    return first, second, dropped
+
+
+@triton.jit
+def select_candidates(first, second, dropped, C: tl.constexpr):
+    """The split's hand-in per row: ``[ROWS, C]`` keys taken largest first from the columns'
+    two, and the floor ``[ROWS]`` — the largest key of the split not handed in (EMPTY_KEY if
+    none). Every key of the split above the floor is handed in. C + 1 reductions, once a split."""
+    both = tl.join(first, second)  # [ROWS, BLOCK_V, 2]
     slot = tl.arange(0, C)[None, :]
-    for _ in range(0, rounds):
-        best = tl.max(tl.where(above, keys, EMPTY_KEY), 1)
-        low, low_slot = tl.min(cand, 1, return_indices=True, return_indices_tie_break_left=True)
-        replace = (slot == low_slot[:, None]) & (best > low)[:, None]
-        cand = tl.where(replace, best[:, None], cand)
-        above &= keys != best[:, None]
-    return cand
+    cand = tl.full([first.shape[0], C], EMPTY_KEY, tl.int64)
+    for j in tl.static_range(C):
+        best = tl.max(tl.max(both, 2), 1)
+        cand = tl.where(slot == j, best[:, None], cand)
+        both = tl.where(both == best[:, None, None], EMPTY_KEY, both)
+    floor = tl.maximum(tl.max(tl.max(both, 2), 1), tl.max(dropped, 1))
+    return cand, floor
 
 
 @triton.jit
@@ -147,7 +156,7 @@ def _verify_tiles_kernel(
     ws_index_ptr,  # [R, S] int32: best_index
     truncated_ptr,  # [N] int32: 1 where top-k / top-p apply (only with CANDIDATES)
     allowed_ptr,  # [R, W] int32 allowed-token bit masks (only with MASKED)
-    cand_ptr,  # [R, S, CANDIDATES] int64 out: the split's largest order keys (with CANDIDATES)
+    cand_ptr,  # [R, S, CANDIDATES + 1] int64 out: the split's hand-in and its floor (last)
     num_rows,  # R = N · (γ + 1)
     gamma,
     vocab_size,
@@ -169,7 +178,7 @@ def _verify_tiles_kernel(
     BLOCK_H: tl.constexpr,
     EPI_ROWS: tl.constexpr,  # rows the epilogue scores: BLOCK_N, or fewer when R is below it
     MASKED: tl.constexpr = False,  # apply allowed_tokens (read once per tile)
-    CANDIDATES: tl.constexpr = 0,  # > 0: keep each split's CANDIDATES largest (logit, id)
+    CANDIDATES: tl.constexpr = 0,  # > 0: hand in CANDIDATES (logit, id) keys per split
 ):
     pid_r = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -201,7 +210,9 @@ def _verify_tiles_kernel(
     sampled = row_ok & (temperature >= GREEDY_BELOW)
     if CANDIDATES > 0:
         sampled &= tl.load(truncated_ptr + seq, mask=row_ok, other=0) == 0
-        cand = tl.full([EPI_ROWS, CANDIDATES], EMPTY_KEY, tl.int64)
+        first = tl.full([EPI_ROWS, BLOCK_V], EMPTY_KEY, tl.int64)
+        second = first
+        dropped = first
     any_sampled = tl.max(tl.where(sampled, 1, 0), 0) > 0
 
     m = tl.full([EPI_ROWS], float("-inf"), tl.float32)
@@ -243,7 +254,9 @@ def _verify_tiles_kernel(
                 _allowed(allowed_ptr, rows, row_ok, tile, num_words, BLOCK_V), logits, float("-inf")
             )
         if CANDIDATES > 0:
-            cand = _merge_candidates(cand, order_key(logits, cols[None, :]))
+            first, second, dropped = column_top2(
+                first, second, dropped, order_key(logits, cols[None, :])
+            )
 
         # Gumbel-max sample: 7 32-bit multiply-mods and 2 logs per element, in registers.
         if any_sampled:
@@ -275,10 +288,11 @@ def _verify_tiles_kernel(
         tl.store(ws_float_ptr + F_MAX * plane + ws_off, m, mask=row_ok)
         tl.store(ws_float_ptr + F_SUM_EXP * plane + ws_off, s, mask=row_ok)
     if CANDIDATES > 0:
+        cand, floor = select_candidates(first, second, dropped, CANDIDATES)
         slot = tl.arange(0, CANDIDATES)
-        tl.store(
-            cand_ptr + ws_off[:, None] * CANDIDATES + slot[None, :], cand, mask=row_ok[:, None]
-        )
+        out = cand_ptr + ws_off * (CANDIDATES + 1)
+        tl.store(out[:, None] + slot[None, :], cand, mask=row_ok[:, None])
+        tl.store(out + CANDIDATES, floor, mask=row_ok)
 
 
 @triton.jit(do_not_specialize=["num_rows", "gamma", "num_splits", "stride_dn"])
@@ -469,10 +483,12 @@ def verify_resample(
     else:
         tiles_per_split = triton.cdiv(triton.cdiv(vocab_size, config.block_v), splits)
         truncated = candidates = None
+        if allowed_tokens is not None:
+            allowed_tokens = allowed_tokens.contiguous()  # read as [R, W] rows
         if truncating:
             truncated = _truncated_sequences(top_k, top_p, n, device)
             (candidates,) = launch_workspace(
-                device, "verify_candidates", ((rows, splits, CANDIDATES), torch.int64)
+                device, "verify_candidates", ((rows, splits, CANDIDATES + 1), torch.int64)
             )
         words = truncation.words_for(vocab_size)
         _verify_tiles_kernel[(triton.cdiv(rows, config.block_n), splits)](
@@ -543,7 +559,7 @@ def verify_resample(
 
 # Candidates kept per (row, split) for top-k / top-p: the exact kept set is settled from them when
 # it lies inside the keys every split has handed in (``_truncated_summaries``).
-CANDIDATES = 16
+CANDIDATES = 32
 _EMPTY_KEY = -(2**63)
 
 
@@ -577,50 +593,56 @@ def _truncated_summaries(
     """Stage 2 of the truncated rows: their kept set from the candidates, their sample, and their
     summaries rewritten as one split (the finalize then accepts and emits as for any row).
 
-    Per row, every split hands in its ``CANDIDATES`` largest order keys; a split that had more
-    tokens than that (its smallest candidate a finite logit) may hide tokens below its smallest
-    one. So the candidates at or above the largest such floor are, in order, an exact prefix of
-    the row's (descending logit, ascending id) order — all of the row when no split was full.
-    The kept set is settled inside that prefix when top-k's k tokens lie in it, or (top-p alone)
-    when the nucleus ends inside it, the normaliser then being the LSE of every allowed token from
-    the stage-1 online softmax. The sample is the Gumbel-max over the kept candidates with the
-    same noise (``reference.noise``), ties to the lowest id; the log-probability's LSE is the kept
-    set's. Rows it does not settle are returned ([R] bool) for ``_recompute``.
+    Per row, every split hands in ``CANDIDATES`` order keys and a floor, the largest key it did
+    not hand in (``select_candidates``). So the handed-in keys above the largest floor of the row
+    are, in order, an exact prefix of the row's (descending logit, ascending id) order — all of
+    the row when no split left out a finite logit. The kept set is settled inside that prefix when
+    top-k's k tokens lie in it, or (top-p alone) when the nucleus ends inside it, the normaliser
+    then being every allowed token's, from the stage-1 online softmax. Probabilities are formed
+    as the reference's softmax does, ``exp(l - max) / Σ exp(l - max)``. The sample is the
+    Gumbel-max over the kept candidates with the same noise (``reference.noise``), ties to the
+    lowest id; the log-probability's LSE is the kept set's. Rows it does not settle are returned
+    ([R] bool) for ``_recompute``.
 
     The mass before each token is summed here in another order than the reference's, so a
     token whose mass-before lies within float rounding of p may be kept by one and not the other.
     """
-    rows, splits, slots = candidates.shape
+    rows, splits, _ = candidates.shape
     n = temperature.shape[0]
     width = rows // n
     device = candidates.device
+    inf = float("inf")
 
     def per_row(t):
         return t.repeat_interleave(width)
 
-    floor = candidates.amin(dim=-1)  # [R, S]
-    full = (floor != _EMPTY_KEY) & (decode_keys(floor)[0] > float("-inf"))
-    tau = torch.where(full, floor, _EMPTY_KEY).amax(dim=-1)  # [R]
-    keys = candidates.reshape(rows, splits * slots).sort(dim=-1, descending=True).values
+    floor = candidates[..., -1]  # [R, S]: the largest key a split did not hand in
+    hidden_finite = (floor != _EMPTY_KEY) & (decode_keys(floor)[0] > -inf)
+    tau = torch.where(hidden_finite, floor, _EMPTY_KEY).amax(dim=-1)  # [R]
+    keys = candidates[..., :-1].reshape(rows, -1).sort(dim=-1, descending=True).values
     logit, ids = decode_keys(keys)
-    known = (keys >= tau[:, None]) & (keys != _EMPTY_KEY) & (logit > float("-inf"))
-    complete = tau == _EMPTY_KEY  # every split handed in all its tokens
-    rank = torch.arange(splits * slots, device=device)
+    known = (keys > tau[:, None]) & (keys != _EMPTY_KEY) & (logit > -inf)
+    complete = tau == _EMPTY_KEY  # every finite logit of the row was handed in
+    rank = torch.arange(keys.shape[1], device=device)
     k = per_row(top_k) if top_k is not None else torch.zeros(rows, dtype=torch.int64, device=device)
     p = per_row(top_p) if top_p is not None else torch.ones(rows, device=device)
     keep = known & ((k[:, None] == 0) | (rank[None, :] < k[:, None]))
     top_k_on = k > 0
     top_k_known = top_k_on & (k <= known.sum(dim=-1))
 
+    # softmax over the kept set (top-k on) or over every allowed token (stage 1's online sums)
     floats = workspace.floats
     m = floats[_MAX]
     big_m = m.amax(dim=-1)
-    finite_m = torch.where(big_m == float("-inf"), 0.0, big_m)
-    lse_all = finite_m + torch.log((floats[_SUM_EXP] * torch.exp(m - finite_m[:, None])).sum(-1))
-    lse = torch.where(
-        top_k_on, torch.logsumexp(logit.masked_fill(~keep, float("-inf")), -1), lse_all
+    finite_m = torch.where(big_m == -inf, 0.0, big_m)
+    total_all = (floats[_SUM_EXP] * torch.exp(m - finite_m[:, None])).sum(dim=-1)
+    top = torch.where(keep[:, 0], logit[:, 0], 0.0)  # the largest kept logit
+    total_kept = torch.exp(logit - top[:, None]).masked_fill(~keep, 0.0).sum(dim=-1)
+    shift = torch.where(top_k_on, top, finite_m)
+    probs = (
+        torch.exp(logit - shift[:, None]) / torch.where(top_k_on, total_kept, total_all)[:, None]
     )
-    probs = torch.exp(logit - lse[:, None]).masked_fill(~keep, 0.0)
+    probs = probs.masked_fill(~keep, 0.0)
     before = torch.cumsum(probs, dim=-1) - probs
     nucleus = keep & ((p[:, None] >= 1.0) | (before < p[:, None]))
     nucleus[:, 0] |= keep[:, 0]  # the top token is always kept

@@ -126,32 +126,82 @@ def test_order_keys_follow_the_truncation_order():
     assert ids.tolist() == list(range(8))
 
 
-def test_merged_candidates_are_the_largest_keys():
-    """``_merge_candidates`` over tiles keeps exactly each row's CANDIDATES largest keys, on
-    rows with many, few and no keys above the running floor (ties of equal logits included)."""
+def test_the_hand_in_holds_every_key_above_its_floor():
+    """``column_top2`` over a split's tiles, then ``select_candidates``: the floor is the largest
+    key not handed in, and the handed-in keys above it are exactly the split's keys above it —
+    on rows with many, few and no new keys per tile, ties of equal logits, -inf logits, and a
+    column holding three of the largest keys (one of them dropped: the floor)."""
     import triton.language as tl
 
-    C, ROWS, B, TILES = 4, 4, 16, 3
+    C, ROWS, B, TILES = 4, 8, 16, 3
 
     @triton.jit
-    def merge_kernel(x_ptr, out_ptr, ROWS: tl.constexpr, B: tl.constexpr, C: tl.constexpr,
-                     TILES: tl.constexpr):  # fmt: skip
+    def hand_in_kernel(x_ptr, out_ptr, floor_ptr, ROWS: tl.constexpr, B: tl.constexpr,
+                       C: tl.constexpr, TILES: tl.constexpr):  # fmt: skip
         r = tl.arange(0, ROWS)
-        cand = tl.full([ROWS, C], kernels.EMPTY_KEY, tl.int64)
+        first = tl.full([ROWS, B], kernels.EMPTY_KEY, tl.int64)
+        second = first
+        dropped = first
         for t in range(TILES):
             ids = t * B + tl.arange(0, B)
             logits = tl.load(x_ptr + r[:, None] * (TILES * B) + ids[None, :])
-            cand = kernels._merge_candidates(cand, kernels.order_key(logits, ids[None, :]))
+            first, second, dropped = kernels.column_top2(
+                first, second, dropped, kernels.order_key(logits, ids[None, :])
+            )
+        cand, floor = kernels.select_candidates(first, second, dropped, C)
         tl.store(out_ptr + r[:, None] * C + tl.arange(0, C)[None, :], cand)
+        tl.store(floor_ptr + r, floor)
 
     g = torch.Generator().manual_seed(3)
     x = torch.randn(ROWS, TILES * B, generator=g)
     x[1] = torch.arange(TILES * B, dtype=torch.float32)  # rising: every tile replaces all
     x[2] = -torch.arange(TILES * B, dtype=torch.float32)  # falling: later tiles add nothing
     x[3] = torch.round(x[3])  # many equal logits: ties by the lower id
-    x, out = x.to(DEVICE), torch.empty(ROWS, C, dtype=torch.int64, device=DEVICE)
-    merge_kernel[(1,)](x, out, ROWS=ROWS, B=B, C=C, TILES=TILES)
-    _, ids = kernels.decode_keys(out.sort(dim=1, descending=True).values)
+    x[4] = float("-inf")
+    x[4, [5, 5 + B, 5 + 2 * B]] = torch.tensor([3.0, 2.0, 1.0])  # one column, three keys
+    x = x.to(DEVICE)
+    out = torch.empty(ROWS, C, dtype=torch.int64, device=DEVICE)
+    floor = torch.empty(ROWS, dtype=torch.int64, device=DEVICE)
+    hand_in_kernel[(1,)](x, out, floor, ROWS=ROWS, B=B, C=C, TILES=TILES)
+    ids = torch.arange(TILES * B, device=DEVICE)
     for row in range(ROWS):
-        order = sorted(range(TILES * B), key=lambda v: (-x[row, v].item(), v))[:C]
-        assert ids[row].tolist() == order
+        handed = set(kernels.decode_keys(out[row])[1].tolist())
+        left = [v for v in ids.tolist() if v not in handed]
+        best_left = max(left, key=lambda v: (x[row, v].item(), -v))
+        assert kernels.decode_keys(floor[row])[1].item() == best_left
+        above = {
+            v
+            for v in ids.tolist()
+            if (x[row, v].item(), -v) > (x[row, best_left].item(), -best_left)
+        }
+        assert above <= handed
+    assert kernels.decode_keys(floor[4])[0].item() == 1.0  # the dropped third of one column
+
+
+@pytest.mark.parametrize(
+    ("truncate", "kept"),
+    [
+        (dict(top_p=0.5), {0, 1, 2, 3}),  # mass before token 4 is 0.5 exactly: not < p
+        (dict(top_k=3), {0, 1, 2}),  # eight equal logits: the lower ids
+        (dict(top_k=6, top_p=0.5), {0, 1, 2}),  # renormalised over six: 3/6 before token 3
+    ],
+)
+def test_boundaries_on_equal_logits(truncate, kept):
+    """Golden cases on eight equal logits (exact probabilities): the strict top-p cutoff and
+    top-k ties to the lower id; 256 seeds make a mutant's extra token all but certain to show."""
+    n = 256
+    truncate = {
+        k: torch.full((n,), v, device=DEVICE, dtype=torch.int64 if k == "top_k" else None)
+        for k, v in truncate.items()
+    }
+    tokens, _ = ops.verify_resample(
+        torch.zeros(n, 1, 8, device=DEVICE),
+        torch.eye(8, device=DEVICE),
+        torch.zeros(n, 0, dtype=torch.int64, device=DEVICE),
+        1.0,
+        torch.arange(n, device=DEVICE),
+        0,
+        backend=runnable("triton"),
+        **truncate,
+    )
+    assert set(tokens[:, 0].tolist()) == kept
