@@ -11,7 +11,7 @@ trained LM's spread at T ~ 1, where a 0.9 nucleus holds a few hundred of 128k to
 - ``mask``: an allowed-token mask (random bits, half the vocabulary);
 - ``top_k_50``, ``top_k_1024``, ``top_p_0.9``, ``top_k_50_top_p_0.9``: the fused truncation with
   ``settle_only`` (no host read; the recomputation of unsettled rows is not timed, their share is
-  printed);
+  printed); ``top_k_50_stage1``: its tile pass and finalize without stage 2 (where the time goes);
 - ``materialised_*``: fp32 logits, the mask expanded from its bits, ``topk`` threshold, a sorted
   cumulative softmax for top-p, softmax, an exponential race with torch's RNG, drafts accepted
   while equal — what vLLM-style samplers do;
@@ -78,6 +78,21 @@ def materialised(hidden, lm_head, drafts, temperature, vocab_size, top_k=0, top_
     return y, accept.sum(dim=1) + 1
 
 
+def _stage1_only(*args, **kwargs):
+    """The truncating launch without its stage 2 (``_truncated_summaries`` skipped while a graph
+    captures it): the tile pass and the finalize."""
+    saved = kernel._truncated_summaries
+
+    def skip(workspace, candidates, *rest):
+        return torch.zeros(candidates.shape[0], dtype=torch.bool, device=candidates.device)
+
+    kernel._truncated_summaries = skip
+    try:
+        return kernel.verify_resample(*args, settle_only=True, **kwargs)
+    finally:
+        kernel._truncated_summaries = saved
+
+
 def speed(head: str, rows_list, out: dict) -> None:
     shape = HeadShape.from_name(head)
     lm = torch.randn(shape.padded_vocab, shape.hidden_size, device="cuda", dtype=torch.bfloat16)
@@ -115,6 +130,8 @@ def speed(head: str, rows_list, out: dict) -> None:
             if "top_p" in spec:
                 kwargs["top_p"] = torch.full((n,), spec["top_p"], device="cuda")
             fns[name] = functools.partial(kernel.verify_resample, *args, settle_only=True, **kwargs)
+            if name == "top_k_50":
+                fns[name + "_stage1"] = functools.partial(_stage1_only, *args, **kwargs)
             _, left = fns[name]()
             unsettled[name] = round(left.float().mean().item(), 4)
             fns["materialised_" + name] = functools.partial(
