@@ -1,10 +1,13 @@
-"""Speculative generation with an export's graphs in onnxruntime, or its TensorRT engines: text
-prompts through the export's tokenizer (streamed as tokens are accepted), or random token ids.
+"""Speculative generation with an export's graphs in onnxruntime, its TensorRT engines, or the
+PyTorch modules it was made from in the device-resident loop (--device cuda: fused layers, one
+CUDA graph per step; --device cpu: the same loop on the CPU): text prompts through the export's
+tokenizer (streamed as tokens are accepted), or random token ids.
 
 python scripts/generate.py out/stdlib-tiny-mtp --prompt "def parse_args(" --temperature 0
 python scripts/generate.py out/stdlib-tiny-mtp --prompt-file f.py --stop "\\n\\n\\n" --select ucb1
 python scripts/generate.py out/tiny-llama-mtp --check     # random ids; PyTorch: same tokens?
 python scripts/generate.py out/tiny-llama-mtp --engines   # TensorRT (scripts/build_engines.py)
+python scripts/generate.py out/stdlib-tiny-mtp --prompt "def parse_args(" --device cuda
 """
 
 from __future__ import annotations
@@ -50,6 +53,11 @@ def main() -> None:
     add("--select", choices=sorted(POLICIES), help="choose drafter and gamma online (bandit)")
     add("--check", action="store_true", help="compare with the PyTorch modules")
     add("--engines", action="store_true", help="run <export>/engines with TensorRT (GPU)")
+    add(
+        "--device",
+        choices=["cpu", "cuda"],
+        help="run the device loop here: the PyTorch modules the export was made from",
+    )
     add("--metrics-json", default=None, help="also write the metrics as JSON")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
@@ -73,6 +81,7 @@ def main() -> None:
         stop,
         args.select,
         echo if live else None,
+        device=args.device,
     )
     if live:
         sys.stdout.write(prompts[0])
@@ -89,7 +98,8 @@ def main() -> None:
     else:
         for row, tokens in enumerate(result.tokens):
             print(f"sequence {row}: {report.prompt[row]} -> {tokens}")
-    print(f"-- {'TensorRT' if args.engines else 'onnxruntime, CPU'}")
+    backend = "TensorRT" if args.engines else "onnxruntime, CPU"
+    print(f"-- {f'device loop, {args.device}' if args.device else backend}")
     print(result.metrics.summary())
     if args.metrics_json:
         pathlib.Path(args.metrics_json).write_text(json.dumps(result.metrics.to_json(), indent=1))

@@ -140,6 +140,20 @@ GENERATE_CASES = {
     "seed + batch beyond int64": (["--seed", str(2**63 - 1)], "exceeds 9223372036854775807"),
     "prompt too short": (["--prompt-len", "1"], "prompt_len: expected at least 2, got 1"),
     "unknown stop escape": (["--stop", "\\q"], "unknown escape \\q in '\\\\q'"),
+    "unknown device": (["--device", "gpu"], "argument --device: invalid choice: 'gpu'"),
+    "device and engines": (
+        ["--device", "cpu", "--engines"],
+        "device: --device runs the PyTorch modules, --engines the TensorRT engines; give one",
+    ),
+    "device and select": (
+        ["--device", "cpu", "--select", "ucb1"],
+        "device: the device loop runs the export's drafter at its gamma; --select needs",
+    ),
+    "device for the n-gram drafter": (
+        ["--device", "cpu"],
+        "device: --device takes the mtp, eagle, model drafters, not yet ngram; run the export "
+        "without --device",
+    ),
 }
 
 
@@ -148,6 +162,13 @@ def test_generate_refuses(case, ngram_export, capsys):
     args, message = GENERATE_CASES[case]
     code, err = run_script("generate.py", ngram_export, *args, capsys=capsys)
     assert code == 2 and message in err, err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without GPU")
+def test_generate_device_cuda_says_it_needs_a_gpu(ngram_export, capsys):
+    code, err = run_script("generate.py", ngram_export, "--device", "cuda", capsys=capsys)
+    assert code == 2 and "device: --device cuda needs a CUDA GPU" in err, err
+    assert "--device cpu runs the same loop on the CPU" in err
 
 
 SIZE_CASES = {

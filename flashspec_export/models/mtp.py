@@ -22,6 +22,14 @@ from flashspec_export.models.target import TargetStep, run_layers, select_rows
 from flashspec_export.ops import torch_ops  # noqa: F401  (registers torch.ops.flashspec)
 
 
+def _norm(module: nn.Module, fused):
+    """``module`` (an RMSNorm, or EAGLE's identity) as a function: one launch of ``fused``'s
+    norm where it is given and the module has weights."""
+    if fused is None or isinstance(module, nn.Identity):
+        return module
+    return functools.partial(fused.norm, module=module)
+
+
 class MtpDrafter(nn.Module):
     """One MTP step.
 
@@ -75,9 +83,7 @@ class MtpDrafter(nn.Module):
         """The MTP layer without its LM head: (normed row ``last_row`` [N, H] for the argmax,
         that row's hidden [N, 1, H], k_cache, v_cache); ``inplace`` writes the given caches,
         ``fused`` (a ``models.fused.FusedLayers`` of ``self.layers``) runs its kernels in place."""
-        norm = self.norm if fused is None else functools.partial(fused.norm, module=self.norm)
-        enorm = self.enorm if fused is None else functools.partial(fused.norm, module=self.enorm)
-        hnorm = self.hnorm if fused is None else functools.partial(fused.norm, module=self.hnorm)
+        norm, enorm, hnorm = (_norm(m, fused) for m in (self.norm, self.enorm, self.hnorm))
         x = self.eh_proj(torch.cat([enorm(self.embed_tokens(tokens)), hnorm(hidden)], dim=-1))
         if fused is not None:
             x = fused(x, positions, k_cache, v_cache)

@@ -1,22 +1,29 @@
 """The speculative loop resident on one device: the GPU backend of the runtime.
 
-The target and an MTP drafter run as PyTorch modules where their weights are (bf16 on a GPU),
-the FlashSpec ops on the Triton kernels there (the reference on CPU), and every tensor of the
-loop stays on the device: the static KV caches are written in place, each sequence has its own
-length, and a step's ragged acceptance advances each sequence by its own ``num_emitted`` in
-device memory. On CUDA the decoder layers run fused (``models/fused.py``: nine launches a
-layer, attention over each sequence's live prefix) and a whole step — the target over the last
-token and the drafts, verify, the bookkeeping, then the draft chain for the next step — is one
-CUDA graph (the prompt's prefill too, one graph per prompt length). The host never waits inside
-a step: it replays as many steps as cannot finish every
-sequence (the slowest one's remaining tokens / (γ + 1)) back to back, then reads the counts once;
-each step's ``num_emitted`` goes to a device-side record that is read at the end (the metrics).
+The target and its drafter (MTP, EAGLE or a standalone draft model) run as PyTorch modules where
+their weights are (bf16 on a GPU), the FlashSpec ops on the Triton kernels there (the reference
+on CPU), and every tensor of the loop stays on the device: the static KV caches are written in
+place, each sequence has its own length, and a step's ragged acceptance advances each sequence
+by its own ``num_emitted`` in device memory. Prompts of different lengths are right-padded for
+the prefill, as ``loop.generate`` does. On CUDA the decoder layers run fused
+(``models/fused.py``: nine launches a layer, attention over each sequence's live prefix) and a
+whole step — the target over the last token and the drafts, verify, the bookkeeping, then the
+draft chain for the next step — is one CUDA graph (the prompt's prefill too, one graph per
+padded prompt length).
 
-The rule is ``loop.generate``'s, step for step: same modules and seeds, same tokens
-(``tests/runtime/test_device_loop.py``). ``verify`` / ``argmax`` are pluggable so that the decode
-benchmark runs the same loop with the materialised sampler and matmul + argmax drafting, and
-``draft_filter`` rewrites the drafts inside the draft graph (the benchmark's drafter of known
-acceptance).
+The host never waits inside a step: it replays a round of steps back to back — as many as cannot
+finish the slowest unfinished sequence (its remaining tokens / (γ + 1)) — then reads the round's
+record (each step's kept ``num_emitted`` and who was unfinished) and the tokens it wrote, once.
+It hands them to the stream (``runtime/text.py``: EOS, stop strings) step by step, as
+``loop.generate`` does, so the stream cuts each sequence where the host loop would: the tokens
+past a stop are dropped and not counted, and the stopped sequence idles from the next round on.
+A stop costs at most the rest of its round on the device, never a wait inside it.
+
+The rule is ``loop.generate``'s, step for step: same modules and seeds, same tokens, text and
+metrics (``tests/runtime/test_device_loop.py``). ``verify`` / ``argmax`` are pluggable so that
+the decode benchmark runs the same loop with the materialised sampler and matmul + argmax
+drafting, and ``draft_filter`` rewrites the drafts inside the draft graph (the benchmark's
+drafter of known acceptance).
 """
 
 from __future__ import annotations
@@ -27,11 +34,12 @@ from collections.abc import Callable
 
 import torch
 
+from flashspec_export.models.drafters import ModelDrafter
 from flashspec_export.models.fused import FusedLayers
 from flashspec_export.models.mtp import MtpDrafter
-from flashspec_export.models.target import TargetStep
+from flashspec_export.models.target import TargetStep, select_rows
 from flashspec_export.ops import registry
-from flashspec_export.runtime.loop import as_prompts, check_request
+from flashspec_export.runtime.loop import Stream, as_prompts, check_request
 from flashspec_export.runtime.metrics import Metrics
 
 # verify(hidden [N, γ+1, H], lm_head, drafts [N, γ], temperature, seed, positions, vocab_size)
@@ -64,7 +72,8 @@ class DeviceLoop:
     ----------
     causal_lm : a HF Llama / Qwen causal LM (``models.target.SUPPORTED_MODEL_TYPES``), already on
         its device and dtype
-    drafter : an ``MtpDrafter`` of it (same device and dtype), or None with ``gamma = 0``
+    drafter : an ``MtpDrafter`` (or ``EagleDrafter``) of it or a ``ModelDrafter`` (same device
+        and dtype), or None with ``gamma = 0``
     gamma : drafts per step (0: plain decoding)
     verify, argmax : the ops (default ``fused_ops``)
     graphs : capture CUDA graphs (default: on CUDA)
@@ -80,7 +89,7 @@ class DeviceLoop:
     def __init__(
         self,
         causal_lm: torch.nn.Module,
-        drafter: MtpDrafter | None,
+        drafter: MtpDrafter | ModelDrafter | None,
         batch: int,
         max_len: int,
         gamma: int,
@@ -108,14 +117,20 @@ class DeviceLoop:
         self.use_graphs = device.type == "cuda" if graphs is None else graphs
         self.split_timing = split_timing
         self._graphs: list[torch.cuda.CUDAGraph] | None = None
-        self._prefills: dict[int, tuple[torch.Tensor, torch.cuda.CUDAGraph]] = {}
+        # per padded prompt length: its tokens' and lengths' buffers and its graph
+        self._prefills: dict[int, tuple[torch.Tensor, torch.Tensor, torch.cuda.CUDAGraph]] = {}
         self.target_layers = self.draft_layers = None
         if device.type == "cuda" if fused is None else fused:
             decoder = self.target.decoder
             self.target_layers = FusedLayers(
                 decoder.layers, decoder.rotary_emb, self.target.geometry
             )
-            if drafter is not None:
+            if isinstance(drafter, ModelDrafter):
+                step = drafter.step
+                self.draft_layers = FusedLayers(
+                    step.decoder.layers, step.decoder.rotary_emb, step.geometry
+                )
+            elif drafter is not None:
                 self.draft_layers = FusedLayers(
                     drafter.layers, drafter.rotary_emb, drafter.geometry
                 )
@@ -132,11 +147,11 @@ class DeviceLoop:
             self.dk = zeros(drafter.cache_shape(batch, max_len), dtype)
             self.dv = torch.zeros_like(self.dk)
         # per sequence: the cache length (= position of the last accepted token), that token,
-        # tokens generated so far, unfinished; the generated tokens (last column: a dump slot)
-        self.pos, self.last, self.count = zeros(n), zeros(n), zeros(n)
+        # tokens generated so far, the most it may generate (lowered to the count when the
+        # stream stops it), unfinished; the generated tokens (last column: a dump slot)
+        self.pos, self.last, self.count, self.limit = zeros(n), zeros(n), zeros(n), zeros(n)
         self.active = zeros(n, torch.bool)
         self.out = zeros((n, max_len + 1))
-        self.new_tokens = zeros(())
         self.temperature, self.seed = zeros(n, torch.float32), zeros(n)
         self.drafts = zeros((n, gamma))
         # the target step's positions and output (its hidden states: the drafter's catch-up
@@ -144,31 +159,43 @@ class DeviceLoop:
         self.step_pos = zeros(n)
         self.hidden = zeros((n, width, hidden), dtype)
         self.pending = (self.hidden, zeros((n, width)), zeros(n) + 1, zeros(n))
-        # per step (a device-side record the host reads at the end): tokens kept (num_emitted up
-        # to new_tokens) and unfinished before the step; steps taken
+        # per step (a device-side record the host reads after each round): tokens kept
+        # (num_emitted up to the limit) and unfinished before the step; steps taken
         self.records = zeros((max_len + 1, 2, n))
         self.steps_taken = zeros(1)
         self._rows = torch.arange(width, device=device)
 
     # ---- the pieces of a step
 
+    def _draft_call(self, hidden, tokens, position, last_row):
+        """One drafter call over ``tokens [N, T]`` at ``position [N]`` (of ``tokens[:, 0]``),
+        drafting from row ``last_row [N]``: (draft [N], the hidden [N, 1, H] a feature drafter
+        feeds its next call, or None). A feature drafter (MTP / EAGLE) pairs ``hidden [N, T, H]``
+        (the target's or its own, one position earlier) with the tokens; a draft model reads
+        the tokens alone, with its own LM head."""
+        if isinstance(self.drafter, ModelDrafter):
+            step = self.drafter.step
+            out, _, _ = step(
+                tokens, position, self.dk, self.dv, inplace=True, fused=self.draft_layers
+            )
+            row = select_rows(out, last_row)[:, 0]  # [N, H]
+            return self.argmax(row, self.drafter.lm_head, self.vocab_size), None
+        normed, x, _, _ = self.drafter.features(
+            hidden, tokens, position - 1, last_row, self.dk, self.dv, True, self.draft_layers
+        )
+        return self.argmax(normed, self.lm_head, self.vocab_size), x
+
     def _draft(self, hidden, tokens, first_position, last_row) -> None:
         """γ greedy drafts into ``self.drafts``: one catch-up call over the last step's rows
         (tokens at ``first_position`` ..), drafting from ``last_row``, then γ - 1 single calls."""
         if self.gamma == 0:
             return
-        mtp, zeros, fused = self.drafter, torch.zeros_like(last_row), self.draft_layers
-        normed, x, _, _ = mtp.features(
-            hidden, tokens, first_position - 1, last_row, self.dk, self.dv, True, fused
-        )
-        draft = self.argmax(normed, self.lm_head, self.vocab_size)
+        zeros = torch.zeros_like(last_row)
+        draft, x = self._draft_call(hidden, tokens, first_position, last_row)
         self.drafts[:, 0] = draft
         position = first_position + last_row + 1  # of the draft just made
         for j in range(1, self.gamma):
-            normed, x, _, _ = mtp.features(
-                x, draft[:, None], position - 1, zeros, self.dk, self.dv, True, fused
-            )
-            draft = self.argmax(normed, self.lm_head, self.vocab_size)
+            draft, x = self._draft_call(x, draft[:, None], position, zeros)
             self.drafts[:, j] = draft
             position = position + 1
         if self.draft_filter is not None:
@@ -200,7 +227,7 @@ class DeviceLoop:
             self.vocab_size,
         )
         num = torch.where(active, num, 0)
-        kept = torch.minimum(num, self.new_tokens - self.count)  # the metrics count what is kept
+        kept = torch.minimum(num, self.limit - self.count)  # the metrics count what is kept
         self.records.index_copy_(0, self.steps_taken, torch.stack([kept, active.long()])[None])
         self.steps_taken.add_(1)
         valid = self._rows[None, :] < num[:, None]
@@ -208,14 +235,14 @@ class DeviceLoop:
         self.out.scatter_(1, columns, torch.where(valid, emitted, 0))
         last_emitted = emitted.gather(1, (num - 1).clamp(min=0)[:, None])[:, 0]
         self.last.copy_(torch.where(active, last_emitted, self.last))
-        finished = self.count + num >= self.new_tokens
+        finished = self.count + num >= self.limit
         _, tokens_in, position_in, row_in = self.pending
         tokens_in.copy_(emitted.clamp(min=0))
         position_in.copy_(torch.where(finished, 0, self.pos) + 1)
         row_in.copy_(num.clamp(min=1) - 1)
         self.count.add_(num)
         self.pos.add_(num)
-        self.active.copy_(self.count < self.new_tokens)
+        self.active.copy_(self.count < self.limit)
 
     def _pieces(self) -> list[Callable[[], None]]:
         """A step: the target's verify of the current drafts, then the next step's drafts (as
@@ -253,18 +280,21 @@ class DeviceLoop:
     @torch.no_grad()
     def generate(
         self,
-        prompt: torch.Tensor,
+        prompt,
         new_tokens: int,
         temperature: torch.Tensor,
         seed: torch.Tensor,
+        stream: Stream | None = None,
     ) -> tuple[list[list[int]], Metrics]:
-        """``new_tokens`` per sequence after ``prompt [N, T0]`` (T0 >= 2), as ``loop.generate``.
+        """Up to ``new_tokens`` per sequence after ``prompt`` ([N, T0] or N lists of token ids
+        of any lengths >= 2), as ``loop.generate``: ``stream`` (``runtime.text.TextStream``)
+        sees each step's tokens and may stop a sequence early (EOS, stop strings).
 
-        Returns the generated tokens and the run's metrics.
+        temperature : [N] float32 (0: greedy); seed : [N] int64
+        Returns the generated tokens per sequence and the run's metrics.
         """
-        check_request(
-            as_prompts(prompt), new_tokens, self.gamma, temperature, self.batch, self.max_len
-        )
+        prompts = as_prompts(prompt)
+        check_request(prompts, new_tokens, self.gamma, temperature, self.batch, self.max_len)
         if self.use_graphs and self._graphs is None:
             self._capture()
         timed = self.device.type == "cuda"
@@ -272,61 +302,107 @@ class DeviceLoop:
         sync = torch.cuda.synchronize if timed else (lambda: None)
         sync()
         start = time.perf_counter()
-        prompt = prompt.to(self.device)
-        n, prompt_len = prompt.shape
+        n = len(prompts)
+        lengths = torch.tensor([len(p) for p in prompts])
+        longest = int(lengths.max())
+        # right-padded with each prompt's last token (loop.generate's padding)
+        padded = torch.tensor([p + p[-1:] * (longest - len(p)) for p in prompts])
         self.temperature.copy_(temperature)
         self.seed.copy_(seed)
-        self.new_tokens.fill_(new_tokens)
+        self.limit.fill_(new_tokens)
         self.count.zero_()
         self.active.fill_(True)
         self.out.zero_()
         self.steps_taken.zero_()
-        self.pos.fill_(prompt_len - 1)
-        self.last.copy_(prompt[:, -1])
-        self._prefill(prompt)
+        self.pos.copy_(lengths - 1)
+        self.last.copy_(padded[:, -1])
+        self._prefill(padded.to(self.device), lengths.to(self.device))
         run = [graph.replay for graph in self._graphs] if self._graphs else self._pieces()
         marks = []  # per step: a time mark before each piece and one after the last
-        least_done = 0
-        while least_done < new_tokens:
+        tokens: list[list[int]] = [[] for _ in range(n)]
+        done = [0] * n  # per sequence: tokens the device generated (before a stop's cut)
+        live = [True] * n  # per sequence: neither finished nor stopped by the stream
+        while any(live):
+            slowest = max(new_tokens - done[row] for row in range(n) if live[row])
             # No sequence emits more than γ + 1 tokens a step: this many steps cannot finish the
             # slowest one, so they run back to back before the host looks again.
-            for _ in range(-(-(new_tokens - least_done) // (self.gamma + 1))):
+            first = len(marks)
+            for _ in range(-(-slowest // (self.gamma + 1))):
                 marks.append([])
                 for piece in run:
                     marks[-1].append(self._mark())
                     piece()
                 marks[-1].append(self._mark())
-            least_done = int(self.count.min())  # the host's one wait per round
-        self._account(metrics, marks)
-        tokens = self.out[:, :new_tokens].cpu().tolist()
+            steps = range(first, len(marks))
+            stopped = self._take_round(steps, new_tokens, tokens, done, live, stream, metrics)
+            if stopped:  # they idle from now on: their limit drops to what they generated
+                rows = torch.tensor(stopped, device=self.device)
+                self.limit.index_copy_(0, rows, self.count[rows])
+                self.active.copy_(self.count < self.limit)
+        self._time(metrics, marks)
         metrics.total_seconds = time.perf_counter() - start
-        metrics.generated = n * new_tokens
+        metrics.generated = sum(map(len, tokens))
         return tokens, metrics
 
-    def _prefill(self, prompt: torch.Tensor) -> None:
-        """The target over the prompt, then the first draft chain catching up on it; on CUDA
-        one graph per prompt length, captured on its first use (``self._prefills``)."""
+    def _take_round(self, steps, new_tokens, tokens, done, live, stream, metrics) -> list[int]:
+        """The host's one read of a round (the step indices ``steps``): its record and the
+        tokens it wrote, handed to ``stream`` and ``metrics`` step by step as ``loop.generate``
+        does. Updates the per-sequence ``tokens`` (kept), ``done`` (generated on the device)
+        and ``live``; returns the sequences the stream stopped."""
+        record = self.records[steps.start : steps.stop].cpu().tolist()  # [S, 2, N]
+        low = min(done)
+        high = min(max(done) + len(steps) * (self.gamma + 1), self.out.shape[1] - 1)
+        written = self.out[:, low:high].cpu().tolist()  # [N, high - low]
+        stopped = []
+        for kept_now, unfinished in record:  # [N] tokens kept by the step, [N] unfinished
+            counted = []  # tokens kept per sequence unfinished at this step (the host loop's)
+            for row, (count, was_active) in enumerate(zip(kept_now, unfinished, strict=True)):
+                if not (live[row] and was_active):
+                    continue
+                new = written[row][done[row] - low : done[row] - low + count]
+                done[row] += count
+                keep = stream.push(row, new) if stream is not None and new else None
+                if keep is not None:
+                    new = new[:keep]
+                    live[row] = False
+                    stopped.append(row)
+                tokens[row].extend(new)
+                counted.append(len(new))
+                live[row] = live[row] and done[row] < new_tokens
+            if counted:
+                metrics.add_step(counted)
+        return stopped
 
-        def prefill(prompt):
-            n, prompt_len = prompt.shape
-            zeros = torch.zeros(n, dtype=torch.int64, device=self.device)
+    def _prefill(self, prompt: torch.Tensor, lengths: torch.Tensor) -> None:
+        """The target over the right-padded ``prompt [N, T0]`` but its last column, then the
+        first draft chain catching up on it (each sequence from its own last prompt token,
+        ``lengths [N]``); on CUDA one graph per padded length, captured on its first use
+        (``self._prefills``). The padded cache slots lie at or past each sequence's position:
+        the first step overwrites them before any query can attend to them."""
+
+        def prefill(prompt, lengths):
+            zeros = torch.zeros_like(lengths)
             hidden, _, _ = self.target(
                 prompt[:, :-1], zeros, self.k, self.v, inplace=True, fused=self.target_layers
             )
-            self._draft(hidden, prompt[:, 1:], zeros + 1, zeros + prompt_len - 2)
+            if isinstance(self.drafter, ModelDrafter):  # the prompt, from position 0
+                self._draft(None, prompt, zeros, lengths - 1)
+            else:  # hidden row i (position i) pairs with prompt token i + 1
+                self._draft(hidden, prompt[:, 1:], zeros + 1, lengths - 2)
 
         if not self._graphs:
-            return prefill(prompt)
+            return prefill(prompt, lengths)
         length = prompt.shape[1]
         if length not in self._prefills:
-            buffer = prompt.clone()
-            prefill(buffer)  # compiles this length's kernels; the capture then replays them
+            buffers = prompt.clone(), lengths.clone()
+            prefill(*buffers)  # compiles this length's kernels; the capture then replays them
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                prefill(buffer)
-            self._prefills[length] = (buffer, graph)
-        buffer, graph = self._prefills[length]
-        buffer.copy_(prompt)
+                prefill(*buffers)
+            self._prefills[length] = (*buffers, graph)
+        prompt_buffer, lengths_buffer, graph = self._prefills[length]
+        prompt_buffer.copy_(prompt)
+        lengths_buffer.copy_(lengths)
         graph.replay()
 
     def _mark(self):
@@ -337,10 +413,8 @@ class DeviceLoop:
         event.record()
         return event
 
-    def _account(self, metrics: Metrics, marks: list[list]) -> None:
-        """The device record of each step into ``metrics``, and the time of each piece."""
-        for num, was_active in self.records[: len(marks)].cpu():
-            metrics.add_step(num[was_active.bool()].tolist())
+    def _time(self, metrics: Metrics, marks: list[list]) -> None:
+        """The time of each piece of the steps into ``metrics``."""
         seconds = [0.0] * (len(marks[0]) - 1)
         for step in marks:
             for i, (before, after) in enumerate(itertools.pairwise(step)):

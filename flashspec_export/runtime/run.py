@@ -1,6 +1,7 @@
-"""Generate with an export's graphs in onnxruntime (or its TensorRT engines), from text prompts
-(the export's tokenizer) or random token ids, optionally checked token for token against the
-PyTorch modules it was exported from (same prompts, temperatures and seeds)."""
+"""Generate with an export's graphs in onnxruntime (or its TensorRT engines, or the PyTorch
+modules it was made from in the device loop on a GPU or the CPU), from text prompts (the
+export's tokenizer) or random token ids, optionally checked token for token against the PyTorch
+modules it was exported from (same prompts, temperatures and seeds)."""
 
 from __future__ import annotations
 
@@ -32,12 +33,13 @@ class RunConfig:
     stop: tuple[str, ...] = ()  # stop strings (text prompts only)
     select: str | None = None  # ucb1 | thompson: choose (drafter, γ) every step
     echo: Callable[[int, str], None] | None = None  # receives text as it is accepted
+    device: str | None = None  # cpu | cuda: the device loop (PyTorch modules), not onnxruntime
 
 
 @dataclass(frozen=True)
 class RunReport:
     prompt: list[list[int]]  # per sequence: its prompt's token ids
-    onnx: GenerationResult
+    onnx: GenerationResult  # the run's (onnxruntime, the engines or the device loop)
     seconds: float
     reference: GenerationResult | None  # with check=True
     texts: list[str] | None  # the generated text per sequence (text prompts)
@@ -77,6 +79,15 @@ def _check(config: RunConfig) -> None:
         raise ConfigError("stop: stop strings need text prompts (--prompt / --prompt-file)")
     if config.select is not None and config.select not in selection.POLICIES:
         raise ConfigError(f"select: expected one of {', '.join(selection.POLICIES)}")
+    if config.device is not None and config.engines:
+        raise ConfigError(
+            "device: --device runs the PyTorch modules, --engines the TensorRT engines; give one"
+        )
+    if config.device is not None and config.select is not None:
+        raise ConfigError(
+            "device: the device loop runs the export's drafter at its gamma; --select needs "
+            "the onnxruntime loop (without --device)"
+        )
 
 
 def _prompts(config: RunConfig, manifest, batch: int):
@@ -118,27 +129,34 @@ def run(config: RunConfig) -> RunReport:
     weights checked against the export's, before anything is generated."""
     _check(config)
     manifest = export_manifest.read(config.export_dir)
-    if config.engines:
+    if config.device is not None:
+        device_loop = sessions.device_loop_of(manifest, config.device)
+        target = drafter = None  # the device loop holds the modules
+    elif config.engines:
         target, drafter = sessions.from_engines(config.export_dir, manifest)
     else:
         target, drafter = sessions.from_export(config.export_dir, manifest)
-    prompt, tokenizer = _prompts(config, manifest, target.batch)
-    temperature = torch.full((target.batch,), config.temperature)
-    if config.seed + target.batch - 1 > MAX_SEED:  # sequence i uses seed + i
-        raise ConfigError(f"seed: {config.seed} + batch {target.batch} - 1 exceeds {MAX_SEED}")
+    prompt, tokenizer = _prompts(config, manifest, manifest.batch)
+    temperature = torch.full((manifest.batch,), config.temperature)
+    if config.seed + manifest.batch - 1 > MAX_SEED:  # sequence i uses seed + i
+        raise ConfigError(f"seed: {config.seed} + batch {manifest.batch} - 1 exceeds {MAX_SEED}")
     reference_pair = sessions.reference_of(manifest) if config.check else None
-    seeds = torch.arange(target.batch, dtype=torch.int64) + config.seed
+    seeds = torch.arange(manifest.batch, dtype=torch.int64) + config.seed
     args = (prompt, config.new_tokens, manifest.gamma, temperature, seeds)
 
     eos = tokenizer and text.eos_ids(tokenizer)
 
     def stream(echo=None):
-        return tokenizer and text.TextStream(tokenizer, target.batch, config.stop, echo, eos)
+        return tokenizer and text.TextStream(tokenizer, manifest.batch, config.stop, echo, eos)
 
     drafting = _selecting(drafter, manifest, config)
     streaming = stream(config.echo)
     start = time.perf_counter()
-    result = generate(target, drafting, *args, stream=streaming)
+    if config.device is not None:
+        generated = device_loop.generate(prompt, config.new_tokens, temperature, seeds, streaming)
+        result = GenerationResult(*generated)
+    else:
+        result = generate(target, drafting, *args, stream=streaming)
     seconds = time.perf_counter() - start
     if streaming is not None:
         streaming.finish()

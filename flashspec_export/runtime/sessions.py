@@ -3,15 +3,18 @@
 ``from_modules`` is the reference (``reference_of``: the modules an export was made from, its
 weights checked); ``from_export`` runs the graphs of a ``scripts/export.py`` output in
 onnxruntime, ``from_engines`` the TensorRT engines ``scripts/build_engines.py`` built from them
-(with the FlashSpec plugin library loaded). Each takes the export's manifest, read once by the
-caller (``export.manifest.read``), and verifies the files it loads. With the same seeds all give
-the same tokens (``tests/runtime/test_loop.py``).
+(with the FlashSpec plugin library loaded), and ``device_loop_of`` the same modules as
+``reference_of`` in the device-resident loop (``runtime/device_loop.py``) on a GPU or the CPU.
+Each takes the export's manifest, read once by the caller (``export.manifest.read``), and
+verifies the files it loads. With the same seeds all give the same tokens
+(``tests/runtime/test_loop.py``).
 """
 
 from __future__ import annotations
 
 import pathlib
 import re
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -32,6 +35,9 @@ from flashspec_export.models.ngram import NgramDrafter
 from flashspec_export.runtime import cpu_bfloat16
 from flashspec_export.runtime.drafting import GraphDrafter
 from flashspec_export.runtime.loop import Graph, Target
+
+if TYPE_CHECKING:
+    from flashspec_export.runtime.device_loop import DeviceLoop
 
 
 def torch_graph(
@@ -254,32 +260,69 @@ def from_modules(
     return target, drafter
 
 
-def reference_of(manifest: export_manifest.Manifest):
-    """The PyTorch (Target, drafter) an export was made from (its manifest's config), refused
-    (ConfigError) when its checkpoint is gone or its weights are not those the export was made
-    from (``manifest.weights_sha256``)."""
+def modules_of(manifest: export_manifest.Manifest, argument: str = "check") -> Modules:
+    """The PyTorch modules an export was made from (its manifest's config: the checkpoint, the
+    drafter and its weights, the dtype), refused (ConfigError naming ``--<argument>``, the flag
+    that asked for them) when its checkpoint is gone or its weights are not those the export
+    was made from (``manifest.weights_sha256``)."""
     config = ExportConfig(**manifest.config)
     try:
         modules = build_modules(config)
     except ConfigError as error:
         raise ConfigError(
-            f"check: the PyTorch modules the export was made from cannot be rebuilt ({error}); "
-            "--check rebuilds them from the checkpoint recorded at export: restore it there, or "
-            "re-export"
+            f"{argument}: the PyTorch modules the export was made from cannot be rebuilt "
+            f"({error}); --{argument} rebuilds them from the checkpoint recorded at export: "
+            "restore it there, or re-export"
         ) from error
     if weights_sha256(modules) != manifest.weights_sha256:
         sources = [config.target, config.draft_weights, config.draft_model]
         raise ConfigError(
-            f"check: the weights at {' and '.join(s for s in sources if s)} differ from those "
-            "the export was made from (SHA-256 of the state dicts): they changed since the "
-            "export; re-export, or restore the original weights there"
+            f"{argument}: the weights at {' and '.join(s for s in sources if s)} differ from "
+            "those the export was made from (SHA-256 of the state dicts): they changed since "
+            "the export; re-export, or restore the original weights there"
         )
+    return modules
+
+
+def reference_of(manifest: export_manifest.Manifest):
+    """The PyTorch (Target, drafter) an export was made from (``modules_of``)."""
+    config = ExportConfig(**manifest.config)
     return from_modules(
-        modules,
+        modules_of(manifest),
         config.draft,
         config.batch,
         config.max_len,
         dtype=DTYPES[manifest.dtype],
+    )
+
+
+DEVICE_DRAFTERS = ("mtp", "eagle", "model")  # the drafters the device loop takes
+
+
+def device_loop_of(manifest: export_manifest.Manifest, device: str) -> DeviceLoop:
+    """The device loop of an export on ``device`` ("cuda" or "cpu"): the modules it was made
+    from (``modules_of``, in the export's dtype) moved there, with the export's batch, cache
+    length, drafter and γ. On CUDA the decoder layers run fused and each step is one CUDA
+    graph; on the CPU the same loop runs the PyTorch layers and the reference ops. Refused
+    (ConfigError naming ``--device``) before any model is built where it cannot run."""
+    if device not in ("cpu", "cuda"):
+        raise ConfigError(f"device: expected cpu or cuda, got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(
+            "device: --device cuda needs a CUDA GPU (torch.cuda.is_available() is False); "
+            "--device cpu runs the same loop on the CPU"
+        )
+    if manifest.gamma > 0 and manifest.drafter not in DEVICE_DRAFTERS:
+        raise ConfigError(
+            f"device: --device takes the {', '.join(DEVICE_DRAFTERS)} drafters, not yet "
+            f"{manifest.drafter}; run the export without --device (onnxruntime)"
+        )
+    from flashspec_export.runtime.device_loop import DeviceLoop  # its kernels load with it
+
+    modules = modules_of(manifest, "device")
+    drafter = modules.drafter.to(device) if manifest.gamma > 0 else None
+    return DeviceLoop(
+        modules.model.to(device), drafter, manifest.batch, manifest.max_len, manifest.gamma
     )
 
 

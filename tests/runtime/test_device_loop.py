@@ -9,20 +9,23 @@ coupled rule) the γ = 0 text, whatever the drafts."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 pytest.importorskip("transformers")
 
-from flashspec_export.models.build import build_modules
-from flashspec_export.runtime import sessions
+from flashspec_export.models.build import ExportConfig, build_modules, resolve_trained
+from flashspec_export.runtime import sessions, text
 from flashspec_export.runtime.device_loop import DeviceLoop
 from flashspec_export.runtime.loop import generate
+from flashspec_export.runtime.run import RunConfig, run
 from tests.runtime.tiny import BATCH, MAX_LEN, NEW_TOKENS, SEEDS, TEMPERATURES, config_of
 
 
-def _modules(checkpoint, device="cpu", dtype=torch.float32):
-    modules = build_modules(config_of("mtp", checkpoint))
+def _modules(checkpoint, device="cpu", dtype=torch.float32, draft="mtp"):
+    modules = build_modules(config_of(draft, checkpoint))
     for module in (modules.model, modules.drafter):
         module.to(device=device, dtype=dtype)
     return modules
@@ -51,16 +54,27 @@ INTERPRETED = pytest.mark.skipif(torch.cuda.is_available(), reason=ON_A_GPU)
 
 
 @pytest.mark.parametrize(
-    "gamma, fused", [(0, False), (1, False), (3, False), pytest.param(3, True, marks=INTERPRETED)]
+    "draft, gamma, fused",
+    [
+        ("mtp", 0, False),
+        ("mtp", 1, False),
+        ("mtp", 3, False),
+        ("eagle", 3, False),
+        ("model", 3, False),
+        pytest.param("mtp", 3, True, marks=INTERPRETED),
+        pytest.param("eagle", 2, True, marks=INTERPRETED),
+        pytest.param("model", 2, True, marks=INTERPRETED),
+    ],
 )
-def test_same_tokens_as_the_host_loop(gamma, fused, prompt, target_checkpoint):
-    """``fused``: the decoder layers on the Triton kernels (``models/fused.py``, under the
-    interpreter on CPU, so half the tokens), as on a GPU."""
-    modules = _modules(target_checkpoint)
+def test_same_tokens_as_the_host_loop(draft, gamma, fused, prompt, target_checkpoint):
+    """Every graph drafter (MTP, EAGLE, a draft model). ``fused``: the decoder layers on the
+    Triton kernels (``models/fused.py``, under the interpreter on CPU, so fewer tokens), as on
+    a GPU."""
+    modules = _modules(target_checkpoint, draft=draft)
     runtime = sessions.from_modules(
-        build_modules(config_of("mtp", target_checkpoint)), "mtp", BATCH, MAX_LEN
+        build_modules(config_of(draft, target_checkpoint)), draft, BATCH, MAX_LEN
     )
-    new_tokens = NEW_TOKENS // 2 if fused else NEW_TOKENS
+    new_tokens = {"mtp": NEW_TOKENS // 2}.get(draft, NEW_TOKENS // 4) if fused else NEW_TOKENS
     want = generate(*runtime, prompt, new_tokens, gamma, TEMPERATURES, SEEDS)
     loop = DeviceLoop(modules.model, modules.drafter, BATCH, MAX_LEN, gamma, fused=fused)
     tokens, metrics = loop.generate(prompt, new_tokens, TEMPERATURES, SEEDS)
@@ -116,3 +130,108 @@ def test_on_the_gpu_same_tokens_as_the_host_loop(gamma, prompt, target_checkpoin
 @pytest.mark.gpu
 def test_on_the_gpu_ragged_acceptance_keeps_the_text(prompt, target_checkpoint):
     _check_ragged_acceptance(_modules(target_checkpoint, "cuda"), prompt, "cuda")
+
+
+# The trained stdlib-tiny pair, where drafts are accepted: sequences advance by different counts.
+STDLIB_LEN, STDLIB_TOKENS, STOP = 160, 48, ")\n"  # the stop ends one sequence of three early
+
+
+@pytest.fixture(scope="module")
+def stdlib_tiny():
+    """(the stdlib-tiny tokenizer, three prompts of different lengths)."""
+    from transformers import AutoTokenizer
+
+    from tests.runtime.test_stdlib_tiny import SOURCES
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_trained(ExportConfig()).target)
+    return tokenizer, text.encode_prompts(tokenizer, list(SOURCES))
+
+
+def _streamed(decode, tokenizer, rows: int):
+    """(tokens, metrics, texts, echoed pieces) of ``decode(stream)`` with a stop string."""
+    pieces = [[] for _ in range(rows)]
+    stream = text.TextStream(tokenizer, rows, (STOP,), lambda row, s: pieces[row].append(s))
+    tokens, metrics = decode(stream)
+    stream.finish()
+    return tokens, metrics, stream.texts, pieces
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_prompts_of_different_lengths_and_a_stop_string_as_the_host_loop(device, stdlib_tiny):
+    """fp32, T = 0.8, three prompts of different lengths, a stop string: the device loop's
+    tokens, streamed text (piece by piece) and metrics are the host loop's, and its tokens the
+    γ = 0 loop's (same seeds). The stream sees whole rounds of steps at once, yet cuts each
+    sequence where the host loop does (the tokens past a stop are neither kept nor counted)."""
+    tokenizer, prompts = stdlib_tiny
+    config = ExportConfig(draft="mtp", batch=3, max_len=STDLIB_LEN, dtype="float32")
+    reference = sessions.from_modules(build_modules(config), "mtp", 3, STDLIB_LEN, device)
+    modules = build_modules(config)
+    for module in (modules.model, modules.drafter):
+        module.to(device)
+    temps, seeds = torch.full((3,), 0.8), torch.tensor([3, 4, 5])
+    args = (prompts, STDLIB_TOKENS)
+
+    def host(stream):
+        result = generate(*reference, *args, 3, temps, seeds, stream)
+        return result.tokens, result.metrics
+
+    want, want_metrics, *want_text = _streamed(host, tokenizer, 3)
+    loop = DeviceLoop(modules.model, modules.drafter, 3, STDLIB_LEN, 3)
+    got, metrics, *got_text = _streamed(
+        lambda stream: loop.generate(*args, temps, seeds, stream), tokenizer, 3
+    )
+    assert got == want and got_text == want_text
+    for name in ("steps", "sequence_steps", "emitted", "accepted_at", "drafted_at", "generated"):
+        assert getattr(metrics, name) == getattr(want_metrics, name), name
+    lengths = [len(tokens) for tokens in got]
+    assert min(lengths) < STDLIB_TOKENS == max(lengths)  # the stop string ended some, not all
+    assert metrics.tokens_per_step > 1.2, metrics.summary()
+    plain = DeviceLoop(modules.model, None, 3, STDLIB_LEN, 0)
+    assert _streamed(lambda s: plain.generate(*args, temps, seeds, s), tokenizer, 3)[0] == got
+
+
+@pytest.fixture(scope="module")
+def stdlib_tiny_bf16_export(tmp_path_factory):
+    """The stdlib-tiny preset with its MTP head exported in its own dtype (bf16), batch 3 (a GPU
+    test's: a CPU run never builds it)."""
+    from flashspec_export.export.pipeline import export
+
+    out = tmp_path_factory.mktemp("stdlib-tiny-bf16")
+    export(ExportConfig(draft="mtp", out=str(out), batch=3, max_len=STDLIB_LEN, force=True))
+    return out
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_bf16_agreement_rate(stdlib_tiny_bf16_export):
+    """bf16 ``--device cuda`` (fused layers, Triton kernels) against ``--device cpu`` (PyTorch's
+    CPU bf16) and against onnxruntime (bf16 widened): the share of tokens that differ, counted up
+    to and including each sequence's first difference (``test_dtypes.py``'s measure), printed
+    and bounded by that test's bf16 bound."""
+    from tests.runtime.test_dtypes import FLIP_RATE_BOUND
+    from tests.runtime.test_stdlib_tiny import SOURCES
+
+    def first_differences(report, other):
+        compared = flips = 0
+        for ours, theirs in zip(report.onnx.tokens, other.onnx.tokens, strict=True):
+            pairs = zip(ours, theirs, strict=False)  # a stop may cut them at different lengths
+            first = next((i for i, (a, b) in enumerate(pairs) if a != b), None)
+            compared += min(len(ours), len(theirs)) if first is None else first + 1
+            flips += first is not None
+        return compared, flips
+
+    totals = {"cpu": [0, 0], "onnxruntime": [0, 0]}
+    for seed in range(4):
+        config = RunConfig(
+            str(stdlib_tiny_bf16_export), STDLIB_TOKENS, temperature=0.8, seed=seed,
+            prompts=SOURCES, stop=(STOP,),
+        )  # fmt: skip
+        cuda = run(dataclasses.replace(config, device="cuda"))
+        assert cuda.dtype == "bfloat16"
+        others = {"cpu": run(dataclasses.replace(config, device="cpu")), "onnxruntime": run(config)}
+        for name, other in others.items():
+            compared, flips = first_differences(cuda, other)
+            totals[name][0] += compared
+            totals[name][1] += flips
+    for name, (compared, flips) in totals.items():
+        print(f"bf16 --device cuda vs {name}: {flips} of {compared} tokens differ")
+        assert flips / compared <= FLIP_RATE_BOUND["bfloat16"], (name, flips, compared)

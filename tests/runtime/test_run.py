@@ -8,7 +8,6 @@ import collections
 import json
 import pathlib
 import re
-import shutil
 
 import pytest
 import torch
@@ -18,9 +17,10 @@ pytest.importorskip("onnxruntime")
 
 from flashspec_export.config import ConfigError, TargetConfig
 from flashspec_export.export import manifest as export_manifest
-from flashspec_export.models.build import ExportConfig, resolve_trained
+from flashspec_export.models.build import ExportConfig
 from flashspec_export.runtime import run as run_module
 from flashspec_export.runtime.run import RunConfig, run
+from tests.runtime.tiny import with_tokenizer
 
 
 def _export_of_a_checkpoint(
@@ -31,16 +31,11 @@ def _export_of_a_checkpoint(
     saved from them holds the same weights: the copy's manifest names the checkpoint instead of
     exporting again (~10 s). It borrows the stdlib-tiny tokenizer (whose ids cover the tiny
     model's 512) for text prompts."""
-    checkpoint, out = tmp_path / "checkpoint", tmp_path / "export"
+    checkpoint = tmp_path / "checkpoint"
     TargetConfig.from_name("tiny-llama").build(seed=ExportConfig().seed).save_pretrained(checkpoint)
-    shutil.copytree(tiny_ngram_export, out)
-    tokenizer = pathlib.Path(resolve_trained(ExportConfig()).target)
-    (out / "tokenizer").mkdir()
-    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
-        shutil.copyfile(tokenizer / name, out / "tokenizer" / name)
+    out = with_tokenizer(tiny_ngram_export, tmp_path / "export")
     written = json.loads((out / export_manifest.FILE_NAME).read_text())
     written["config"]["target"] = written["source"] = str(checkpoint)
-    written["tokenizer"] = "tokenizer"
     (out / export_manifest.FILE_NAME).write_text(json.dumps(written))
     return out, checkpoint
 

@@ -3,9 +3,14 @@ config of a drafter (fixtures: conftest.py)."""
 
 from __future__ import annotations
 
+import json
+import pathlib
+import shutil
+
 import torch
 
-from flashspec_export.models.build import ExportConfig
+from flashspec_export.export import manifest as export_manifest
+from flashspec_export.models.build import ExportConfig, resolve_trained
 
 GAMMA, NEW_TOKENS, BATCH, MAX_LEN = 3, 12, 3, 48
 TEMPERATURES = torch.tensor([0.0, 0.8, 1.0])
@@ -29,3 +34,18 @@ def config_of(draft, target, out="unused", gamma=GAMMA):
         batch=BATCH,
         max_len=MAX_LEN,
     )
+
+
+def with_tokenizer(export_dir: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
+    """A copy of the tiny-llama export ``export_dir`` at ``out`` that carries the stdlib-tiny
+    tokenizer, for text prompts: its ids cover the tiny model's 512 (prompts must encode below
+    512; generated ids decode)."""
+    shutil.copytree(export_dir, out)
+    tokenizer = pathlib.Path(resolve_trained(ExportConfig()).target)
+    (out / "tokenizer").mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copyfile(tokenizer / name, out / "tokenizer" / name)
+    written = json.loads((out / export_manifest.FILE_NAME).read_text())
+    written["tokenizer"] = "tokenizer"
+    (out / export_manifest.FILE_NAME).write_text(json.dumps(written))
+    return out
