@@ -17,7 +17,8 @@ record (each step's kept ``num_emitted`` and who was unfinished) and the tokens 
 It hands them to the stream (``runtime/text.py``: EOS, stop strings) step by step, as
 ``loop.generate`` does, so the stream cuts each sequence where the host loop would: the tokens
 past a stop are dropped and not counted, and the stopped sequence idles from the next round on.
-A stop costs at most the rest of its round on the device, never a wait inside it.
+A stop costs at most the rest of its round on the device, never a wait inside it; with a stream
+a round is at most ``STREAM_ROUND`` steps, which bounds that waste and the text's lag.
 
 The rule is ``loop.generate``'s, step for step: same modules and seeds, same tokens, text and
 metrics (``tests/runtime/test_device_loop.py``). ``verify`` / ``argmax`` are pluggable so that
@@ -41,6 +42,11 @@ from flashspec_export.models.target import TargetStep, select_rows
 from flashspec_export.ops import registry
 from flashspec_export.runtime.loop import Stream, as_prompts, check_request
 from flashspec_export.runtime.metrics import Metrics
+
+# With a stream, the most steps between two reads of the host: a stop (EOS, a stop string) is
+# seen at most this many steps late, and the text streams in pieces of at most this many steps.
+# A read costs one synchronisation (~0.1 ms with the host's bookkeeping) per round.
+STREAM_ROUND = 16
 
 # verify(hidden [N, γ+1, H], lm_head, drafts [N, γ], temperature, seed, positions, vocab_size)
 #   -> (tokens [N, γ + 1], num_emitted [N]); argmax(hidden [N, H], lm_head, vocab) -> token [N]
@@ -285,10 +291,12 @@ class DeviceLoop:
         temperature: torch.Tensor,
         seed: torch.Tensor,
         stream: Stream | None = None,
+        stream_round: int = STREAM_ROUND,
     ) -> tuple[list[list[int]], Metrics]:
         """Up to ``new_tokens`` per sequence after ``prompt`` ([N, T0] or N lists of token ids
         of any lengths >= 2), as ``loop.generate``: ``stream`` (``runtime.text.TextStream``)
-        sees each step's tokens and may stop a sequence early (EOS, stop strings).
+        sees each step's tokens and may stop a sequence early (EOS, stop strings), read at
+        least every ``stream_round`` steps.
 
         temperature : [N] float32 (0: greedy); seed : [N] int64
         Returns the generated tokens per sequence and the run's metrics.
@@ -326,8 +334,11 @@ class DeviceLoop:
             slowest = max(new_tokens - done[row] for row in range(n) if live[row])
             # No sequence emits more than γ + 1 tokens a step: this many steps cannot finish the
             # slowest one, so they run back to back before the host looks again.
+            steps = -(-slowest // (self.gamma + 1))
+            if stream is not None:
+                steps = min(steps, stream_round)
             first = len(marks)
-            for _ in range(-(-slowest // (self.gamma + 1))):
+            for _ in range(steps):
                 marks.append([])
                 for piece in run:
                     marks[-1].append(self._mark())

@@ -10,6 +10,7 @@ coupled rule) the γ = 0 text, whatever the drafts."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import pytest
 import torch
@@ -160,8 +161,9 @@ def _streamed(decode, tokenizer, rows: int):
 def test_prompts_of_different_lengths_and_a_stop_string_as_the_host_loop(device, stdlib_tiny):
     """fp32, T = 0.8, three prompts of different lengths, a stop string: the device loop's
     tokens, streamed text (piece by piece) and metrics are the host loop's, and its tokens the
-    γ = 0 loop's (same seeds). The stream sees whole rounds of steps at once, yet cuts each
-    sequence where the host loop does (the tokens past a stop are neither kept nor counted)."""
+    γ = 0 loop's (same seeds). The stream sees whole rounds of steps at once (up to 12 here,
+    or one), yet cuts each sequence where the host loop does (the tokens past a stop are neither
+    kept nor counted)."""
     tokenizer, prompts = stdlib_tiny
     config = ExportConfig(draft="mtp", batch=3, max_len=STDLIB_LEN, dtype="float32")
     reference = sessions.from_modules(build_modules(config), "mtp", 3, STDLIB_LEN, device)
@@ -177,12 +179,13 @@ def test_prompts_of_different_lengths_and_a_stop_string_as_the_host_loop(device,
 
     want, want_metrics, *want_text = _streamed(host, tokenizer, 3)
     loop = DeviceLoop(modules.model, modules.drafter, 3, STDLIB_LEN, 3)
-    got, metrics, *got_text = _streamed(
-        lambda stream: loop.generate(*args, temps, seeds, stream), tokenizer, 3
-    )
-    assert got == want and got_text == want_text
-    for name in ("steps", "sequence_steps", "emitted", "accepted_at", "drafted_at", "generated"):
-        assert getattr(metrics, name) == getattr(want_metrics, name), name
+    for stream_round in (STDLIB_TOKENS, 1):
+        decode = functools.partial(loop.generate, *args, temps, seeds, stream_round=stream_round)
+        got, metrics, *got_text = _streamed(decode, tokenizer, 3)
+        assert got == want and got_text == want_text
+        for name in ("steps", "sequence_steps", "emitted", "accepted_at", "drafted_at"):
+            assert getattr(metrics, name) == getattr(want_metrics, name), name
+        assert metrics.generated == want_metrics.generated
     lengths = [len(tokens) for tokens in got]
     assert min(lengths) < STDLIB_TOKENS == max(lengths)  # the stop string ended some, not all
     assert metrics.tokens_per_step > 1.2, metrics.summary()
