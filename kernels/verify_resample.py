@@ -50,12 +50,14 @@ from flashspec_export.kernels.noise import (
     use_libdevice,
 )
 from flashspec_export.kernels.tiles import (
+    WAVES_PER_SM,
     KernelConfig,
     check_device,
     choose_config,
     dot_options,
     dot_tile,
     fold_best,
+    num_splits,
     resolve_config,
 )
 from flashspec_export.ops.workspace import launch_workspace
@@ -429,6 +431,13 @@ def verify_resample(
         config = choose_config(
             "verify_resample", rows, hidden_size, vocab_size, lm_head.dtype, device, hopper=False
         )
+    if truncating:
+        # A split selects its hand-in once: at most WAVES_PER_SM programs per SM, so that the
+        # rows' tile runs amortise it (the tuned rows from 32 rows take one tile per program).
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        sms = hopper_tiles.sm_count(index) if use_libdevice(hidden) else 1
+        fewer = num_splits(rows, vocab_size, config.block_n, config.block_v, WAVES_PER_SM, sms)
+        config = config._replace(num_splits=min(config.num_splits, fewer))
     if config.epi_rows and rows > config.epi_rows:
         raise ValueError(
             f"config.epi_rows: {config.epi_rows} scores at most that many rows, got "

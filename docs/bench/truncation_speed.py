@@ -212,12 +212,14 @@ def main() -> None:
     parser.add_argument("--settle-rows", nargs="+", type=int, default=[16, 128])
     parser.add_argument("--candidates", type=int, default=kernel.CANDIDATES)
     parser.add_argument("--no-speed", action="store_true", help="the settle rates only")
+    parser.add_argument("--no-settle", action="store_true", help="the speed table only")
     parser.add_argument("--json", type=pathlib.Path)
     args = parser.parse_args()
     kernel.CANDIDATES = args.candidates  # per (row, split); the kernel's constexpr
     out = {"device": torch.cuda.get_device_name(), "candidates": args.candidates}
     print(out, flush=True)
-    settle_rate(args.settle_rows, out)
+    if not args.no_settle:
+        settle_rate(args.settle_rows, out)
     for head in [] if args.no_speed else args.heads:
         speed(head, args.rows, out)
     if args.json:
