@@ -434,8 +434,10 @@ def verify_resample(
     if truncating:
         # A split selects its hand-in once: at most WAVES_PER_SM programs per SM, so that the
         # rows' tile runs amortise it (the tuned rows from 32 rows take one tile per program).
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        sms = hopper_tiles.sm_count(index) if use_libdevice(hidden) else 1
+        sms = 1  # the interpreter's
+        if use_libdevice(hidden):
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            sms = hopper_tiles.sm_count(index)
         fewer = num_splits(rows, vocab_size, config.block_n, config.block_v, WAVES_PER_SM, sms)
         config = config._replace(num_splits=min(config.num_splits, fewer))
     if config.epi_rows and rows > config.epi_rows:
