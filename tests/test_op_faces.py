@@ -18,6 +18,7 @@ import torch
 from flashspec_export import ops
 from flashspec_export.ops import cuda, registry
 from flashspec_export.ops.specs import SPECS
+from flashspec_export.ops.specs import required as spec_required
 
 ROOT = pathlib.Path(__file__).parents[1]
 BACKENDS = ("reference", "standard", "triton", "cuda")
@@ -58,13 +59,17 @@ def test_onnx_schema_body_and_translation(spec):
 
     schema = onnx.defs.get_schema(spec.op_type, schemas.DOMAIN_VERSION, schemas.DOMAIN)
     assert [i.name for i in schema.inputs] == [a.name for a in spec.inputs]
+    optional = [a.name for a in spec.inputs if a.optional]
+    assert [i.name for i in schema.inputs if i.option.name == "Optional"] == optional
     assert [o.name for o in schema.outputs] == [a.name for a in spec.outputs]
     assert set(spec.attributes) <= set(schema.attributes)
-    body = functions.FUNCTIONS[spec.op_type]()
-    assert (body.name, body.domain) == (spec.op_type, schemas.DOMAIN)
-    assert list(body.input) == [a.name for a in spec.inputs]
-    assert list(body.output) == [a.name for a in spec.outputs]
-    assert set(spec.attributes) <= set(body.attribute)
+    # the body without optional inputs takes the required ones; with all, every input
+    for present, names in (((), spec_required(spec)), (optional, spec.inputs)):
+        body = functions.FUNCTIONS[spec.op_type](present)
+        assert (body.name, body.domain) == (spec.op_type, schemas.DOMAIN)
+        assert list(body.input) == [a.name for a in names]
+        assert list(body.output) == [a.name for a in spec.outputs]
+        assert set(spec.attributes) <= set(body.attribute)
     assert getattr(torch.ops.flashspec, spec.name).default in translation.TRANSLATIONS
 
 

@@ -70,16 +70,46 @@ class EngineReport:
     cache_dtype: str | None = None  # the k_cache_0 input's type in the network (strongly typed)
 
 
-def _flashspec_nodes(path: pathlib.Path) -> int:
+def _flashspec_nodes(path: pathlib.Path) -> list:
     import onnx
 
     model = onnx.load(str(path), load_external_data=False)
-    return sum(node.domain == plugins.PLUGIN_NAMESPACE for node in model.graph.node)
+    return [node for node in model.graph.node if node.domain == plugins.PLUGIN_NAMESPACE]
+
+
+# TensorRT's largest TopK: the top-k / top-p function body sorts each row of the vocabulary.
+TOPK_LIMIT = 3840
+
+
+def _refuse_optional_inputs(source: pathlib.Path, nodes, with_plugins: bool) -> None:
+    """The plugins take the required inputs only: a node with optional ones (a
+    ``--sampling-params`` export's top_k / top_p) builds from its function body, and that only
+    where TensorRT's TopK can sort its vocabulary."""
+    from flashspec_export.onnx import functions
+
+    for node in nodes:
+        present = functions.present_inputs(node.op_type, node.input)
+        names = ", ".join(sorted(present))
+        if present and with_plugins:
+            raise ConfigError(
+                f"{source.name}: {node.op_type} has the optional inputs {names} (export "
+                "--sampling-params), which the TensorRT plugins do not take yet; build the "
+                "function bodies (--function-bodies) or export without --sampling-params"
+            )
+        vocab = next((a.i for a in node.attribute if a.name == "vocab_size"), 0)
+        if present & {"top_k", "top_p"} and vocab > TOPK_LIMIT:
+            raise ConfigError(
+                f"{source.name}: {node.op_type}'s function body sorts the vocabulary for "
+                f"{names}, and TensorRT's TopK takes at most {TOPK_LIMIT} (vocab_size "
+                f"{vocab}); export without --sampling-params for TensorRT"
+            )
 
 
 def _build_one(
     trt, source: pathlib.Path, shapes: dict, max_len: int, engine: pathlib.Path, with_plugins: bool
 ):
+    nodes = _flashspec_nodes(source)
+    _refuse_optional_inputs(source, nodes, with_plugins)
     log = trt.Logger(trt.Logger.ERROR)
     builder = trt.Builder(log)
     # Strongly typed: every tensor keeps the graph's type (a bf16 export builds a bf16 engine,
@@ -99,10 +129,10 @@ def _build_one(
     cache = inputs.get("k_cache_0")
     cache_dtype = str(cache.dtype).split(".")[-1] if cache is not None else None
     plugin_layers = tuple(layer.name for layer in layers if layer.type == trt.LayerType.PLUGIN_V3)
-    nodes = _flashspec_nodes(source)
-    if with_plugins and len(plugin_layers) != nodes:
+    if with_plugins and len(plugin_layers) != len(nodes):
         raise RuntimeError(
-            f"{source.name}: {nodes} flashspec node(s) but {len(plugin_layers)} plugin layer(s): "
+            f"{source.name}: {len(nodes)} flashspec node(s) but {len(plugin_layers)} plugin "
+            "layer(s): "
             "a node fell back to its function body (is the plugin library current?)"
         )
     config = builder.create_builder_config()
@@ -118,7 +148,7 @@ def _build_one(
     if serialized is None:
         raise RuntimeError(f"{source.name}: the TensorRT builder failed")
     engine.write_bytes(bytes(serialized))
-    return EngineReport(engine, len(layers), plugin_layers, nodes, cache_dtype)
+    return EngineReport(engine, len(layers), plugin_layers, len(nodes), cache_dtype)
 
 
 def _previous(out: pathlib.Path, rebuilt) -> dict[str, engine_record.Engine]:

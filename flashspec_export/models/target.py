@@ -216,6 +216,9 @@ class SpeculativeTarget(nn.Module):
     positions : [N] int64 — cache length = absolute position of ``tokens[:, 0]``
     k_cache, v_cache : [L, N, KV, S, D]
     temperature : [N] float32 (0: greedy); seed : [N] int64
+    top_k : [N] int64 (0: off), top_p : [N] float32 in (0, 1] (1: off), or None: the
+        per-request truncation of ``VerifyResample`` (an export with ``--sampling-params`` has
+        them as graph inputs)
 
     Returns
     -------
@@ -234,9 +237,19 @@ class SpeculativeTarget(nn.Module):
         self.lm_head = causal_lm.lm_head.weight  # [V, H] (shared, not copied)
         self.vocab_size = causal_lm.config.vocab_size
 
-    def forward(self, tokens, positions, k_cache, v_cache, temperature, seed):
+    def forward(
+        self, tokens, positions, k_cache, v_cache, temperature, seed, top_k=None, top_p=None
+    ):
         hidden, k_cache, v_cache = self.step(tokens, positions, k_cache, v_cache)
         emitted, num_emitted, logprobs = torch.ops.flashspec.verify_resample(
-            hidden, self.lm_head, tokens[:, 1:], temperature, seed, positions + 1, self.vocab_size
+            hidden,
+            self.lm_head,
+            tokens[:, 1:],
+            temperature,
+            seed,
+            positions + 1,
+            top_k,
+            top_p,
+            vocab_size=self.vocab_size,
         )
         return emitted, num_emitted, logprobs, hidden, k_cache, v_cache

@@ -5,9 +5,20 @@ sampling with Gumbel-max on the logits as the reference does).
 ONNX Runtime inlines the function and runs the body; TensorRT (10.15+) resolves the node to the
 plugin named by ``op_type`` / ``plugin_namespace`` / ``plugin_version``; where no plugin is
 registered (TensorRT-RTX) the parser inlines the body, which uses only ops it accepts.
+
+Optional inputs (``VerifyResample``'s ``top_k``, ``top_p``, ``allowed_tokens``): a function body
+cannot ask whether an input was given (inlined, an absent one is an empty name, which a node
+that reads it refuses, and ``OptionalHasElement`` / ``If`` are not for TensorRT), so the body is
+chosen when the model is built: every builder takes the optional inputs its nodes carry
+(``present``) and the model holds the body for exactly those (``function_for``). Its formal
+inputs are the spec's up to the last present one, as many as the node has (TensorRT's parser
+requires that); a body reads only the present ones, and with none present it is the
+untruncated body, node for node. All nodes of one op in a model carry the same ones.
 """
 
 from __future__ import annotations
+
+from collections.abc import Collection, Sequence
 
 import numpy as np
 import onnx
@@ -17,6 +28,7 @@ from flashspec_export.onnx import noise, schemas  # schemas register on import
 from flashspec_export.onnx.builder import Body
 from flashspec_export.ops import specs
 from flashspec_export.reference import noise as spec
+from flashspec_export.reference.truncation import WORD_BITS
 from flashspec_export.reference.verify_resample import GREEDY_BELOW
 
 DOMAIN = schemas.DOMAIN
@@ -27,6 +39,49 @@ PLUGIN_VERSION = specs.PLUGIN_VERSION
 I64, F32 = np.int64, np.float32
 _BIG = 2**31 - 1  # "to the end" for Slice (TensorRT wants int32-range bounds)
 OPSET_IMPORTS = [helper.make_opsetid("", OPSET), helper.make_opsetid(DOMAIN, DOMAIN_VERSION)]
+
+
+def _check_present(op_type: str, present: Collection[str]) -> None:
+    optional = [a.name for a in specs.BY_OP_TYPE[op_type].inputs if a.optional]
+    unknown = sorted(set(present) - set(optional))
+    if unknown:
+        raise ValueError(
+            f"present: {op_type} has no optional input {', '.join(unknown)}; it takes "
+            f"{', '.join(optional) or 'none'}"
+        )
+
+
+def formal_inputs(op_type: str, present: Collection[str]) -> list[str]:
+    """The formal inputs of the body for ``present``: the spec's, up to the last present one
+    (TensorRT's parser wants as many as the node has inputs)."""
+    names = [a.name for a in specs.BY_OP_TYPE[op_type].inputs]
+    given = [
+        i
+        for i, a in enumerate(specs.BY_OP_TYPE[op_type].inputs)
+        if not a.optional or a.name in present
+    ]
+    return names[: given[-1] + 1]
+
+
+def present_inputs(op_type: str, inputs: Sequence[str]) -> frozenset[str]:
+    """The optional inputs a node of ``op_type`` with these input names carries (an empty name
+    skips one)."""
+    pairs = zip(specs.BY_OP_TYPE[op_type].inputs, inputs, strict=False)  # trailing ones left out
+    return frozenset(a.name for a, name in pairs if a.optional and name)
+
+
+def function_for(op_type: str, nodes: Sequence[onnx.NodeProto]) -> onnx.FunctionProto:
+    """The function body of ``op_type`` for a model whose nodes of that type are ``nodes``: the
+    body of the optional inputs they carry, which must be the same for all (one function per
+    op in a model)."""
+    kinds = {present_inputs(op_type, node.input) for node in nodes} or {frozenset()}
+    if len(kinds) > 1:
+        shown = "; ".join(sorted(", ".join(sorted(k)) or "none" for k in kinds))
+        raise ValueError(
+            f"{op_type}: the nodes of one model carry different optional inputs ({shown}); one "
+            "function body serves them all, so give every node the same ones"
+        )
+    return FUNCTIONS[op_type](kinds.pop())
 
 
 def _rows_before_last(b: Body, x: str) -> str:
@@ -56,8 +111,9 @@ def _logits(b: Body, hidden: str, lm_head: str, vocab_size: str) -> str:
     return b.op("Where", b.op("IsNaN", dots), b.const(-np.inf, F32), dots)
 
 
-def tiled_argmax_function() -> onnx.FunctionProto:
+def tiled_argmax_function(present: Collection[str] = ()) -> onnx.FunctionProto:
     """``TiledArgmax(hidden [N, H], lm_head [V, H]) -> token [N] int64, max_logit [N] float``."""
+    _check_present("TiledArgmax", present)
     b = Body("ta")
     logits = _logits(b, "hidden", "lm_head", b.attr_int("vocab_size"))  # [N, V]
     token = b.op("ArgMax", logits, axis=1, keepdims=0, select_last_index=0)
@@ -72,13 +128,80 @@ def tiled_argmax_function() -> onnx.FunctionProto:
     )
 
 
-def verify_resample_function() -> onnx.FunctionProto:
+def _allowed(b: Body, allowed_tokens: str, token: str) -> str:
+    """[N, R, V] bool: bit ``v % 32`` of word ``v // 32`` of each row's ``allowed_tokens``
+    ([N, R, W] int32), in int64 Div / Mod (TensorRT refuses bitwise ops): the word as its
+    unsigned value, divided by 2^(v % 32), mod 2."""
+    bits = b.const(WORD_BITS, I64)
+    word = b.op("Gather", allowed_tokens, b.op("Div", token, bits), axis=2)  # [N, R, V] int32
+    word = b.op("Cast", word, to=TensorProto.INT64)
+    two32 = b.const(2**WORD_BITS, I64)
+    unsigned = b.op("Where", b.op("Less", word, b.const(0, I64)), b.op("Add", word, two32), word)
+    powers = b.const([2**j for j in range(WORD_BITS)], I64)
+    shifted = b.op("Div", unsigned, b.op("Gather", powers, b.op("Mod", token, bits), axis=0))
+    return b.op("Equal", b.op("Mod", shifted, b.const(2, I64)), b.const(1, I64))
+
+
+def _threshold(b: Body, logits: str, token: str, vocab_size: str, present) -> tuple[str, str]:
+    """The last kept (logit, id) of each row under top-k / top-p, [N, R, 1] each
+    (``reference.truncation.threshold``): the row in descending order, ties by lower id (TopK's
+    order), kept while its rank is below k and the mass strictly before it below p, the top
+    token always."""
+    k_all = b.op("Unsqueeze", vocab_size, b.const([0], I64))  # [1]: the whole row, sorted
+    values, ids = b.op("TopK", logits, k_all, axis=-1, largest=1, sorted=1, outputs=2)
+    minus_inf = b.const(-np.inf, F32)
+    keep = b.op("Greater", values, minus_inf)  # [N, R, V]: the masked-out tokens never
+    per_row = b.const([1, 2], I64)
+    if "top_k" in present:
+        k = b.op("Where", b.op("Greater", "top_k", b.const(0, I64)), "top_k", vocab_size)
+        keep = b.op("And", keep, b.op("Less", token, b.op("Unsqueeze", k, per_row)))
+    if "top_p" in present:
+        last_axis = b.const([-1], I64)
+        left = b.op("Where", keep, values, minus_inf)
+        peak = b.op("ReduceMax", left, last_axis, keepdims=1)
+        weights = b.op("Exp", b.op("Sub", left, peak))
+        probs = b.op("Div", weights, b.op("ReduceSum", weights, last_axis, keepdims=1))
+        before = b.op("Sub", b.op("CumSum", probs, b.const(-1, I64)), probs)  # strictly before
+        p = b.op("Unsqueeze", "top_p", per_row)
+        nucleus = b.op("Or", b.op("GreaterOrEqual", p, b.const(1.0, F32)), b.op("Less", before, p))
+        keep = b.op("And", keep, nucleus)
+    kept = b.op("Cast", keep, to=TensorProto.INT64)
+    count = b.op("ReduceSum", kept, b.const([-1], I64), keepdims=1)
+    last = b.op("Max", b.op("Sub", count, b.const(1, I64)), b.const(0, I64))  # [N, R, 1]
+    return b.op("GatherElements", values, last, axis=2), b.op("GatherElements", ids, last, axis=2)
+
+
+def _kept(b: Body, logits: str, vocab_size: str, present) -> str:
+    """[N, R, V] bool: the tokens the request's truncation keeps of ``logits`` [N, R, V]
+    (``reference/truncation.py``): the allowed-token mask first, then, on the masked logits, the
+    tokens up to the top-k / top-p threshold pair (a logit above the threshold's, or equal with
+    an id no higher)."""
+    token = b.op("Range", b.const(0, I64), vocab_size, b.const(1, I64))  # [V]
+    kept = None
+    if "allowed_tokens" in present:
+        kept = _allowed(b, "allowed_tokens", token)
+        logits = b.op("Where", kept, logits, b.const(-np.inf, F32))
+    if "top_k" in present or "top_p" in present:
+        limit, last = _threshold(b, logits, token, vocab_size, present)
+        above = b.op("Greater", logits, limit)
+        tied = b.op("And", b.op("Equal", logits, limit), b.op("LessOrEqual", token, last))
+        ranked = b.op("Or", above, tied)
+        kept = ranked if kept is None else b.op("And", kept, ranked)
+    return kept
+
+
+def verify_resample_function(present: Collection[str] = ()) -> onnx.FunctionProto:
     """``VerifyResample(hidden [N, γ+1, H], lm_head [V, H], draft_tokens [N, γ], temperature [N],
-    seed [N], positions [N]) -> tokens [N, γ+1], num_emitted [N], logprobs [N, γ+1]``.
+    seed [N], positions [N][, top_k [N], top_p [N], allowed_tokens [N, γ+1, W]]) -> tokens
+    [N, γ+1], num_emitted [N], logprobs [N, γ+1]``.
 
     Per row i: ``y_i = argmax_v (l_v + g_v)`` (greedy: ``argmax_v l_v``); drafts are accepted
     while ``x == y``; the step emits ``y_0 .. y_k``. Log-probabilities: ``l(y) - LSE``.
+    ``present``: the optional inputs the nodes carry; with any, the logits outside the
+    truncation are -inf before the sample and the LSE (materialised: a sort of each row for
+    top-k / top-p), as in the reference.
     """
+    _check_present("VerifyResample", present)
     b = Body("vr")
     one_f, zero_f = b.const(1.0, F32), b.const(0.0, F32)
     vocab_size = b.attr_int("vocab_size")  # scalar
@@ -92,6 +215,9 @@ def verify_resample_function() -> onnx.FunctionProto:
         _logits(b, "hidden", "lm_head", vocab_size),
         b.op("Unsqueeze", scale, b.const([1, 2], I64)),
     )
+    if present:  # the truncated logits: what the LSE and the log-probabilities see
+        kept = _kept(b, logits, vocab_size, present)
+        logits, untruncated = b.op("Where", kept, logits, b.const(-np.inf, F32)), logits
     peak = b.op("ReduceMax", logits, b.const([-1], I64), keepdims=1)
     total = b.op(
         "ReduceSum", b.op("Exp", b.op("Sub", logits, peak)), b.const([-1], I64), keepdims=1
@@ -112,7 +238,14 @@ def verify_resample_function() -> onnx.FunctionProto:
     )  # [N, R, V]
     gumbel = _fence(b, noise.gumbel_from_bits(b, bits))  # [N, R, V], see _fence
     greedy3 = b.op("Unsqueeze", greedy, b.const([1, 2], I64))
-    score = b.op("Where", greedy3, logits, b.op("Add", logits, gumbel))
+    if present:
+        # The same scores as from the truncated logits (a dropped token's -inf + g is -inf),
+        # masked after the noise is added: fed the truncated logits, Myelin's build of the
+        # hash chain never finishes (as without _fence), the fence notwithstanding.
+        score = b.op("Where", greedy3, untruncated, b.op("Add", untruncated, gumbel))
+        score = b.op("Where", kept, score, b.const(-np.inf, F32))
+    else:
+        score = b.op("Where", greedy3, logits, b.op("Add", logits, gumbel))
     best = b.op("ArgMax", score, axis=2, keepdims=1, select_last_index=0)  # [N, R, 1]
     best_logit = b.op("Squeeze", b.op("GatherElements", logits, best, axis=2), unsqueeze2)
     y = b.op("Squeeze", best, unsqueeze2)  # [N, R]
@@ -132,7 +265,7 @@ def verify_resample_function() -> onnx.FunctionProto:
     return b.function(
         DOMAIN,
         "VerifyResample",
-        ["hidden", "lm_head", "draft_tokens", "temperature", "seed", "positions"],
+        formal_inputs("VerifyResample", present),
         [("tokens", tokens), ("num_emitted", num_emitted), ("logprobs", logprobs)],
         OPSET_IMPORTS,
         ["vocab_size"],
@@ -158,31 +291,41 @@ def plugin_node(op_type: str, inputs, outputs, vocab_size: int, name: str | None
 # ONNX op_type (= TensorRT plugin name) -> builder of its function body, from the op specs
 FUNCTIONS = {spec.op_type: globals()[spec.onnx_body] for spec in specs.SPECS.values()}
 
-_ELEMENT_TYPES = {"int64": TensorProto.INT64, "float32": TensorProto.FLOAT}
+_ELEMENT_TYPES = {
+    "int64": TensorProto.INT64,
+    "int32": TensorProto.INT32,
+    "float32": TensorProto.FLOAT,
+}
 
 
-def single_op_model(op_type: str, float_type: int, vocab_size: int) -> onnx.ModelProto:
+def single_op_model(
+    op_type: str, float_type: int, vocab_size: int, optional: Collection[str] = ()
+) -> onnx.ModelProto:
     """A model of one ``flashspec`` node with its function: the unit an engine test builds.
 
     float_type : ``TensorProto.FLOAT`` / ``FLOAT16`` / ``BFLOAT16`` for hidden and lm_head
+    optional : the optional inputs the node and the model take (e.g. ``("top_k", "top_p")``)
     """
     spec = specs.BY_OP_TYPE[op_type]
+    _check_present(op_type, optional)
+    given = [a for a in spec.inputs if not a.optional or a.name in optional]
 
     def value(arg: specs.TensorArg):
         element = float_type if arg.dtype == "T" else _ELEMENT_TYPES[arg.dtype]
         return helper.make_tensor_value_info(arg.name, element, list(arg.shape))
 
-    names = [a.name for a in spec.inputs], [a.name for a in spec.outputs]
+    inputs = [a.name if a in given else "" for a in spec.inputs[: spec.inputs.index(given[-1]) + 1]]
+    node = plugin_node(op_type, inputs, [a.name for a in spec.outputs], vocab_size)
     graph = helper.make_graph(
-        [plugin_node(op_type, *names, vocab_size)],
+        [node],
         f"flashspec_{op_type}",
-        [value(a) for a in spec.inputs],
+        [value(a) for a in given],
         [value(a) for a in spec.outputs],
     )
     model = helper.make_model(
         graph,
         opset_imports=OPSET_IMPORTS,
-        functions=[FUNCTIONS[op_type]()],
+        functions=[function_for(op_type, [node])],
         ir_version=IR_VERSION,
         producer_name="flashspec_export",
     )

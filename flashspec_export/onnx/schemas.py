@@ -15,7 +15,12 @@ from flashspec_export.ops import specs
 DOMAIN = specs.DOMAIN
 DOMAIN_VERSION = 1
 FLOATS = ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"]
-_TYPES = {"T": "T", "int64": "tensor(int64)", "float32": "tensor(float)"}
+_TYPES = {
+    "T": "T",
+    "int64": "tensor(int64)",
+    "int32": "tensor(int32)",
+    "float32": "tensor(float)",
+}
 
 
 def type_string(arg: specs.TensorArg) -> str:
@@ -24,12 +29,21 @@ def type_string(arg: specs.TensorArg) -> str:
 
 
 INT = OpSchema.AttrType.INT
+_OPTION = {
+    False: OpSchema.FormalParameterOption.Single,
+    True: OpSchema.FormalParameterOption.Optional,
+}
 
 
 def _schema(spec: specs.OpSpec) -> OpSchema:
     def params(args):
         return [
-            OpSchema.FormalParameter(a.name, type_string(a), f"[{', '.join(a.shape)}] {a.doc}")
+            OpSchema.FormalParameter(
+                a.name,
+                type_string(a),
+                f"[{', '.join(a.shape)}] {a.doc}",
+                param_option=_OPTION[a.optional],
+            )
             for a in args
         ]
 

@@ -29,19 +29,28 @@ _PLUGIN = {"plugin_namespace": functions.DOMAIN, "plugin_version": functions.PLU
 def translation(spec: specs.OpSpec):
     """The onnxscript translation of ``torch.ops.flashspec.<spec.name>``: one ``flashspec`` node
     with the op's attributes and the plugin's namespace and version. Its signature names the
-    spec's inputs and int attributes (the exporter binds arguments by that signature)."""
+    spec's inputs and int attributes (the exporter binds arguments by that signature). An absent
+    optional input (None) is left out of the node: trailing ones dropped, one before a given
+    input as an empty name, as ONNX skips an optional input."""
     op = values.Op(_FLASHSPEC, spec.op_type)
 
     kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    keyword = inspect.Parameter.KEYWORD_ONLY if specs.has_optional(spec) else kind  # as in torch
     signature = inspect.Signature(
-        [inspect.Parameter(a.name, kind) for a in spec.inputs]
-        + [inspect.Parameter(a, kind, annotation=int) for a in spec.attributes]
+        [
+            inspect.Parameter(a.name, kind, default=None if a.optional else inspect.Parameter.empty)
+            for a in spec.inputs
+        ]
+        + [inspect.Parameter(a, keyword, annotation=int) for a in spec.attributes]
     )
 
     def translate(*args, **kwargs):
-        bound = signature.bind(*args, **kwargs).arguments
-        inputs = [bound[a.name] for a in spec.inputs]
-        attributes = {a: bound[a] for a in spec.attributes}
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        inputs = [bound.arguments[a.name] for a in spec.inputs]
+        while inputs[-1] is None:  # required inputs are never None
+            inputs.pop()
+        attributes = {a: bound.arguments[a] for a in spec.attributes}
         return op(*inputs, **attributes, _outputs=len(spec.outputs), **_PLUGIN)
 
     translate.__signature__ = signature
@@ -88,14 +97,18 @@ def translations(opset: int) -> dict:
 
 
 def attach_functions(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Add the function body of every ``flashspec`` op the graph uses (once each), importing
-    the model's standard opset (the bodies' ops mean the same from opset 18 to 24)."""
-    used = {n.op_type for n in model.graph.node if n.domain == functions.DOMAIN}
+    """Add the function body of every ``flashspec`` op the graph uses (once each: the body of
+    the optional inputs its nodes carry, ``functions.function_for``), importing the model's
+    standard opset (the bodies' ops mean the same from opset 18 to 24)."""
+    used = {}
+    for node in model.graph.node:
+        if node.domain == functions.DOMAIN:
+            used.setdefault(node.op_type, []).append(node)
     present = {(f.domain, f.name) for f in model.functions}
     opset = next(o.version for o in model.opset_import if o.domain == "")
-    for op_type in sorted(used):
+    for op_type, nodes in sorted(used.items()):
         if (functions.DOMAIN, op_type) not in present:
-            function = functions.FUNCTIONS[op_type]()
+            function = functions.function_for(op_type, nodes)
             for imported in function.opset_import:
                 if imported.domain == "":
                     imported.version = opset

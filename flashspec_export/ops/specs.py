@@ -24,12 +24,15 @@ PLUGIN_VERSION = "1"
 @dataclass(frozen=True)
 class TensorArg:
     """A tensor input or output. ``dtype``: "T" (the float type of hidden and lm_head: float32,
-    float16 or bfloat16), "int64" or "float32". ``shape``: symbolic dims."""
+    float16 or bfloat16), "int64", "int32" or "float32". ``shape``: symbolic dims. ``optional``:
+    an input a node may leave out (the torch op's ``Tensor? name=None``, ONNX's optional formal
+    parameter, skipped by an empty name when a later one is given)."""
 
     name: str
     dtype: str
     shape: tuple[str, ...]
     doc: str = ""
+    optional: bool = False
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,10 @@ VERIFY_RESAMPLE = OpSpec(
         TensorArg("temperature", "float32", ("N",), "0 = greedy"),
         TensorArg("seed", "int64", ("N",)),
         TensorArg("positions", "int64", ("N",), "absolute position of row 0"),
+        # The truncation a request asks for (reference/truncation.py); absent: off.
+        TensorArg("top_k", "int64", ("N",), "0 = off", optional=True),
+        TensorArg("top_p", "float32", ("N",), "in (0, 1], 1 = off", optional=True),
+        TensorArg("allowed_tokens", "int32", ("N", "R", "W"), "W = ceil(V / 32)", optional=True),
     ),
     outputs=(
         TensorArg("tokens", "int64", ("N", "R"), "emitted tokens, then -1"),
@@ -107,10 +114,24 @@ SPECS: dict[str, OpSpec] = {spec.name: spec for spec in (VERIFY_RESAMPLE, TILED_
 BY_OP_TYPE: dict[str, OpSpec] = {spec.op_type: spec for spec in SPECS.values()}
 
 
+def required(spec: OpSpec) -> tuple[TensorArg, ...]:
+    """The inputs every node of ``spec`` has (the optional ones follow them)."""
+    return tuple(a for a in spec.inputs if not a.optional)
+
+
+def has_optional(spec: OpSpec) -> bool:
+    """Whether ``spec`` has optional inputs (its int attributes are then keyword-only in
+    torch)."""
+    return len(required(spec)) < len(spec.inputs)
+
+
 def dim_sizes(spec: OpSpec, tensors) -> dict[str, int]:
-    """Sizes of the symbolic dims of ``spec.inputs`` bound by the input ``tensors`` (or shapes)."""
+    """Sizes of the symbolic dims of ``spec.inputs`` bound by the input ``tensors`` (or shapes;
+    None for an absent optional input)."""
     sizes = {}
     for arg, tensor in zip(spec.inputs, tensors, strict=True):
+        if tensor is None:
+            continue
         for dim, size in zip(arg.shape, tuple(tensor.shape), strict=True):
             sizes.setdefault(dim, size)  # SymInt under export: dynamic dims stay dynamic
     return sizes

@@ -4,6 +4,10 @@ so models that call them trace, compile and export (``torch.onnx.export`` turns 
 
 ``torch.ops.flashspec.<name>`` takes canonical tensors (as the backends do) and runs the Triton
 kernels on CUDA, the reference elsewhere; ``verify_resample`` always returns log-probabilities.
+Optional inputs (``Tensor? top_k=None`` ...) follow the required ones, and the int attributes
+are keyword-only (``vocab_size=``). ``verify_resample`` with any of ``top_k`` / ``top_p`` /
+``allowed_tokens`` runs a backend of ``ops.TRUNCATING_BACKENDS``: "standard" on CUDA while
+Triton is not one of them.
 """
 
 from __future__ import annotations
@@ -14,29 +18,49 @@ import importlib.util
 import torch
 
 from flashspec_export.ops import registry
-from flashspec_export.ops.specs import SPECS, OpSpec, output_shapes
+from flashspec_export.ops.specs import SPECS, OpSpec, has_optional, output_shapes, required
 
-_DTYPES = {"int64": torch.int64, "float32": torch.float32}
+_DTYPES = {"int64": torch.int64, "int32": torch.int32, "float32": torch.float32}
 
 
-def _backend(t: torch.Tensor) -> str:
-    return "triton" if t.is_cuda and importlib.util.find_spec("triton") else "reference"
+def _backend(t: torch.Tensor, truncating: bool) -> str:
+    from flashspec_export.ops import TRUNCATING_BACKENDS  # ops/__init__ imports this module
+
+    backend = "triton" if t.is_cuda and importlib.util.find_spec("triton") else "reference"
+    if truncating and backend not in TRUNCATING_BACKENDS:
+        return "standard"
+    return backend
 
 
 def schema(spec: OpSpec) -> str:
-    """The torch schema of ``spec``: its tensors, then its int attributes."""
-    args = [f"Tensor {a.name}" for a in spec.inputs] + [f"int {a}" for a in spec.attributes]
+    """The torch schema of ``spec``: its tensors (the optional ones ``Tensor? name=None``), then
+    its int attributes (keyword-only after optional tensors, as a schema requires)."""
+    args = [f"Tensor{'?' if a.optional else ''} {a.name}" for a in spec.inputs]
+    args = [f"{arg}=None" if a.optional else arg for arg, a in zip(args, spec.inputs, strict=True)]
+    args += ["*"] if has_optional(spec) else []
+    args += [f"int {a}" for a in spec.attributes]
     return f"({', '.join(args)}) -> ({', '.join('Tensor' for _ in spec.outputs)})"
 
 
-def _run(spec: OpSpec, *args):
-    tensors = args[: len(spec.inputs)]
-    result = registry.resolve(spec.name, _backend(tensors[0]))(*args, **spec.torch_kwargs)
+def _bind(spec: OpSpec, args, kwargs) -> tuple[list, dict]:
+    """(every input, None for an absent optional one; the attributes) of a call."""
+    names = [a.name for a in spec.inputs] + list(spec.attributes)
+    bound = dict(zip(names, args, strict=False)) | kwargs
+    return [bound.get(a.name) for a in spec.inputs], {a: bound[a] for a in spec.attributes}
+
+
+def _run(spec: OpSpec, *args, **kwargs):
+    tensors, attributes = _bind(spec, args, kwargs)
+    count = len(required(spec))
+    optional = zip(spec.inputs[count:], tensors[count:], strict=True)
+    given = {a.name: t for a, t in optional if t is not None}  # absent ones: not passed at all
+    implementation = registry.resolve(spec.name, _backend(tensors[0], truncating=bool(given)))
+    result = implementation(*tensors[:count], *attributes.values(), **spec.torch_kwargs, **given)
     return tuple(result)
 
 
-def _fake(spec: OpSpec, *args):
-    tensors = args[: len(spec.inputs)]
+def _fake(spec: OpSpec, *args, **kwargs):
+    tensors, _ = _bind(spec, args, kwargs)
     shapes = output_shapes(spec, tensors)
     return tuple(
         tensors[0].new_empty(shape, dtype=_DTYPES[out.dtype])

@@ -26,7 +26,13 @@ class VerifyHead(torch.nn.Module):
 
     def forward(self, hidden, draft_tokens, temperature, seed, positions):
         return torch.ops.flashspec.verify_resample(
-            hidden, self.lm_head, draft_tokens, temperature, seed, positions, self.vocab_size
+            hidden,
+            self.lm_head,
+            draft_tokens,
+            temperature,
+            seed,
+            positions,
+            vocab_size=self.vocab_size,
         )
 
 

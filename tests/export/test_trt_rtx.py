@@ -80,3 +80,45 @@ def test_parses_an_exported_torch_module():
     assert parser.parse(model.SerializeToString()), [
         str(parser.get_error(i)) for i in range(parser.num_errors)
     ]
+
+
+TRUNCATING = ("top_k", "top_p", "allowed_tokens")
+
+
+@pytest.mark.parametrize("optional", [TRUNCATING[:2], TRUNCATING], ids="+".join)
+def test_the_truncating_body_parses_and_builds(optional):
+    """VerifyResample with top_k / top_p (and masks): the truncating body (a TopK sort of each
+    row) parses and builds at V = 1000 — in about a second; with the noise fed the truncated
+    logits instead of masking the noisy scores, Myelin's build never finished."""
+    logger = trt.Logger(trt.Logger.ERROR)
+    builder = trt.Builder(logger)
+    network = builder.create_network(0)
+    parser = trt.OnnxParser(network, logger)
+    model = functions.single_op_model("VerifyResample", TensorProto.FLOAT, 1000, optional)
+    assert parser.parse(model.SerializeToString()), [
+        str(parser.get_error(i)) for i in range(parser.num_errors)
+    ]
+    shapes = SHAPES["VerifyResample"] | {
+        "lm_head": (1024, 64),
+        "top_k": (4,),
+        "top_p": (4,),
+        "allowed_tokens": (4, 4, 32),
+    }
+    config = builder.create_builder_config()
+    profile = builder.create_optimization_profile()
+    for i in range(network.num_inputs):
+        name = network.get_input(i).name
+        profile.set_shape(name, shapes[name], shapes[name], shapes[name])
+    config.add_optimization_profile(profile)
+    engine = builder.build_serialized_network(network, config)
+    assert engine is not None and engine.nbytes > 0
+
+
+def test_a_skipped_optional_input_does_not_parse():
+    """TensorRT's parser refuses a function node with an empty (skipped) input: a model for
+    TensorRT gives a prefix of the optional inputs (the exporter's top_k, top_p)."""
+    logger = trt.Logger(trt.Logger.ERROR)
+    network = trt.Builder(logger).create_network(0)
+    parser = trt.OnnxParser(network, logger)
+    model = functions.single_op_model("VerifyResample", TensorProto.FLOAT, 1000, ("top_p",))
+    assert not parser.parse(model.SerializeToString())
