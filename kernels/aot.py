@@ -274,7 +274,18 @@ def _portable_row(specs, op, kind, dtype_name, hidden_size, bound, device="") ->
         extra = (
             {}
             if logprobs is None
-            else {"LIBDEVICE": True, "RETURN_LOGPROBS": logprobs, "EPI_ROWS": epi_rows}
+            else {
+                "LIBDEVICE": True,
+                "RETURN_LOGPROBS": logprobs,
+                "EPI_ROWS": epi_rows,
+                # no truncation in the library's kernels (yet): its inputs compiled out
+                "truncated_ptr": None,
+                "allowed_ptr": None,
+                "cand_ptr": None,
+                "num_words": 1,
+                "MASKED": False,
+                "CANDIDATES": 0,
+            }
         )
         symbol = symbols[logprobs] = base + ("_lp" if logprobs else "")
         specs[symbol] = KernelSpec(
