@@ -42,6 +42,7 @@ import triton.language as tl
 from flashspec_export.kernels import hopper_tiles
 from flashspec_export.kernels.noise import (
     STREAM_GUMBEL,
+    evaluate_noise,
     gumbel_from_bits,
     math_exp,
     math_log,
@@ -571,7 +572,11 @@ def verify_resample(
 # Candidates kept per (row, split) for top-k / top-p: the exact kept set is settled from them when
 # it lies inside the keys every split has handed in (``_truncated_summaries``).
 CANDIDATES = 32
+# Kept tokens a truncated row may have and be settled by its candidates (the k <= 1024);
+# a larger kept set is recomputed materialised.
+MAX_KEPT = 1024
 _EMPTY_KEY = -(2**63)
+_NEG_INF_LAST = ((-(2**31) + 2**23 - 1) << 32) | (2**31 - 1)  # the largest key of a -inf logit
 
 
 def _truncated_sequences(top_k, top_p, n: int, device) -> torch.Tensor:
@@ -630,10 +635,14 @@ def _truncated_summaries(
     floor = candidates[..., -1]  # [R, S]: the largest key a split did not hand in
     hidden_finite = (floor != _EMPTY_KEY) & (decode_keys(floor)[0] > -inf)
     tau = torch.where(hidden_finite, floor, _EMPTY_KEY).amax(dim=-1)  # [R]
-    keys = candidates[..., :-1].reshape(rows, -1).sort(dim=-1, descending=True).values
+    handed = candidates[..., :-1].reshape(rows, -1)
+    # the largest MAX_KEPT handed-in keys, in order: a kept set is settled only inside them
+    keys = handed.topk(min(MAX_KEPT, handed.shape[1]), dim=-1).values
     logit, ids = decode_keys(keys)
     known = (keys > tau[:, None]) & (keys != _EMPTY_KEY) & (logit > -inf)
-    complete = tau == _EMPTY_KEY  # every finite logit of the row was handed in
+    known_all = ((handed > tau[:, None]) & (handed > _NEG_INF_LAST)).sum(dim=-1)
+    # every finite logit of the row was handed in, and lies among these keys
+    complete = (tau == _EMPTY_KEY) & (known_all <= keys.shape[1])
     rank = torch.arange(keys.shape[1], device=device)
     k = per_row(top_k) if top_k is not None else torch.zeros(rows, dtype=torch.int64, device=device)
     p = per_row(top_p) if top_p is not None else torch.ones(rows, device=device)
@@ -662,8 +671,12 @@ def _truncated_summaries(
 
     seq_rows = per_row(torch.arange(n, device=device))
     row_pos = positions[seq_rows] + torch.arange(rows, device=device) % width
-    a, b = noise.row_keys(seed[seq_rows], row_pos, noise.STREAM_GUMBEL)
-    g = noise.gumbel_from_bits(noise.token_bits(a[:, None], b[:, None], ids))
+    g = evaluate_noise(  # one kernel: the reference's integers, libdevice's logs on a GPU
+        seed[seq_rows, None].expand_as(ids).reshape(-1),
+        row_pos[:, None].expand_as(ids).reshape(-1),
+        ids.reshape(-1),
+        noise.STREAM_GUMBEL,
+    )[2].view(ids.shape)
     greedy = reference.is_greedy(temperature)[seq_rows]
     score = torch.where(greedy[:, None], logit, logit + g).masked_fill(~nucleus, float("-inf"))
     best = score.amax(dim=-1, keepdim=True)

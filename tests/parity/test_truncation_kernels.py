@@ -205,3 +205,20 @@ def test_boundaries_on_equal_logits(truncate, kept):
         **truncate,
     )
     assert set(tokens[:, 0].tolist()) == kept
+
+
+def test_a_kept_set_past_max_kept_is_recomputed(monkeypatch):
+    """Stage 2 settles a kept set only inside its MAX_KEPT largest candidates: with the cap at 4,
+    the sequences whose top-k exceeds it are recomputed and every sequence equals the reference."""
+    hidden, lm_head, temperature, seed, positions, _ = _inputs(1)
+    drafts = torch.zeros(N, GAMMA, dtype=torch.int64, device=DEVICE)
+    monkeypatch.setattr(kernels, "MAX_KEPT", 4)
+    (tokens, emitted, _), unsettled = kernels.verify_resample(
+        hidden, lm_head, drafts, temperature, seed, positions, V, top_k=TOP_K, settle_only=True
+    )
+    assert torch.equal(unsettled, (TOP_K > 4).repeat_interleave(GAMMA + 1))  # k 5, 10, 7
+    got = ops.verify_resample(
+        hidden, lm_head, drafts, temperature, seed, positions, backend="triton", top_k=TOP_K
+    )
+    want = ops.verify_resample(hidden, lm_head, drafts, temperature, seed, positions, top_k=TOP_K)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
