@@ -213,7 +213,7 @@ def test_a_kept_set_past_max_kept_is_recomputed(monkeypatch):
     hidden, lm_head, temperature, seed, positions, _ = _inputs(1)
     drafts = torch.zeros(N, GAMMA, dtype=torch.int64, device=DEVICE)
     monkeypatch.setattr(kernels, "MAX_KEPT", 4)
-    (tokens, emitted, _), unsettled = kernels.verify_resample(
+    _, unsettled = kernels.verify_resample(
         hidden, lm_head, drafts, temperature, seed, positions, V, top_k=TOP_K, settle_only=True
     )
     assert torch.equal(unsettled, (TOP_K > 4).repeat_interleave(GAMMA + 1))  # k 5, 10, 7
