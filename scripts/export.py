@@ -47,6 +47,11 @@ def main() -> None:
         choices=GRAPH_OPSETS,
         help="24: Attention + TensorScatter (cache written in place); 18: for runtimes without",
     )
+    parser.add_argument(
+        "--sampling-params",
+        action="store_true",
+        help="the target step takes per-sequence top_k / top_p inputs (generate.py --top-k/-p)",
+    )
     parser.add_argument("--force", action="store_true", help="overwrite a non-empty --out")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
@@ -64,6 +69,7 @@ def main() -> None:
         args.draft_model,
         args.dtype,
         args.opset,
+        args.sampling_params,
     )
     try:
         manifest = export(config)
@@ -71,10 +77,11 @@ def main() -> None:
         parser.exit(2, f"error: {error}\n")
     for graph in manifest.graphs.values():
         print(f"{out}/{graph.file}: {len(graph.inputs)} inputs, {len(graph.outputs)} outputs")
+    sampling = ", ".join(manifest.sampling_params)
     print(
         f"{out}/manifest.json: {manifest.architecture}, vocab {manifest.vocab_size}, "
         f"{manifest.dtype}, opset {manifest.opset}, gamma {manifest.gamma}, "
-        f"drafter {manifest.drafter}"
+        f"drafter {manifest.drafter}{f', sampling params {sampling}' if sampling else ''}"
     )
 
 

@@ -8,6 +8,7 @@ python scripts/generate.py out/stdlib-tiny-mtp --prompt-file f.py --stop "\\n\\n
 python scripts/generate.py out/tiny-llama-mtp --check     # random ids; PyTorch: same tokens?
 python scripts/generate.py out/tiny-llama-mtp --engines   # TensorRT (scripts/build_engines.py)
 python scripts/generate.py out/stdlib-tiny-mtp --prompt "def parse_args(" --device cuda
+python scripts/generate.py out/sp --top-k 40 --top-p 0.9  # scripts/export.py --sampling-params
 """
 
 from __future__ import annotations
@@ -50,6 +51,12 @@ def main() -> None:
     add("--prompt-len", type=int, default=d.prompt_len, help="random prompt ids (no --prompt)")
     add("--temperature", type=float, default=d.temperature, help="0: greedy")
     add("--seed", type=int, default=d.seed, help="sequence i samples with seed + i")
+    add(
+        "--top-k",
+        type=int,
+        help="sample among the k likeliest tokens (0: off; needs an export with --sampling-params)",
+    )
+    add("--top-p", type=float, help="then among the nucleus of mass p in (0, 1] (1: off; ditto)")
     add("--select", choices=sorted(POLICIES), help="choose drafter and gamma online (bandit)")
     add("--check", action="store_true", help="compare with the PyTorch modules")
     add("--engines", action="store_true", help="run <export>/engines with TensorRT (GPU)")
@@ -81,6 +88,8 @@ def main() -> None:
         stop,
         args.select,
         echo if live else None,
+        top_k=args.top_k,
+        top_p=args.top_p,
         device=args.device,
     )
     if live:

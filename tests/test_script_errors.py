@@ -140,6 +140,15 @@ GENERATE_CASES = {
     "seed + batch beyond int64": (["--seed", str(2**63 - 1)], "exceeds 9223372036854775807"),
     "prompt too short": (["--prompt-len", "1"], "prompt_len: expected at least 2, got 1"),
     "unknown stop escape": (["--stop", "\\q"], "unknown escape \\q in '\\\\q'"),
+    "negative top-k": (["--top-k", "-1"], "--top-k: expected an integer >= 0 (0: off), got -1"),
+    "top-p 0": (["--top-p", "0"], "--top-p: expected a value in (0, 1] (1: off), got 0.0"),
+    "top-p above 1": (["--top-p", "1.5"], "--top-p: expected a value in (0, 1] (1: off), got 1.5"),
+    "top-p nan": (["--top-p", "nan"], "--top-p: expected a value in (0, 1] (1: off), got nan"),
+    "top-k without sampling params": (
+        ["--top-k", "5"],
+        "--top-k: this export's target step takes no top_k / top_p; re-export with "
+        "scripts/export.py --sampling-params",
+    ),
     "unknown device": (["--device", "gpu"], "argument --device: invalid choice: 'gpu'"),
     "device and engines": (
         ["--device", "cpu", "--engines"],

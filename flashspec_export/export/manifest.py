@@ -23,7 +23,13 @@ from dataclasses import dataclass, field
 from flashspec_export.config import DTYPE_NAMES, ConfigError
 
 FILE_NAME = "manifest.json"
-FORMAT = 4  # bump when the layout changes; readers refuse other formats
+FORMAT = 5  # bump when the layout changes; readers refuse formats not in FORMATS
+# 5 adds ``sampling_params``; an export without them is still written as 4, which earlier
+# readers read, and a format-4 manifest reads as one without them.
+FORMATS = (4, 5)
+# The per-sequence sampling inputs of a ``--sampling-params`` export's target step, after
+# ``seed``: VerifyResample's optional top_k [N] int64 (0: off) and top_p [N] float32 (1: off).
+SAMPLING_PARAMS = ("top_k", "top_p")
 
 
 def replace_directory(out: pathlib.Path, staging: pathlib.Path) -> None:
@@ -117,6 +123,7 @@ class Manifest:
     graphs: Mapping[str, Graph]
     weights_sha256: str
     tokenizer: str | None = None  # directory of the target's tokenizer files in the export
+    sampling_params: tuple[str, ...] = ()  # the target step's SAMPLING_PARAMS inputs, or none
     format: int = field(default=FORMAT)
 
     @property
@@ -230,9 +237,10 @@ def _op(data, where: str) -> OpVersion:
 def from_json(data, where: str = FILE_NAME) -> Manifest:
     """A ``Manifest`` from parsed JSON; ``ConfigError`` naming the first bad field."""
     expect_type(data, dict, where)
-    if "format" in data and data["format"] != FORMAT:
+    if "format" in data and data["format"] not in FORMATS:
         raise ConfigError(
-            f"{where} has format {data['format']}, this version reads {FORMAT}; re-export"
+            f"{where} has format {data['format']}, this version reads "
+            f"{' and '.join(map(str, FORMATS))}; re-export"
         )
     d = json_fields(Manifest, {"format": FORMAT, **data}, where)
     ints = ("vocab_size", "padded_vocab", "hidden_size", "gamma", "opset")
@@ -258,7 +266,27 @@ def from_json(data, where: str = FILE_NAME) -> Manifest:
     tokenizer = d.get("tokenizer")
     if tokenizer is not None:
         expect_type(tokenizer, str, f"{where}: tokenizer")
-    return Manifest(config=config, ops=ops, graphs=graphs, tokenizer=tokenizer, **values)
+    sampling = tuple(expect_type(d.get("sampling_params", []), list, f"{where}: sampling_params"))
+    if sampling not in ((), SAMPLING_PARAMS) or (sampling and d["format"] < 5):
+        raise ConfigError(
+            f"{where}: sampling_params: expected [] or {list(SAMPLING_PARAMS)} (format 5), got "
+            f"{list(sampling)} (format {d['format']}); re-export"
+        )
+    return Manifest(
+        config=config,
+        ops=ops,
+        graphs=graphs,
+        tokenizer=tokenizer,
+        sampling_params=sampling,
+        format=d["format"],
+        **values,
+    )
+
+
+def format_of(sampling_params: tuple[str, ...]) -> int:
+    """The format an export is written in: the lowest that holds it (4 without sampling
+    params)."""
+    return FORMAT if sampling_params else 4
 
 
 def read(directory: str | pathlib.Path) -> Manifest:

@@ -6,7 +6,8 @@ in the export's dtype (``--dtype``; auto: the checkpoint's) for weights, hidden 
 cache, while the FlashSpec ops sample in fp32:
 - ``target_prefill.onnx``: TargetStep over T prompt tokens → hidden, cache;
 - ``target_step.onnx``: SpeculativeTarget over [last accepted token, γ drafts] → emitted tokens,
-  num_emitted, logprobs, hidden (for feature drafters), cache;
+  num_emitted, logprobs, hidden (for feature drafters), cache; with ``--sampling-params`` it
+  also takes per-sequence ``top_k`` / ``top_p`` (VerifyResample's optional inputs);
 - ``drafter_mtp.onnx`` / ``drafter_eagle.onnx`` (``--draft mtp|eagle``): a feature-drafter call
   over T rows → greedy draft from row ``last_row`` (TiledArgmax), that row's hidden, its cache;
 - ``drafter_model.onnx`` (``--draft model --draft-model ...``): a small LM with the target's
@@ -146,6 +147,8 @@ def export(config: ExportConfig) -> manifest.Manifest:
     k, v, caches_out = caches(target.step.cache_shape(b, s))
     new = torch.export.Dim("new_tokens", min=1, max=s)  # T of prefill and drafter calls
     example = torch.zeros(b, 2, dtype=torch.int64)
+    # top_k [N] int64, top_p [N] float32 after the seed (manifest.SAMPLING_PARAMS), values off
+    sampling = (zeros.clone(), torch.ones(b)) if config.sampling_params else ()
     jobs = {  # name -> (module, example inputs, dynamic shapes, output names)
         "target_prefill": (
             target.step,
@@ -162,8 +165,9 @@ def export(config: ExportConfig) -> manifest.Manifest:
                 [c.clone() for c in v],
                 torch.ones(b),
                 zeros.clone(),
+                *sampling,
             ),
-            ({1: new}, None, None, None, None, None),  # γ + 1: any γ up to the cache
+            ({1: new}, None, None, None, None, None, *(None for _ in sampling)),  # γ + 1: any γ
             ["emitted", "num_emitted", "logprobs", "hidden", *caches_out],
         ),
     }
@@ -212,6 +216,7 @@ def export(config: ExportConfig) -> manifest.Manifest:
         size = weights.size / 1e9
         logger.info("%s: %d tensors, %.2f GB", weights.path.name, weights.tensors, size)
         data_sha256 = manifest.sha256(weights.path)
+        sampling_params = manifest.SAMPLING_PARAMS if config.sampling_params else ()
         graphs = {
             name: manifest.hashed_graph(
                 staging, f"{name}.onnx", inputs, outputs, weights.path.name, data_sha256
@@ -240,6 +245,8 @@ def export(config: ExportConfig) -> manifest.Manifest:
             graphs=graphs,
             weights_sha256=fingerprint,
             tokenizer=_copy_tokenizer(config.target, staging),
+            sampling_params=sampling_params,
+            format=manifest.format_of(sampling_params),
         )
         manifest.write(staging, written)
         manifest.replace_directory(out, staging)

@@ -57,6 +57,7 @@ class ExportConfig:
     draft_model: str | None = None  # --draft model: a preset name or checkpoint directory
     dtype: str = "auto"  # weights, activations and KV cache: auto = the checkpoint's dtype
     opset: int = GRAPH_OPSETS[0]  # 24: Attention + in-place TensorScatter; 18: the fallback
+    sampling_params: bool = False  # the target step takes per-sequence top_k / top_p inputs
 
 
 def trained_directory(spec: str) -> pathlib.Path | None:

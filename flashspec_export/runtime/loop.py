@@ -25,8 +25,9 @@ class Target:
     """The target's two graphs and its static cache.
 
     prefill(tokens [N, T], positions [N], k, v) -> (hidden [N, T, H], k, v)
-    step(tokens [N, γ + 1], positions [N], k, v, temperature [N], seed [N])
-        -> (emitted [N, γ + 1], num_emitted [N], logprobs [N, γ + 1], hidden [N, γ + 1, H], k, v)
+    step(tokens [N, γ + 1], positions [N], k, v, temperature [N], seed [N][, top_k [N],
+        top_p [N]]) -> (emitted [N, γ + 1], num_emitted [N], logprobs [N, γ + 1],
+        hidden [N, γ + 1, H], k, v) — top_k / top_p when ``sampling_params``
     cache_shape: [L, N, KV, S, D] of k and v (N and S are fixed by an export)
 
     A graph may return the k and v it was given, written in place (onnxruntime and TensorRT
@@ -38,6 +39,7 @@ class Target:
     cache_shape: tuple[int, ...]
     cache_dtype: torch.dtype = torch.float32  # what the graphs take (written in place by some)
     cache_device: str = "cpu"  # TensorRT engines keep their caches on the GPU
+    sampling_params: bool = False  # the step takes top_k [N] int64 and top_p [N] float32
 
     def new_cache(self) -> torch.Tensor:
         """A zeroed cache tensor (k or v) as the graphs take it."""
@@ -124,6 +126,26 @@ def check_request(prompts, max_new_tokens, gamma, temperature, batch, max_len) -
         )
 
 
+def sampling_inputs(target: Target, n: int, top_k, top_p) -> tuple[torch.Tensor, ...]:
+    """What the step takes after the seed: top_k [N] int64 and top_p [N] float32 (the off
+    values, 0 and 1, where not given) for a target with ``sampling_params``; else nothing, and a
+    given top_k / top_p is refused."""
+    if not target.sampling_params:
+        if top_k is not None or top_p is not None:
+            raise ConfigError(
+                f"{'top_k' if top_k is not None else 'top_p'}: this target step takes no "
+                "per-sequence top_k / top_p (export with --sampling-params)"
+            )
+        return ()
+    top_k = torch.zeros(n, dtype=torch.int64) if top_k is None else top_k
+    top_p = torch.ones(n) if top_p is None else top_p
+    if top_k.shape != (n,) or bool((top_k < 0).any()):
+        raise ConfigError(f"top_k: expected {n} integers >= 0 (0: off), got {top_k.tolist()}")
+    if top_p.shape != (n,) or not bool(((top_p > 0) & (top_p <= 1)).all()):
+        raise ConfigError(f"top_p: expected {n} values in (0, 1] (1: off), got {top_p.tolist()}")
+    return top_k, top_p
+
+
 def generate(
     target: Target,
     drafter: Drafter,
@@ -133,6 +155,8 @@ def generate(
     temperature: torch.Tensor,
     seed: torch.Tensor,
     stream: Stream | None = None,
+    top_k: torch.Tensor | None = None,
+    top_p: torch.Tensor | None = None,
 ) -> GenerationResult:
     """Generate up to ``max_new_tokens`` per sequence after ``prompt`` ([N, T0] or N lists of
     token ids of any lengths >= 2); ``stream`` sees the tokens as they come and may stop a
@@ -144,10 +168,13 @@ def generate(
     ``positions`` = the cache length, and advances it by ``num_emitted``. The drafter may
     return fewer than ``gamma`` drafts (online selection): the step verifies those.
     temperature : [N] float32 (0: greedy); seed : [N] int64
+    top_k : [N] int64 (0: off); top_p : [N] float32 in (0, 1] (1: off) — a target with
+        ``sampling_params`` only (``sampling_inputs``)
     """
     sequences = as_prompts(prompt)
     n = len(sequences)
     check_request(sequences, max_new_tokens, gamma, temperature, target.batch, target.max_len)
+    sampling = sampling_inputs(target, n, top_k, top_p)
     metrics = Metrics(gamma, n)
     start = time.perf_counter()
     lengths = torch.tensor([len(s) for s in sequences])
@@ -173,7 +200,7 @@ def generate(
         # slots from the step position, more in the drafter) stay inside the cache.
         step_positions = torch.where(active, positions, 0)
         clock = time.perf_counter()
-        step = target.step(tokens, step_positions, k, v, temperature, seed)
+        step = target.step(tokens, step_positions, k, v, temperature, seed, *sampling)
         metrics.verify_seconds += time.perf_counter() - clock
         emitted, num_emitted, _, hidden, k, v = step
         num_emitted = torch.where(active, num_emitted, 0)

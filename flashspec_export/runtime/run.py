@@ -34,6 +34,8 @@ class RunConfig:
     select: str | None = None  # ucb1 | thompson: choose (drafter, γ) every step
     echo: Callable[[int, str], None] | None = None  # receives text as it is accepted
     device: str | None = None  # cpu | cuda: the device loop (PyTorch modules), not onnxruntime
+    top_k: int | None = None  # sample among the k likeliest tokens (0: off); needs an export
+    top_p: float | None = None  # ... and the nucleus of mass p (1: off) with --sampling-params
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,32 @@ def _check(config: RunConfig) -> None:
             "device: the device loop runs the export's drafter at its gamma; --select needs "
             "the onnxruntime loop (without --device)"
         )
+    if config.top_k is not None and config.top_k < 0:
+        raise ConfigError(f"--top-k: expected an integer >= 0 (0: off), got {config.top_k}")
+    if config.top_p is not None and not 0 < config.top_p <= 1:  # NaN fails too
+        raise ConfigError(f"--top-p: expected a value in (0, 1] (1: off), got {config.top_p}")
+    if config.device is not None and (config.top_k is not None or config.top_p is not None):
+        raise ConfigError(
+            "device: the device loop takes no --top-k / --top-p yet; run without --device"
+        )
+
+
+def _sampling(config: RunConfig, manifest, batch: int) -> dict:
+    """top_k / top_p for ``generate``: per sequence, the export's inputs fed only where it has
+    them (off where not asked), and an ask refused, naming the flag, where it has not."""
+    asked = [f for f, v in (("--top-k", config.top_k), ("--top-p", config.top_p)) if v is not None]
+    if not manifest.sampling_params:
+        if asked:
+            raise ConfigError(
+                f"{asked[0]}: this export's target step takes no top_k / top_p; re-export with "
+                "scripts/export.py --sampling-params"
+            )
+        return {}
+    top_k = config.top_k if config.top_k is not None else 0
+    top_p = config.top_p if config.top_p is not None else 1.0
+    return dict(
+        top_k=torch.full((batch,), top_k, dtype=torch.int64), top_p=torch.full((batch,), top_p)
+    )
 
 
 def _prompts(config: RunConfig, manifest, batch: int):
@@ -136,6 +164,7 @@ def run(config: RunConfig) -> RunReport:
         target, drafter = sessions.from_engines(config.export_dir, manifest)
     else:
         target, drafter = sessions.from_export(config.export_dir, manifest)
+    sampling = _sampling(config, manifest, manifest.batch)
     prompt, tokenizer = _prompts(config, manifest, manifest.batch)
     temperature = torch.full((manifest.batch,), config.temperature)
     if config.seed + manifest.batch - 1 > MAX_SEED:  # sequence i uses seed + i
@@ -156,7 +185,7 @@ def run(config: RunConfig) -> RunReport:
         generated = device_loop.generate(prompt, config.new_tokens, temperature, seeds, streaming)
         result = GenerationResult(*generated)
     else:
-        result = generate(target, drafting, *args, stream=streaming)
+        result = generate(target, drafting, *args, stream=streaming, **sampling)
     seconds = time.perf_counter() - start
     if streaming is not None:
         streaming.finish()
@@ -166,6 +195,6 @@ def run(config: RunConfig) -> RunReport:
     if reference_pair is not None:
         ref_target, ref_drafter = reference_pair
         ref_drafting = _selecting(ref_drafter, manifest, config)
-        reference = generate(ref_target, ref_drafting, *args, stream=stream())
+        reference = generate(ref_target, ref_drafting, *args, stream=stream(), **sampling)
     texts = streaming.texts if streaming is not None else None
     return RunReport(prompt, result, seconds, reference, texts, manifest.dtype)

@@ -236,11 +236,14 @@ def from_modules(
     max_len: int,
     device: str = "cpu",
     dtype: torch.dtype | None = None,
+    sampling_params: bool = False,
 ):
     """(Target, drafter) running the PyTorch modules with caches for ``batch`` x ``max_len``.
 
     ``device`` / ``dtype``: where and in which float type the modules run (they are moved there;
     the FlashSpec ops then take the Triton kernels on CUDA). The loop still hands CPU tensors.
+    ``sampling_params``: the target step takes top_k / top_p, as a ``--sampling-params``
+    export's does (then the op takes a truncating backend).
     """
     for module in (modules.model, modules.target, modules.drafter):
         if module is not None:
@@ -249,6 +252,7 @@ def from_modules(
         torch_graph(modules.target.step, device, dtype),
         torch_graph(modules.target, device, dtype),
         modules.target.step.cache_shape(batch, max_len),
+        sampling_params=sampling_params,
     )
     if modules.drafter is None:
         return target, NgramDrafter()
@@ -293,6 +297,7 @@ def reference_of(manifest: export_manifest.Manifest):
         config.batch,
         config.max_len,
         dtype=DTYPES[manifest.dtype],
+        sampling_params=config.sampling_params,
     )
 
 
@@ -346,7 +351,9 @@ def from_export(
 
     prefill, cache_shape, dtype = load("target_prefill")
     step, _, _ = load("target_step")
-    target = Target(prefill, step, cache_shape, dtype)
+    target = Target(
+        prefill, step, cache_shape, dtype, sampling_params=bool(manifest.sampling_params)
+    )
     draft = manifest.drafter
     if draft == "ngram":
         return target, NgramDrafter()
@@ -380,7 +387,8 @@ def from_engines(directory: str | pathlib.Path, manifest: export_manifest.Manife
 
     prefill, cache_shape, dtype = load("target_prefill")
     step, _, _ = load("target_step")
-    target = Target(prefill, step, cache_shape, dtype, "cuda")  # caches stay on the GPU
+    sampling = bool(manifest.sampling_params)
+    target = Target(prefill, step, cache_shape, dtype, "cuda", sampling)  # caches on the GPU
     if manifest.drafter == "ngram":
         return target, NgramDrafter()
     graph, draft_cache, dtype = load(f"drafter_{manifest.drafter}")
