@@ -6,8 +6,8 @@ so models that call them trace, compile and export (``torch.onnx.export`` turns 
 kernels on CUDA, the reference elsewhere; ``verify_resample`` always returns log-probabilities.
 Optional inputs (``Tensor? top_k=None`` ...) follow the required ones, and the int attributes
 are keyword-only (``vocab_size=``). ``verify_resample`` with any of ``top_k`` / ``top_p`` /
-``allowed_tokens`` runs a backend of ``ops.TRUNCATING_BACKENDS``: "standard" on CUDA while
-Triton is not one of them.
+``allowed_tokens`` runs a backend of ``ops.TRUNCATING_BACKENDS`` (the Triton kernels on CUDA;
+"standard" wherever the backend it would run does not take them).
 """
 
 from __future__ import annotations
