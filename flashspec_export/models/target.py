@@ -42,7 +42,7 @@ class TargetStep(nn.Module):
 
     Forward
     -------
-    tokens : [N, T] int64
+    tokens : [N, T] int64 (-1: a placeholder draft, embedded as token 0)
     positions : [N] int64, cache length of each sequence = absolute position of ``tokens[:, 0]``
     k_cache, v_cache : [L, N, KV, S, D], S = the static cache length (positions + T <= S)
     inplace : write the new slots into the given caches (the GPU runtime) instead of new ones
@@ -73,7 +73,13 @@ class TargetStep(nn.Module):
         return self.num_heads, self.num_kv_heads, self.head_dim
 
     def forward(self, tokens, positions, k_cache, v_cache, inplace=False, fused=None):
-        x = self.decoder.embed_tokens(tokens)  # [N, T, H]
+        # A -1 placeholder draft (a drafter that proposed fewer than γ, issue 35) embeds as token
+        # 0. Harmless: the verify never accepts a -1, so a sequence emits at most the rows up to
+        # its first placeholder, and causal attention keeps the placeholder from those rows; its
+        # cache slot lies at or past the advanced position, which the next step overwrites before
+        # any query attends to it. A real token's embedding keeps that slot finite, as the
+        # attention over the live window needs (a masked NaN would still poison the sums).
+        x = self.decoder.embed_tokens(tokens.clamp(min=0))  # [N, T, H]
         if fused is not None:
             return (
                 fused.norm(fused(x, positions, k_cache, v_cache), self.decoder.norm),
@@ -212,7 +218,8 @@ class SpeculativeTarget(nn.Module):
 
     Forward
     -------
-    tokens : [N, γ + 1] int64 — the last accepted token, then the γ drafts
+    tokens : [N, γ + 1] int64 — the last accepted token, then the γ drafts (-1 past a
+        sequence's last real draft: a placeholder, never accepted)
     positions : [N] int64 — cache length = absolute position of ``tokens[:, 0]``
     k_cache, v_cache : [L, N, KV, S, D]
     temperature : [N] float32 (0: greedy); seed : [N] int64

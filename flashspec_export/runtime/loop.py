@@ -222,8 +222,11 @@ def generate(
             torch.tensor(kept),
         )
         positions = positions + num_emitted
-        # the metrics count the tokens kept, not those cut at max_new_tokens or a stop string
-        metrics.add_step([kept[row] for row in range(n) if active[row]], drafts.shape[1])
+        # the metrics count the tokens kept, not those cut at max_new_tokens or a stop string,
+        # and the real drafts, not the -1 placeholders of a drafter that proposed fewer
+        drafted = (drafts >= 0).sum(dim=1).tolist()
+        rows = [row for row in range(n) if active[row]]
+        metrics.add_step([kept[row] for row in rows], [drafted[row] for row in rows])
     prompt_lengths = [int(x) for x in totals - max_new_tokens]
     generated = [s[length:] for s, length in zip(sequences, prompt_lengths, strict=True)]
     metrics.total_seconds = time.perf_counter() - start

@@ -6,8 +6,9 @@ Definitions (as vLLM and TensorRT-LLM report them): a "step" of a sequence is on
 while it is unfinished; ``tokens_per_step`` = emitted tokens / steps (accepted drafts + 1);
 ``acceptance[i]`` = steps whose draft at position i was accepted / steps that drafted position i
 (a draft is accepted only if every earlier one was; with a fixed γ every step drafts every
-position). With online selection (``runtime/selection.py``) γ varies per step: ``gamma`` is the
-largest, and ``arms`` counts the steps of each (drafter, γ) chosen.
+position, except where a drafter left it empty: a -1 placeholder is no draft, counted in neither,
+so the rates are per real draft). With online selection (``runtime/selection.py``) γ varies per
+step: ``gamma`` is the largest, and ``arms`` counts the steps of each (drafter, γ) chosen.
 """
 
 from __future__ import annotations
@@ -37,16 +38,20 @@ class Metrics:
         if not self.drafted_at:
             self.drafted_at = [0] * self.gamma
 
-    def add_step(self, num_emitted: list[int], gamma: int | None = None) -> None:
+    def add_step(self, num_emitted: list[int], drafted: int | list[int] | None = None) -> None:
         """Count one target step from the unfinished sequences' ``num_emitted`` (1..γ + 1);
-        ``gamma``: the drafts of this step (default: ``self.gamma``)."""
-        gamma = self.gamma if gamma is None else gamma
+        ``drafted``: the real drafts of this step, one count for every sequence or one per
+        sequence (placeholders left out; default: ``self.gamma``)."""
+        drafted = self.gamma if drafted is None else drafted
+        if isinstance(drafted, int):
+            drafted = [drafted] * len(num_emitted)
         self.steps += 1
         self.sequence_steps += len(num_emitted)
         self.emitted += sum(num_emitted)
-        for i in range(gamma):
-            self.drafted_at[i] += len(num_emitted)
-            self.accepted_at[i] += sum(count > i + 1 for count in num_emitted)
+        for count, drafts in zip(num_emitted, drafted, strict=True):
+            for i in range(drafts):  # a sequence emits at most its real drafts + 1
+                self.drafted_at[i] += 1
+                self.accepted_at[i] += int(count > i + 1)
 
     @property
     def tokens_per_step(self) -> float:

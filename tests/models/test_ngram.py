@@ -1,5 +1,6 @@
 """The n-gram drafter's incremental index against the direct backward scan (its specification),
-and its cost per proposal independent of the sequence's length."""
+its -1 placeholders where the lookup finds fewer than γ tokens, and its cost per proposal
+independent of the sequence's length."""
 
 from __future__ import annotations
 
@@ -15,8 +16,25 @@ def _scan(sequence: list[int], gamma: int, max_ngram: int = 3) -> list[int]:
         for start in range(len(sequence) - n - 1, -1, -1):
             if sequence[start : start + n] == tail:
                 follow = sequence[start + n : start + n + gamma]
-                return follow + [follow[-1]] * (gamma - len(follow))
-    return [sequence[-1]] * gamma
+                return follow + [-1] * (gamma - len(follow))
+    return [-1] * gamma
+
+
+def test_placeholders_fill_what_the_lookup_does_not_find():
+    """Golden cases (max_ngram 2): the drafter never pads with a guess."""
+    drafter = NgramDrafter(max_ngram=2)
+    # no earlier occurrence of the last token (5): nothing proposed, every position a -1
+    assert drafter.propose_one([4, 5], 3) == [-1, -1, -1]
+    # "1 2" occurred at 0, followed by 3 9 1 2 — γ 3 takes what followed, no placeholder
+    assert drafter.propose_one([1, 2, 3, 9, 1, 2], 3) == [3, 9, 1]
+    # "7 8" occurred at 0, followed by only 7 8 before the sequence ends: the tail is -1
+    # (the old padding repeated the last token: [7, 8, 8, 8])
+    assert drafter.propose_one([7, 8, 7, 8], 4) == [7, 8, -1, -1]
+    # the 2-gram "3 1" never occurred, the 1-gram "1" did (at 0, followed by 3 1): two drafts
+    assert drafter.propose_one([1, 3, 1], 3) == [3, 1, -1]
+    # rows of one batch differ: one full, one partial, one empty
+    batch = drafter.propose([[1, 2, 3, 1, 2], [6, 6], [0, 1]], 3).tolist()
+    assert batch == [[3, 1, 2], [6, -1, -1], [-1, -1, -1]]
 
 
 def test_the_index_proposes_what_the_scan_finds():

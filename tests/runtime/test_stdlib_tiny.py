@@ -62,6 +62,47 @@ def test_trained_drafts_are_accepted_and_keep_the_text(draft, prompts):
         assert min(rates) > 1.15, (temperature, rates)
 
 
+class _RecordingNgram(NgramDrafter):
+    """The n-gram drafter, keeping every proposal [N, γ]."""
+
+    def __init__(self):
+        super().__init__()
+        self.proposals = []
+
+    def propose(self, sequences, gamma):
+        self.proposals.append(super().propose(sequences, gamma))
+        return self.proposals[-1]
+
+
+def test_ngram_placeholders_keep_the_text_and_count_no_draft(prompts):
+    """The n-gram drafter on held-out code proposes -1 placeholders where its lookup finds
+    nothing or fewer than γ tokens (issue 35), and copies that are accepted elsewhere. Greedy and
+    sampled, γ 5: every sequence's tokens equal γ = 0's. One sequence alone (every proposal is
+    then an unfinished step's): the metrics count its real drafts, not γ per step."""
+    target, _ = _runtime("ngram", len(prompts), gamma=5)
+    drafters = []
+
+    def run(gamma, temperature, seeds):
+        drafters.append(_RecordingNgram())
+        temps = torch.full((len(prompts),), temperature)
+        return generate(target, drafters[-1], prompts, 24, gamma, temps, seeds)
+
+    cases = compare_with_plain(run, (5,), (0.0, 1.0), torch.tensor([11, 12, 13]))
+    assert [c for c in cases if not c.equal] == []
+    assert all(c.tokens_per_step > 1.0 for c in cases)  # copies accepted at each T
+    drafts = torch.cat([d for r in drafters for d in r.proposals if d.shape[1]])
+    real = (drafts >= 0).sum(dim=1)
+    assert bool((real == 0).any()) and bool(((real > 0) & (real < drafts.shape[1])).any())
+
+    alone = _RecordingNgram()
+    target, _ = _runtime("ngram", 1, gamma=5)
+    result = generate(target, alone, prompts[:1], 24, 5, torch.zeros(1), torch.tensor([11]))
+    drafted = sum(((d >= 0).sum(dim=0) for d in alone.proposals), torch.zeros(5, dtype=torch.int64))
+    assert result.metrics.drafted_at == drafted.tolist()
+    assert drafted[-1] < result.steps  # placeholders left positions empty: not γ per step
+    assert result.metrics.accepted_at[0] > 0
+
+
 def test_prompts_of_different_lengths_share_a_batch(prompts):
     """A ragged batch gives each sequence the tokens it gets alone (same seed)."""
     assert len({len(p) for p in prompts}) == 3
