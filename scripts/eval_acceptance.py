@@ -4,7 +4,9 @@ Every held-out file (``training/corpus.py``: a tenth of the stdlib, never traine
 prompt of its first ``--prompt-tokens`` tokens; each drafter at each γ then generates
 ``--new-tokens`` greedily with the PyTorch modules an export is made of (the same graphs
 ``scripts/export.py`` writes; their tokens match onnxruntime's, tests/runtime). Reported: mean
-tokens per target step and per-position acceptance; the text is the same for every drafter.
+tokens per target step and per-position acceptance per real draft, and in the JSON the share of
+steps drafting each position (the n-gram drafter leaves positions it has nothing for as -1); the
+text is the same for every drafter.
 
 python scripts/eval_acceptance.py                       # stdlib-tiny, γ 3 and 5, JSON to stdout
 python scripts/eval_acceptance.py --files 40 --json docs/bench/acceptance_stdlib_tiny.json
@@ -54,6 +56,7 @@ def evaluate(preset: str, draft: str, gamma: int, prompts, new_tokens: int) -> d
         "gamma": gamma,
         "tokens_per_step": m.tokens_per_step,
         "acceptance": m.acceptance,
+        "drafted": [d / m.sequence_steps for d in m.drafted_at],
         "tokens": result.tokens,
     }
 
