@@ -72,7 +72,8 @@ def verify_resample(
     else:
         raise ValueError(
             f"backend: {backend!r} does not take top_k / top_p / allowed_tokens yet; "
-            f"{' and '.join(repr(b) for b in TRUNCATING_BACKENDS)} do"
+            f"{', '.join(repr(b) for b in TRUNCATING_BACKENDS[:-1])} and "
+            f"{TRUNCATING_BACKENDS[-1]!r} do"
         )
     return tuple(result) if return_logprobs else (result.tokens, result.num_emitted)
 
