@@ -158,11 +158,6 @@ GENERATE_CASES = {
         ["--device", "cpu", "--select", "ucb1"],
         "device: the device loop runs the export's drafter at its gamma; --select needs",
     ),
-    "device for the n-gram drafter": (
-        ["--device", "cpu"],
-        "device: --device takes the mtp, eagle, model drafters, not yet ngram; run the export "
-        "without --device",
-    ),
 }
 
 

@@ -68,3 +68,43 @@ class NgramDrafter:
         """[N, γ] int64 drafts for N token lists; -1 past a sequence's last real draft."""
         drafts = [self.propose_one(s, gamma, row) for row, s in enumerate(sequences)]
         return torch.tensor(drafts, dtype=torch.int64).reshape(len(sequences), gamma)
+
+
+def lookup(tokens: torch.Tensor, lengths: torch.Tensor, gamma: int, max_ngram: int = 3):
+    """``NgramDrafter.propose``'s drafts as tensor ops, for the device loop: static shapes and
+    no read of the host, so that the lookup is part of the step's CUDA graph.
+
+    For each n, the sequence's last n tokens are compared with the n tokens at every start; the
+    starts a token follows inside the sequence (start + n < length) are the earlier occurrences,
+    the largest the latest. The longest n that has one gives the drafts: the up to γ tokens
+    after it inside the sequence, then -1 (``PLACEHOLDER``), as on the host. The cost is
+    O(N · L · max_ngram) compares a step, nothing beside a target step.
+
+    Parameters
+    ----------
+    tokens : [N, L] int64 — sequence i is ``tokens[i, :lengths[i]]``; the rest is ignored
+    lengths : [N] int64, each in 1 .. L
+    gamma : drafts per sequence
+    max_ngram : the longest n-gram looked up (``NgramDrafter.max_ngram``)
+
+    Returns
+    -------
+    [N, γ] int64 drafts, -1 past a sequence's last real draft
+    """
+    width = tokens.shape[1]
+    starts = torch.arange(width, device=tokens.device)  # [L]
+    found = torch.zeros_like(lengths, dtype=torch.bool)  # [N]: some n matched
+    follow = torch.zeros_like(lengths)  # [N]: where the longest match's continuation starts
+    for n in range(1, min(max_ngram, width) + 1):  # a longer match overwrites a shorter
+        windows = tokens.unfold(1, n, 1)  # [N, L - n + 1, n]: the n tokens at every start
+        last = tokens.gather(1, (lengths[:, None] - n + starts[:n]).clamp(min=0))  # [N, n]
+        at = starts[: width - n + 1]  # [L - n + 1]
+        earlier = at[None, :] + n < lengths[:, None]  # [N, L - n + 1]: a token follows inside
+        match = (windows == last[:, None, :]).all(dim=2) & earlier
+        latest = torch.where(match, at, -1).amax(dim=1)  # [N]: -1 where none
+        follow = torch.where(latest >= 0, latest + n, follow)
+        found = found | (latest >= 0)
+    index = follow[:, None] + torch.arange(gamma, device=tokens.device)  # [N, γ]
+    real = found[:, None] & (index < lengths[:, None])
+    drafts = tokens.gather(1, index.clamp(max=width - 1))
+    return torch.where(real, drafts, PLACEHOLDER)

@@ -1,15 +1,16 @@
 """The speculative loop resident on one device: the GPU backend of the runtime.
 
 The target and its drafter (MTP, EAGLE or a standalone draft model) run as PyTorch modules where
-their weights are (bf16 on a GPU), the FlashSpec ops on the Triton kernels there (the reference
-on CPU), and every tensor of the loop stays on the device: the static KV caches are written in
-place, each sequence has its own length, and a step's ragged acceptance advances each sequence
-by its own ``num_emitted`` in device memory. Prompts of different lengths are right-padded for
-the prefill, as ``loop.generate`` does. On CUDA the decoder layers run fused
+their weights are (bf16 on a GPU), the n-gram drafter as a lookup over each sequence's tokens kept
+on the device (``models.ngram.lookup``), the FlashSpec ops on the Triton kernels there (the
+reference on CPU), and every tensor of the loop stays on the device: the static KV caches are
+written in place, each sequence has its own length, and a step's ragged acceptance advances each
+sequence by its own ``num_emitted`` in device memory. Prompts of different lengths are right-padded
+for the prefill, as ``loop.generate`` does. On CUDA the decoder layers run fused
 (``models/fused.py``: nine launches a layer, attention over each sequence's live prefix) and a
-whole step — the target over the last token and the drafts, verify, the bookkeeping, then the
-draft chain for the next step — is one CUDA graph (the prompt's prefill too, one graph per
-padded prompt length).
+whole step — the target over the last token and the drafts, verify, the bookkeeping, then the draft
+chain for the next step — is one CUDA graph (the prompt's prefill too, one graph per padded prompt
+length).
 
 The host never waits inside a step: it replays a round of steps back to back — as many as cannot
 finish the slowest unfinished sequence (its remaining tokens / (γ + 1)) — then reads the round's
@@ -38,6 +39,7 @@ import torch
 from flashspec_export.models.drafters import ModelDrafter
 from flashspec_export.models.fused import FusedLayers
 from flashspec_export.models.mtp import MtpDrafter
+from flashspec_export.models.ngram import NgramDrafter, lookup
 from flashspec_export.models.target import TargetStep, select_rows
 from flashspec_export.ops import registry
 from flashspec_export.runtime.loop import Stream, as_prompts, check_request
@@ -79,7 +81,8 @@ class DeviceLoop:
     causal_lm : a HF Llama / Qwen causal LM (``models.target.SUPPORTED_MODEL_TYPES``), already on
         its device and dtype
     drafter : an ``MtpDrafter`` (or ``EagleDrafter``) of it or a ``ModelDrafter`` (same device
-        and dtype), or None with ``gamma = 0``
+        and dtype), an ``NgramDrafter`` (its ``max_ngram``; the lookup runs on the device), or
+        None with ``gamma = 0``
     gamma : drafts per step (0: plain decoding)
     verify, argmax : the ops (default ``fused_ops``)
     graphs : capture CUDA graphs (default: on CUDA)
@@ -95,7 +98,7 @@ class DeviceLoop:
     def __init__(
         self,
         causal_lm: torch.nn.Module,
-        drafter: MtpDrafter | ModelDrafter | None,
+        drafter: MtpDrafter | ModelDrafter | NgramDrafter | None,
         batch: int,
         max_len: int,
         gamma: int,
@@ -111,6 +114,8 @@ class DeviceLoop:
             raise ValueError("drafter: gamma > 0 needs a drafter")
         self.target = TargetStep(causal_lm)
         self.drafter = drafter
+        self.ngram = isinstance(drafter, NgramDrafter)
+        graph_drafter = drafter is not None and not self.ngram
         self.lm_head = causal_lm.lm_head.weight
         self.vocab_size = causal_lm.config.vocab_size
         self.batch, self.max_len, self.gamma = batch, max_len, gamma
@@ -136,7 +141,7 @@ class DeviceLoop:
                 self.draft_layers = FusedLayers(
                     step.decoder.layers, step.decoder.rotary_emb, step.geometry
                 )
-            elif drafter is not None:
+            elif graph_drafter:
                 self.draft_layers = FusedLayers(
                     drafter.layers, drafter.rotary_emb, drafter.geometry
                 )
@@ -149,7 +154,7 @@ class DeviceLoop:
         n, width, hidden = batch, gamma + 1, causal_lm.config.hidden_size
         self.k = zeros(self.target.cache_shape(batch, max_len), dtype)
         self.v = torch.zeros_like(self.k)
-        if drafter is not None:
+        if graph_drafter:
             self.dk = zeros(drafter.cache_shape(batch, max_len), dtype)
             self.dv = torch.zeros_like(self.dk)
         # per sequence: the cache length (= position of the last accepted token), that token,
@@ -160,14 +165,17 @@ class DeviceLoop:
         self.out = zeros((n, max_len + 1))
         self.temperature, self.seed = zeros(n, torch.float32), zeros(n)
         self.drafts = zeros((n, gamma))
+        if self.ngram:  # each sequence's tokens by position, what the lookup reads (a dump slot)
+            self.history = zeros((n, max_len + 1))
         # the target step's positions and output (its hidden states: the drafter's catch-up
         # input, with the emitted tokens, the first emitted position and the last accepted row)
         self.step_pos = zeros(n)
         self.hidden = zeros((n, width, hidden), dtype)
         self.pending = (self.hidden, zeros((n, width)), zeros(n) + 1, zeros(n))
         # per step (a device-side record the host reads after each round): tokens kept
-        # (num_emitted up to the limit) and unfinished before the step; steps taken
-        self.records = zeros((max_len + 1, 2, n))
+        # (num_emitted up to the limit), unfinished before the step and real drafts (not -1);
+        # steps taken
+        self.records = zeros((max_len + 1, 3, n))
         self.steps_taken = zeros(1)
         self._rows = torch.arange(width, device=device)
 
@@ -192,18 +200,24 @@ class DeviceLoop:
         return self.argmax(normed, self.lm_head, self.vocab_size), x
 
     def _draft(self, hidden, tokens, first_position, last_row) -> None:
-        """γ greedy drafts into ``self.drafts``: one catch-up call over the last step's rows
-        (tokens at ``first_position`` ..), drafting from ``last_row``, then γ - 1 single calls."""
+        """γ drafts into ``self.drafts``. A graph drafter drafts greedily: one catch-up call over
+        the last step's rows (tokens at ``first_position`` ..), drafting from ``last_row``, then
+        γ - 1 single calls. The n-gram drafter looks the sequences up in ``self.history``
+        (up to each one's position), -1 where it finds fewer than γ."""
         if self.gamma == 0:
             return
-        zeros = torch.zeros_like(last_row)
-        draft, x = self._draft_call(hidden, tokens, first_position, last_row)
-        self.drafts[:, 0] = draft
-        position = first_position + last_row + 1  # of the draft just made
-        for j in range(1, self.gamma):
-            draft, x = self._draft_call(x, draft[:, None], position, zeros)
-            self.drafts[:, j] = draft
-            position = position + 1
+        if self.ngram:
+            drafts = lookup(self.history[:, :-1], self.pos + 1, self.gamma, self.drafter.max_ngram)
+            self.drafts.copy_(drafts)
+        else:
+            zeros = torch.zeros_like(last_row)
+            draft, x = self._draft_call(hidden, tokens, first_position, last_row)
+            self.drafts[:, 0] = draft
+            position = first_position + last_row + 1  # of the draft just made
+            for j in range(1, self.gamma):
+                draft, x = self._draft_call(x, draft[:, None], position, zeros)
+                self.drafts[:, j] = draft
+                position = position + 1
         if self.draft_filter is not None:
             self.drafts.copy_(self.draft_filter(self.drafts, self.pos))
 
@@ -234,11 +248,16 @@ class DeviceLoop:
         )
         num = torch.where(active, num, 0)
         kept = torch.minimum(num, self.limit - self.count)  # the metrics count what is kept
-        self.records.index_copy_(0, self.steps_taken, torch.stack([kept, active.long()])[None])
+        drafted = (self.drafts >= 0).sum(dim=1)  # the metrics count real drafts
+        record = torch.stack([kept, active.long(), drafted])  # [3, N]
+        self.records.index_copy_(0, self.steps_taken, record[None])
         self.steps_taken.add_(1)
         valid = self._rows[None, :] < num[:, None]
         columns = torch.where(valid, self.count[:, None] + self._rows, self.out.shape[1] - 1)
         self.out.scatter_(1, columns, torch.where(valid, emitted, 0))
+        if self.ngram:  # the emitted tokens at their positions, after the last accepted one
+            at = torch.where(valid, self.pos[:, None] + 1 + self._rows, self.max_len)
+            self.history.scatter_(1, at, torch.where(valid, emitted, 0))
         last_emitted = emitted.gather(1, (num - 1).clamp(min=0)[:, None])[:, 0]
         self.last.copy_(torch.where(active, last_emitted, self.last))
         finished = self.count + num >= self.limit
@@ -360,16 +379,19 @@ class DeviceLoop:
         tokens it wrote, handed to ``stream`` and ``metrics`` step by step as ``loop.generate``
         does. Updates the per-sequence ``tokens`` (kept), ``done`` (generated on the device)
         and ``live``; returns the sequences the stream stopped."""
-        record = self.records[steps.start : steps.stop].cpu().tolist()  # [S, 2, N]
+        record = self.records[steps.start : steps.stop].cpu().tolist()  # [S, 3, N]
         low = min(done)
         high = min(max(done) + len(steps) * (self.gamma + 1), self.out.shape[1] - 1)
         written = self.out[:, low:high].cpu().tolist()  # [N, high - low]
         stopped = []
-        for kept_now, unfinished in record:  # [N] tokens kept by the step, [N] unfinished
+        # per step: [N] tokens kept, [N] unfinished, [N] real drafts
+        for kept_now, unfinished, drafted_now in record:
             counted = []  # tokens kept per sequence unfinished at this step (the host loop's)
+            drafted = []  # and its real drafts
             for row, (count, was_active) in enumerate(zip(kept_now, unfinished, strict=True)):
                 if not (live[row] and was_active):
                     continue
+                drafted.append(drafted_now[row])
                 new = written[row][done[row] - low : done[row] - low + count]
                 done[row] += count
                 keep = stream.push(row, new) if stream is not None and new else None
@@ -381,22 +403,26 @@ class DeviceLoop:
                 counted.append(len(new))
                 live[row] = live[row] and done[row] < new_tokens
             if counted:
-                metrics.add_step(counted)
+                metrics.add_step(counted, drafted)
         return stopped
 
     def _prefill(self, prompt: torch.Tensor, lengths: torch.Tensor) -> None:
         """The target over the right-padded ``prompt [N, T0]`` but its last column, then the
         first draft chain catching up on it (each sequence from its own last prompt token,
-        ``lengths [N]``); on CUDA one graph per padded length, captured on its first use
-        (``self._prefills``). The padded cache slots lie at or past each sequence's position:
-        the first step overwrites them before any query can attend to them."""
+        ``lengths [N]``; the n-gram drafter's lookup over the prompts); on CUDA one graph per
+        padded length, captured on its first use (``self._prefills``). The padded cache slots
+        lie at or past each sequence's position: the first step overwrites them before any
+        query can attend to them."""
 
         def prefill(prompt, lengths):
             zeros = torch.zeros_like(lengths)
             hidden, _, _ = self.target(
                 prompt[:, :-1], zeros, self.k, self.v, inplace=True, fused=self.target_layers
             )
-            if isinstance(self.drafter, ModelDrafter):  # the prompt, from position 0
+            if self.ngram:  # the prompts (each up to its length; ``self.pos`` is set)
+                self.history[:, : prompt.shape[1]].copy_(prompt)
+                self._draft(None, None, None, None)
+            elif isinstance(self.drafter, ModelDrafter):  # the prompt, from position 0
                 self._draft(None, prompt, zeros, lengths - 1)
             else:  # hidden row i (position i) pairs with prompt token i + 1
                 self._draft(hidden, prompt[:, 1:], zeros + 1, lengths - 2)

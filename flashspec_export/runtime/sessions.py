@@ -301,15 +301,13 @@ def reference_of(manifest: export_manifest.Manifest):
     )
 
 
-DEVICE_DRAFTERS = ("mtp", "eagle", "model")  # the drafters the device loop takes
-
-
 def device_loop_of(manifest: export_manifest.Manifest, device: str) -> DeviceLoop:
     """The device loop of an export on ``device`` ("cuda" or "cpu"): the modules it was made
     from (``modules_of``, in the export's dtype) moved there, with the export's batch, cache
-    length, drafter and γ. On CUDA the decoder layers run fused and each step is one CUDA
-    graph; on the CPU the same loop runs the PyTorch layers and the reference ops. Refused
-    (ConfigError naming ``--device``) before any model is built where it cannot run."""
+    length, drafter (the n-gram drafter's lookup on the device too) and γ. On CUDA the decoder
+    layers run fused and each step is one CUDA graph; on the CPU the same loop runs the
+    PyTorch layers and the reference ops. Refused (ConfigError naming ``--device``) before any
+    model is built where it cannot run."""
     if device not in ("cpu", "cuda"):
         raise ConfigError(f"device: expected cpu or cuda, got {device!r}")
     if device == "cuda" and not torch.cuda.is_available():
@@ -317,15 +315,12 @@ def device_loop_of(manifest: export_manifest.Manifest, device: str) -> DeviceLoo
             "device: --device cuda needs a CUDA GPU (torch.cuda.is_available() is False); "
             "--device cpu runs the same loop on the CPU"
         )
-    if manifest.gamma > 0 and manifest.drafter not in DEVICE_DRAFTERS:
-        raise ConfigError(
-            f"device: --device takes the {', '.join(DEVICE_DRAFTERS)} drafters, not yet "
-            f"{manifest.drafter}; run the export without --device (onnxruntime)"
-        )
     from flashspec_export.runtime.device_loop import DeviceLoop  # its kernels load with it
 
     modules = modules_of(manifest, "device")
-    drafter = modules.drafter.to(device) if manifest.gamma > 0 else None
+    drafter = None
+    if manifest.gamma > 0:
+        drafter = NgramDrafter() if manifest.drafter == "ngram" else modules.drafter.to(device)
     return DeviceLoop(
         modules.model.to(device), drafter, manifest.batch, manifest.max_len, manifest.gamma
     )

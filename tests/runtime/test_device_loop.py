@@ -18,6 +18,7 @@ import torch
 pytest.importorskip("transformers")
 
 from flashspec_export.models.build import ExportConfig, build_modules, resolve_trained
+from flashspec_export.models.ngram import NgramDrafter
 from flashspec_export.runtime import sessions, text
 from flashspec_export.runtime.device_loop import DeviceLoop
 from flashspec_export.runtime.loop import generate
@@ -26,10 +27,20 @@ from tests.runtime.tiny import BATCH, MAX_LEN, NEW_TOKENS, SEEDS, TEMPERATURES, 
 
 
 def _modules(checkpoint, device="cpu", dtype=torch.float32, draft="mtp"):
-    modules = build_modules(config_of(draft, checkpoint))
+    return _modules_of(config_of(draft, checkpoint), device, dtype)
+
+
+def _modules_of(config, device, dtype=torch.float32):
+    modules = build_modules(config)
     for module in (modules.model, modules.drafter):
-        module.to(device=device, dtype=dtype)
+        if module is not None:  # None: the n-gram drafter
+            module.to(device=device, dtype=dtype)
     return modules
+
+
+def _drafter(modules):
+    """The device loop's drafter of ``modules``: its graph drafter, or the n-gram lookup."""
+    return NgramDrafter() if modules.drafter is None else modules.drafter
 
 
 def _oracle_filter(sequences: torch.Tensor, corrupt_every: int):
@@ -62,26 +73,34 @@ INTERPRETED = pytest.mark.skipif(torch.cuda.is_available(), reason=ON_A_GPU)
         ("mtp", 3, False),
         ("eagle", 3, False),
         ("model", 3, False),
+        ("ngram", 3, False),
+        ("ngram", 7, False),
         pytest.param("mtp", 3, True, marks=INTERPRETED),
         pytest.param("eagle", 2, True, marks=INTERPRETED),
         pytest.param("model", 2, True, marks=INTERPRETED),
+        pytest.param("ngram", 3, True, marks=INTERPRETED),
     ],
 )
 def test_same_tokens_as_the_host_loop(draft, gamma, fused, prompt, target_checkpoint):
-    """Every graph drafter (MTP, EAGLE, a draft model). ``fused``: the decoder layers on the
-    Triton kernels (``models/fused.py``, under the interpreter on CPU, so fewer tokens), as on
-    a GPU."""
+    """Every drafter (MTP, EAGLE, a draft model, the n-gram lookup on the device). ``fused``:
+    the decoder layers on the Triton kernels (``models/fused.py``, under the interpreter on
+    CPU, so fewer tokens), as on a GPU. The metrics count the same real drafts: the n-gram
+    drafter's -1 placeholders are none."""
     modules = _modules(target_checkpoint, draft=draft)
     runtime = sessions.from_modules(
         build_modules(config_of(draft, target_checkpoint)), draft, BATCH, MAX_LEN
     )
     new_tokens = {"mtp": NEW_TOKENS // 2}.get(draft, NEW_TOKENS // 4) if fused else NEW_TOKENS
     want = generate(*runtime, prompt, new_tokens, gamma, TEMPERATURES, SEEDS)
-    loop = DeviceLoop(modules.model, modules.drafter, BATCH, MAX_LEN, gamma, fused=fused)
+    loop = DeviceLoop(modules.model, _drafter(modules), BATCH, MAX_LEN, gamma, fused=fused)
     tokens, metrics = loop.generate(prompt, new_tokens, TEMPERATURES, SEEDS)
     assert tokens == want.tokens
     assert metrics.steps == want.steps and metrics.emitted == want.metrics.emitted
     assert metrics.accepted_at == want.metrics.accepted_at
+    assert metrics.drafted_at == want.metrics.drafted_at
+    if draft == "ngram" and not fused:  # copies accepted, placeholders left out of the count
+        assert metrics.tokens_per_step > 1.0, metrics.summary()
+        assert metrics.drafted_at[-1] < metrics.sequence_steps, metrics.drafted_at
 
 
 def _check_ragged_acceptance(modules, prompt, device):
@@ -110,22 +129,24 @@ def test_ragged_multi_token_acceptance_keeps_the_text(prompt, target_checkpoint)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("gamma", [0, 3])
-def test_on_the_gpu_same_tokens_as_the_host_loop(gamma, prompt, target_checkpoint):
-    """fp32 on CUDA, Triton kernels and CUDA graphs in the device loop, Triton kernels in the
-    host loop's modules: identical tokens."""
-    modules = _modules(target_checkpoint, "cuda")
-    reference = build_modules(config_of("mtp", target_checkpoint))
-    runtime = sessions.from_modules(reference, "mtp", BATCH, MAX_LEN, device="cuda")
+@pytest.mark.parametrize("draft, gamma", [("mtp", 0), ("mtp", 3), ("ngram", 3)])
+def test_on_the_gpu_same_tokens_as_the_host_loop(draft, gamma, prompt, target_checkpoint):
+    """fp32 on CUDA, Triton kernels and CUDA graphs in the device loop (the n-gram lookup
+    inside the step's graph), Triton kernels in the host loop's modules: identical tokens,
+    steps and real drafts."""
+    modules = _modules(target_checkpoint, "cuda", draft=draft)
+    reference = build_modules(config_of(draft, target_checkpoint))
+    runtime = sessions.from_modules(reference, draft, BATCH, MAX_LEN, device="cuda")
     want = generate(*runtime, prompt, NEW_TOKENS, gamma, TEMPERATURES, SEEDS)
     for split_timing in (False, True):  # one graph per step; three, timed apart
         loop = DeviceLoop(
-            modules.model, modules.drafter, BATCH, MAX_LEN, gamma, split_timing=split_timing
+            modules.model, _drafter(modules), BATCH, MAX_LEN, gamma, split_timing=split_timing
         )
         assert loop.use_graphs and loop.target_layers is not None
         for _ in range(2):  # the captured graphs serve a second request too
             tokens, metrics = loop.generate(prompt, NEW_TOKENS, TEMPERATURES, SEEDS)
             assert tokens == want.tokens and metrics.steps == want.steps
+            assert metrics.drafted_at == want.metrics.drafted_at
 
 
 @pytest.mark.gpu
@@ -157,19 +178,22 @@ def _streamed(decode, tokenizer, rows: int):
     return tokens, metrics, stream.texts, pieces
 
 
+@pytest.mark.parametrize("draft", ["mtp", "ngram"])
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_prompts_of_different_lengths_and_a_stop_string_as_the_host_loop(device, stdlib_tiny):
+def test_prompts_of_different_lengths_and_a_stop_string_as_the_host_loop(
+    device, draft, stdlib_tiny
+):
     """fp32, T = 0.8, three prompts of different lengths, a stop string: the device loop's
     tokens, streamed text (piece by piece) and metrics are the host loop's, and its tokens the
     γ = 0 loop's (same seeds). The stream sees whole rounds of steps at once (up to 12 here,
     or one), yet cuts each sequence where the host loop does (the tokens past a stop are neither
-    kept nor counted)."""
+    kept nor counted). With the n-gram drafter (its lookup on the device, the host's
+    ``NgramDrafter`` in the host loop) the metrics count the same real drafts, fewer than γ a
+    step: the placeholders are none."""
     tokenizer, prompts = stdlib_tiny
-    config = ExportConfig(draft="mtp", batch=3, max_len=STDLIB_LEN, dtype="float32")
-    reference = sessions.from_modules(build_modules(config), "mtp", 3, STDLIB_LEN, device)
-    modules = build_modules(config)
-    for module in (modules.model, modules.drafter):
-        module.to(device)
+    config = ExportConfig(draft=draft, batch=3, max_len=STDLIB_LEN, dtype="float32")
+    reference = sessions.from_modules(build_modules(config), draft, 3, STDLIB_LEN, device)
+    modules = _modules_of(config, device)
     temps, seeds = torch.full((3,), 0.8), torch.tensor([3, 4, 5])
     args = (prompts, STDLIB_TOKENS)
 
@@ -178,7 +202,7 @@ def test_prompts_of_different_lengths_and_a_stop_string_as_the_host_loop(device,
         return result.tokens, result.metrics
 
     want, want_metrics, *want_text = _streamed(host, tokenizer, 3)
-    loop = DeviceLoop(modules.model, modules.drafter, 3, STDLIB_LEN, 3)
+    loop = DeviceLoop(modules.model, _drafter(modules), 3, STDLIB_LEN, 3)
     for stream_round in (STDLIB_TOKENS, 1):
         decode = functools.partial(loop.generate, *args, temps, seeds, stream_round=stream_round)
         got, metrics, *got_text = _streamed(decode, tokenizer, 3)
@@ -188,7 +212,11 @@ def test_prompts_of_different_lengths_and_a_stop_string_as_the_host_loop(device,
         assert metrics.generated == want_metrics.generated
     lengths = [len(tokens) for tokens in got]
     assert min(lengths) < STDLIB_TOKENS == max(lengths)  # the stop string ended some, not all
-    assert metrics.tokens_per_step > 1.2, metrics.summary()
+    # copies accepted (the n-gram drafter's few here: 1.05 tokens per step), and a step that
+    # drafted nothing counts no draft
+    assert metrics.tokens_per_step > {"mtp": 1.2, "ngram": 1.0}[draft], metrics.summary()
+    if draft == "ngram":
+        assert metrics.drafted_at[0] < metrics.sequence_steps, metrics.drafted_at
     plain = DeviceLoop(modules.model, None, 3, STDLIB_LEN, 0)
     assert _streamed(lambda s: plain.generate(*args, temps, seeds, s), tokenizer, 3)[0] == got
 

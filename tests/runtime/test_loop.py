@@ -367,26 +367,20 @@ def _script_output(*args: str, capsys) -> tuple[int, str]:
 def test_device_cpu_emits_the_onnxruntime_tokens(exported, tmp_path, capsys):
     """``generate --device cpu``: the modules rebuilt from the export's manifest, in the device
     loop (runtime/device_loop.py) on the CPU, on prompts of three lengths with a stop string:
-    the onnxruntime loop's tokens, text and steps (fp32), and the CLI prints that text. The
-    n-gram drafter, which the device loop does not take yet, is refused by name."""
+    the onnxruntime loop's tokens, text, steps and metrics (fp32), and the CLI prints that
+    text. Every drafter, the n-gram lookup on the device too (its real drafts counted alike)."""
     import json
 
-    from flashspec_export.config import ConfigError
     from flashspec_export.runtime.run import RunConfig, run
     from tests.runtime.tiny import with_tokenizer
 
     out = with_tokenizer(exported, tmp_path / "export")
-    draft = export_manifest.read(out).drafter
     config = RunConfig(str(out), NEW_TOKENS, temperature=0.8, prompts=PROMPTS, stop=(STOP,))
-    on_the_device = dataclasses.replace(config, device="cpu")
-    if draft == "ngram":
-        with pytest.raises(ConfigError, match="device: --device takes the mtp, eagle, model"):
-            run(on_the_device)
-        return
-    want, got = run(config), run(on_the_device)
+    want, got = run(config), run(dataclasses.replace(config, device="cpu"))
     assert got.onnx.tokens == want.onnx.tokens and got.texts == want.texts
     assert got.onnx.steps == want.onnx.steps
     assert got.onnx.metrics.accepted_at == want.onnx.metrics.accepted_at
+    assert got.onnx.metrics.drafted_at == want.onnx.metrics.drafted_at
     lengths = [len(tokens) for tokens in got.onnx.tokens]
     assert min(lengths) < NEW_TOKENS == max(lengths)  # the stop string cut some, not all
 
@@ -406,15 +400,15 @@ def test_device_cpu_emits_the_onnxruntime_tokens(exported, tmp_path, capsys):
 @pytest.mark.gpu
 def test_on_the_gpu_device_cuda_emits_the_cpu_tokens(exported, tmp_path):
     """``--device cuda`` (fused layers, Triton kernels, CUDA graphs) against ``--device cpu``,
-    fp32, prompts of three lengths and a stop string: the same tokens, text and steps."""
+    fp32, prompts of three lengths and a stop string: the same tokens, text and steps, with
+    every drafter (the n-gram lookup in the step's graph on CUDA)."""
     from flashspec_export.runtime.run import RunConfig, run
     from tests.runtime.tiny import with_tokenizer
 
-    if export_manifest.read(exported).drafter == "ngram":
-        pytest.skip("the device loop does not take the n-gram drafter yet")
     out = with_tokenizer(exported, tmp_path / "export")
     config = RunConfig(str(out), NEW_TOKENS, temperature=0.8, prompts=PROMPTS, stop=(STOP,))
     cpu = run(dataclasses.replace(config, device="cpu"))
     cuda = run(dataclasses.replace(config, device="cuda"))
     assert cuda.onnx.tokens == cpu.onnx.tokens and cuda.texts == cpu.texts
     assert cuda.onnx.steps == cpu.onnx.steps
+    assert cuda.onnx.metrics.drafted_at == cpu.onnx.metrics.drafted_at
