@@ -154,10 +154,6 @@ GENERATE_CASES = {
         ["--device", "cpu", "--engines"],
         "device: --device runs the PyTorch modules, --engines the TensorRT engines; give one",
     ),
-    "device and select": (
-        ["--device", "cpu", "--select", "ucb1"],
-        "device: the device loop runs the export's drafter at its gamma; --select needs",
-    ),
 }
 
 

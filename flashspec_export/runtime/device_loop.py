@@ -30,13 +30,15 @@ drafter of known acceptance).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
-from flashspec_export.models.drafters import ModelDrafter
+from flashspec_export.config import ConfigError
+from flashspec_export.models.drafters import EagleDrafter, ModelDrafter
 from flashspec_export.models.fused import FusedLayers
 from flashspec_export.models.mtp import MtpDrafter
 from flashspec_export.models.ngram import NgramDrafter, lookup
@@ -44,11 +46,16 @@ from flashspec_export.models.target import TargetStep, select_rows
 from flashspec_export.ops import registry
 from flashspec_export.runtime.loop import Stream, as_prompts, check_request
 from flashspec_export.runtime.metrics import Metrics
+from flashspec_export.runtime.selection import Arm
 
 # With a stream, the most steps between two reads of the host: a stop (EOS, a stop string) is
 # seen at most this many steps late, and the text streams in pieces of at most this many steps.
 # A read costs one synchronisation (~0.1 ms with the host's bookkeeping) per round.
 STREAM_ROUND = 16
+# With online selection, the most steps between two reads: the policy chooses every step's arm
+# of a round before it runs and is rewarded with each step's tokens per second of device time
+# after it (its choices run at most this many steps ahead of their rewards).
+SELECT_ROUND = 16
 
 # verify(hidden [N, γ+1, H], lm_head, drafts [N, γ], temperature, seed, positions, vocab_size)
 #   -> (tokens [N, γ + 1], num_emitted [N]); argmax(hidden [N, H], lm_head, vocab) -> token [N]
@@ -72,6 +79,17 @@ def fused_ops(device: torch.device) -> tuple[Verify, Argmax]:
     return verify, argmax
 
 
+def drafter_name(drafter) -> str:
+    """The name an export's manifest gives ``drafter`` (``selection.Arm.drafter``)."""
+    if drafter is None:
+        return "none"
+    if isinstance(drafter, NgramDrafter):
+        return "ngram"
+    if isinstance(drafter, ModelDrafter):
+        return "model"
+    return "eagle" if isinstance(drafter, EagleDrafter) else "mtp"
+
+
 class DeviceLoop:
     """Speculative decoding of ``batch`` sequences of up to ``max_len`` tokens on the device of
     ``causal_lm``'s weights.
@@ -83,14 +101,20 @@ class DeviceLoop:
     drafter : an ``MtpDrafter`` (or ``EagleDrafter``) of it or a ``ModelDrafter`` (same device
         and dtype), an ``NgramDrafter`` (its ``max_ngram``; the lookup runs on the device), or
         None with ``gamma = 0``
-    gamma : drafts per step (0: plain decoding)
+    gamma : drafts per step (0: plain decoding); with ``arms``, the largest arm's
+    arms : the (drafter, γ) configurations a step may run (``selection.Arm``; default: the one
+        arm (``drafter``, ``gamma``)), each with its own graph; ``"ngram"`` arms look the
+        sequences up on the device (``drafter``'s ``max_ngram``, or 3 beside a graph drafter),
+        any other name is ``drafter``'s. A graph drafter catches up on every step's tokens
+        whichever arm ran it, so its cache stays current while n-gram arms draft.
     verify, argmax : the ops (default ``fused_ops``)
     graphs : capture CUDA graphs (default: on CUDA)
     fused : the decoder layers on the Triton kernels of ``models/fused.py`` (default: on CUDA;
         the PyTorch layers otherwise); the modules' q / k / v and gate / up weights become views
         of packed ones
-    split_timing : three graphs per step — decoder, verify (sampler and bookkeeping), draft
-        chain — timed apart (``piece_seconds``) instead of one
+    split_timing : a graph per piece of the step — the draft chain, the decoder, verify (sampler
+        and bookkeeping) and the drafter's catch-up — timed apart (``piece_seconds``; the draft
+        is the chain and the catch-up) instead of one
     draft_filter : ``f(drafts [N, γ], positions [N]) -> [N, γ]``, applied to the drafts inside
         the draft chain; ``positions`` is each sequence's last accepted position
     """
@@ -103,6 +127,7 @@ class DeviceLoop:
         max_len: int,
         gamma: int,
         *,
+        arms: Sequence[Arm] | None = None,
         verify: Verify | None = None,
         argmax: Argmax | None = None,
         graphs: bool | None = None,
@@ -112,10 +137,22 @@ class DeviceLoop:
     ):
         if gamma > 0 and drafter is None:
             raise ValueError("drafter: gamma > 0 needs a drafter")
+        name = drafter_name(drafter)
+        self.arms = list(arms) if arms is not None else [Arm(name, gamma)]
+        for arm in self.arms:
+            if not 0 <= arm.gamma <= gamma:
+                raise ValueError(f"arms: {arm} drafts outside 0 .. gamma {gamma}")
+            if arm.gamma and arm.drafter not in (name, "ngram"):
+                raise ValueError(f"arms: {arm} names a drafter the loop lacks (it has {name!r})")
         self.target = TargetStep(causal_lm)
         self.drafter = drafter
-        self.ngram = isinstance(drafter, NgramDrafter)
-        graph_drafter = drafter is not None and not self.ngram
+        # the graph drafter, where an arm drafts with it: it catches up on every step
+        graph_drafter = not isinstance(drafter, NgramDrafter | None) and any(
+            a.gamma and a.drafter == name for a in self.arms
+        )
+        self.graph_drafter = drafter if graph_drafter else None
+        self.ngram = any(a.gamma and a.drafter == "ngram" for a in self.arms)
+        self.max_ngram = drafter.max_ngram if isinstance(drafter, NgramDrafter) else 3
         self.lm_head = causal_lm.lm_head.weight
         self.vocab_size = causal_lm.config.vocab_size
         self.batch, self.max_len, self.gamma = batch, max_len, gamma
@@ -127,7 +164,7 @@ class DeviceLoop:
         self.draft_filter = draft_filter
         self.use_graphs = device.type == "cuda" if graphs is None else graphs
         self.split_timing = split_timing
-        self._graphs: list[torch.cuda.CUDAGraph] | None = None
+        self._graphs: dict[Arm, list[torch.cuda.CUDAGraph]] | None = None
         # per padded prompt length: its tokens' and lengths' buffers and its graph
         self._prefills: dict[int, tuple[torch.Tensor, torch.Tensor, torch.cuda.CUDAGraph]] = {}
         self.target_layers = self.draft_layers = None
@@ -136,12 +173,12 @@ class DeviceLoop:
             self.target_layers = FusedLayers(
                 decoder.layers, decoder.rotary_emb, self.target.geometry
             )
-            if isinstance(drafter, ModelDrafter):
+            if isinstance(self.graph_drafter, ModelDrafter):
                 step = drafter.step
                 self.draft_layers = FusedLayers(
                     step.decoder.layers, step.decoder.rotary_emb, step.geometry
                 )
-            elif graph_drafter:
+            elif self.graph_drafter is not None:
                 self.draft_layers = FusedLayers(
                     drafter.layers, drafter.rotary_emb, drafter.geometry
                 )
@@ -151,10 +188,10 @@ class DeviceLoop:
         def zeros(shape, kind=torch.int64):
             return torch.zeros(shape, dtype=kind, device=device)
 
-        n, width, hidden = batch, gamma + 1, causal_lm.config.hidden_size
+        n, hidden = batch, causal_lm.config.hidden_size
         self.k = zeros(self.target.cache_shape(batch, max_len), dtype)
         self.v = torch.zeros_like(self.k)
-        if graph_drafter:
+        if self.graph_drafter is not None:
             self.dk = zeros(drafter.cache_shape(batch, max_len), dtype)
             self.dv = torch.zeros_like(self.dk)
         # per sequence: the cache length (= position of the last accepted token), that token,
@@ -164,20 +201,28 @@ class DeviceLoop:
         self.active = zeros(n, torch.bool)
         self.out = zeros((n, max_len + 1))
         self.temperature, self.seed = zeros(n, torch.float32), zeros(n)
-        self.drafts = zeros((n, gamma))
         if self.ngram:  # each sequence's tokens by position, what the lookup reads (a dump slot)
             self.history = zeros((n, max_len + 1))
-        # the target step's positions and output (its hidden states: the drafter's catch-up
-        # input, with the emitted tokens, the first emitted position and the last accepted row)
-        self.step_pos = zeros(n)
-        self.hidden = zeros((n, width, hidden), dtype)
-        self.pending = (self.hidden, zeros((n, width)), zeros(n) + 1, zeros(n))
+        # per γ of an arm: the drafts, the target step's output (its hidden states) and the
+        # emitted tokens (with the first emitted position and the last accepted row, the
+        # graph drafter's catch-up input)
+        widths = sorted({a.gamma for a in self.arms})
+        self.drafts = {g: zeros((n, g)) for g in widths}
+        self.hidden = {g: zeros((n, g + 1, hidden), dtype) for g in widths}
+        self.emitted = {g: zeros((n, g + 1)) for g in widths}
+        self.step_pos, self.first_pos, self.last_row = zeros(n), zeros(n) + 1, zeros(n)
+        # the catch-up's output, where the next step's draft chain starts: the first draft,
+        # the hidden a feature drafter feeds its next call (MTP / EAGLE), that call's position
+        self.first_draft, self.chain_pos = zeros(n), zeros(n)
+        self.chain_x = None
+        if self.graph_drafter is not None and not isinstance(drafter, ModelDrafter):
+            self.chain_x = zeros((n, 1, drafter.eh_proj.out_features), dtype)
         # per step (a device-side record the host reads after each round): tokens kept
         # (num_emitted up to the limit), unfinished before the step and real drafts (not -1);
         # steps taken
         self.records = zeros((max_len + 1, 3, n))
         self.steps_taken = zeros(1)
-        self._rows = torch.arange(width, device=device)
+        self._rows = torch.arange(gamma + 1, device=device)
 
     # ---- the pieces of a step
 
@@ -187,60 +232,72 @@ class DeviceLoop:
         feeds its next call, or None). A feature drafter (MTP / EAGLE) pairs ``hidden [N, T, H]``
         (the target's or its own, one position earlier) with the tokens; a draft model reads
         the tokens alone, with its own LM head."""
-        if isinstance(self.drafter, ModelDrafter):
-            step = self.drafter.step
+        drafter = self.graph_drafter
+        if isinstance(drafter, ModelDrafter):
+            step = drafter.step
             out, _, _ = step(
                 tokens, position, self.dk, self.dv, inplace=True, fused=self.draft_layers
             )
             row = select_rows(out, last_row)[:, 0]  # [N, H]
-            return self.argmax(row, self.drafter.lm_head, self.vocab_size), None
-        normed, x, _, _ = self.drafter.features(
+            return self.argmax(row, drafter.lm_head, self.vocab_size), None
+        normed, x, _, _ = drafter.features(
             hidden, tokens, position - 1, last_row, self.dk, self.dv, True, self.draft_layers
         )
         return self.argmax(normed, self.lm_head, self.vocab_size), x
 
-    def _draft(self, hidden, tokens, first_position, last_row) -> None:
-        """γ drafts into ``self.drafts``. A graph drafter drafts greedily: one catch-up call over
-        the last step's rows (tokens at ``first_position`` ..), drafting from ``last_row``, then
-        γ - 1 single calls. The n-gram drafter looks the sequences up in ``self.history``
-        (up to each one's position), -1 where it finds fewer than γ."""
-        if self.gamma == 0:
+    def _catch_up(self, hidden, tokens, first_position, last_row) -> None:
+        """The graph drafter's first call of a chain, over the last step's rows (``tokens`` at
+        ``first_position`` ..), drafting from ``last_row``: its cache follows every step,
+        whichever arm drafted; the draft and its hidden wait for the next step's chain."""
+        if self.graph_drafter is None:
             return
-        if self.ngram:
-            drafts = lookup(self.history[:, :-1], self.pos + 1, self.gamma, self.drafter.max_ngram)
-            self.drafts.copy_(drafts)
+        draft, x = self._draft_call(hidden, tokens, first_position, last_row)
+        self.first_draft.copy_(draft)
+        if x is not None:
+            self.chain_x.copy_(x)
+        self.chain_pos.copy_(first_position + last_row + 1)  # of the next call's token
+
+    def _draft(self, arm: Arm) -> None:
+        """``arm.gamma`` drafts into ``self.drafts``. A graph drafter drafts greedily: the
+        catch-up's draft (``_catch_up``, at the end of the last step), then γ - 1 single calls.
+        The n-gram drafter looks the sequences up in ``self.history`` (up to each one's
+        position), -1 where it finds fewer than γ."""
+        gamma = arm.gamma
+        if gamma == 0:
+            return
+        drafts = self.drafts[gamma]
+        if arm.drafter == "ngram":
+            history = self.history[:, :-1]
+            drafts.copy_(lookup(history, self.pos + 1, gamma, self.max_ngram))
         else:
-            zeros = torch.zeros_like(last_row)
-            draft, x = self._draft_call(hidden, tokens, first_position, last_row)
-            self.drafts[:, 0] = draft
-            position = first_position + last_row + 1  # of the draft just made
-            for j in range(1, self.gamma):
+            draft, x, position = self.first_draft, self.chain_x, self.chain_pos
+            drafts[:, 0] = draft
+            zeros = torch.zeros_like(position)
+            for j in range(1, gamma):
                 draft, x = self._draft_call(x, draft[:, None], position, zeros)
-                self.drafts[:, j] = draft
+                drafts[:, j] = draft
                 position = position + 1
         if self.draft_filter is not None:
-            self.drafts.copy_(self.draft_filter(self.drafts, self.pos))
+            drafts.copy_(self.draft_filter(drafts, self.pos))
 
-    def _draft_from_pending(self) -> None:
-        self._draft(*self.pending)
-
-    def _decode(self) -> None:
+    def _decode(self, arm: Arm) -> None:
         """The target over [last, drafts] into ``self.hidden``."""
-        tokens = torch.cat([self.last[:, None], self.drafts], dim=1)  # [N, γ + 1]
+        tokens = torch.cat([self.last[:, None], self.drafts[arm.gamma]], dim=1)  # [N, γ + 1]
         # Finished sequences idle at position 0 (their cache is dead; writes stay inside it).
         self.step_pos.copy_(torch.where(self.active, self.pos, 0))
         hidden, _, _ = self.target(
             tokens, self.step_pos, self.k, self.v, inplace=True, fused=self.target_layers
         )
-        self.hidden.copy_(hidden)
+        self.hidden[arm.gamma].copy_(hidden)
 
-    def _verify(self) -> None:
+    def _verify(self, arm: Arm) -> None:
         """Verify the drafts and advance every sequence by its own count."""
-        active = self.active
+        gamma, active = arm.gamma, self.active
+        drafts, rows = self.drafts[gamma], self._rows[: gamma + 1]
         emitted, num = self.verify(
-            self.hidden,
+            self.hidden[gamma],
             self.lm_head,
-            self.drafts,
+            drafts,
             self.temperature,
             self.seed,
             self.step_pos + 1,
@@ -248,57 +305,74 @@ class DeviceLoop:
         )
         num = torch.where(active, num, 0)
         kept = torch.minimum(num, self.limit - self.count)  # the metrics count what is kept
-        drafted = (self.drafts >= 0).sum(dim=1)  # the metrics count real drafts
+        drafted = (drafts >= 0).sum(dim=1)  # the metrics count real drafts
         record = torch.stack([kept, active.long(), drafted])  # [3, N]
         self.records.index_copy_(0, self.steps_taken, record[None])
         self.steps_taken.add_(1)
-        valid = self._rows[None, :] < num[:, None]
-        columns = torch.where(valid, self.count[:, None] + self._rows, self.out.shape[1] - 1)
+        valid = rows[None, :] < num[:, None]
+        columns = torch.where(valid, self.count[:, None] + rows, self.out.shape[1] - 1)
         self.out.scatter_(1, columns, torch.where(valid, emitted, 0))
         if self.ngram:  # the emitted tokens at their positions, after the last accepted one
-            at = torch.where(valid, self.pos[:, None] + 1 + self._rows, self.max_len)
+            at = torch.where(valid, self.pos[:, None] + 1 + rows, self.max_len)
             self.history.scatter_(1, at, torch.where(valid, emitted, 0))
         last_emitted = emitted.gather(1, (num - 1).clamp(min=0)[:, None])[:, 0]
         self.last.copy_(torch.where(active, last_emitted, self.last))
         finished = self.count + num >= self.limit
-        _, tokens_in, position_in, row_in = self.pending
-        tokens_in.copy_(emitted.clamp(min=0))
-        position_in.copy_(torch.where(finished, 0, self.pos) + 1)
-        row_in.copy_(num.clamp(min=1) - 1)
+        self.emitted[gamma].copy_(emitted.clamp(min=0))
+        self.first_pos.copy_(torch.where(finished, 0, self.pos) + 1)
+        self.last_row.copy_(num.clamp(min=1) - 1)
         self.count.add_(num)
         self.pos.add_(num)
         self.active.copy_(self.count < self.limit)
 
-    def _pieces(self) -> list[Callable[[], None]]:
-        """A step: the target's verify of the current drafts, then the next step's drafts (as
-        one piece, or three with ``split_timing``; no draft piece at γ = 0)."""
-        if not self.split_timing:
-            return [self._step]
-        return [self._decode, self._verify, self._draft_from_pending][: 3 if self.gamma else 2]
+    def _catch_up_on_step(self, arm: Arm) -> None:
+        g = arm.gamma
+        self._catch_up(self.hidden[g], self.emitted[g], self.first_pos, self.last_row)
 
-    def _step(self) -> None:
-        self._decode()
-        self._verify()
-        self._draft_from_pending()
+    def _pieces(self, arm: Arm) -> list[tuple[str, Callable[[], None]]]:
+        """A step of ``arm``: its drafts, the target's verify of them, then the graph drafter's
+        catch-up on the tokens it emitted (as one piece, or a piece each with
+        ``split_timing``, named by what ``piece_seconds`` counts them as)."""
+        pieces = [
+            ("draft", functools.partial(self._draft, arm)),
+            ("target", functools.partial(self._decode, arm)),
+            ("verify", functools.partial(self._verify, arm)),
+            ("draft", functools.partial(self._catch_up_on_step, arm)),
+        ]
+        if self.graph_drafter is None:
+            pieces = pieces[:-1]
+        if arm.gamma == 0:
+            pieces = pieces[1:]
+        if self.split_timing:
+            return pieces
+
+        def step():
+            for _, piece in pieces:
+                piece()
+
+        return [("step", step)]
 
     # ---- graphs
 
     def _capture(self) -> None:
         """Warm up (compiles the kernels; the state is reset before use) and capture each piece
-        of the step."""
+        of every arm's step."""
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
-            for _ in range(2):
-                for piece in self._pieces():
-                    piece()
+            for arm in self.arms:
+                for _ in range(2):
+                    for _, piece in self._pieces(arm):
+                        piece()
         torch.cuda.current_stream(self.device).wait_stream(stream)
-        self._graphs = []
-        for piece in self._pieces():
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                piece()
-            self._graphs.append(graph)
+        self._graphs = {}
+        for arm in self.arms:
+            self._graphs[arm] = []
+            for _, piece in self._pieces(arm):
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    piece()
+                self._graphs[arm].append(graph)
 
     # ---- the loop
 
@@ -311,6 +385,10 @@ class DeviceLoop:
         seed: torch.Tensor,
         stream: Stream | None = None,
         stream_round: int = STREAM_ROUND,
+        *,
+        arm: Arm | None = None,
+        policy=None,
+        select_round: int = SELECT_ROUND,
     ) -> tuple[list[list[int]], Metrics]:
         """Up to ``new_tokens`` per sequence after ``prompt`` ([N, T0] or N lists of token ids
         of any lengths >= 2), as ``loop.generate``: ``stream`` (``runtime.text.TextStream``)
@@ -318,10 +396,23 @@ class DeviceLoop:
         least every ``stream_round`` steps.
 
         temperature : [N] float32 (0: greedy); seed : [N] int64
-        Returns the generated tokens per sequence and the run's metrics.
+        arm : the (drafter, γ) every step runs (one of ``self.arms``; default the first)
+        policy : instead, a ``selection`` policy over (some of) ``self.arms``: it picks the arm
+            of every step of a round of at most ``select_round`` steps before the round runs,
+            and is rewarded after it with each step's kept tokens per second of that step's
+            device time (CUDA events around its graphs, read with the round's record: no
+            synchronisation inside a round)
+        Returns the generated tokens per sequence and the run's metrics (with a policy,
+        ``metrics.arms``: steps per arm).
         """
         prompts = as_prompts(prompt)
         check_request(prompts, new_tokens, self.gamma, temperature, self.batch, self.max_len)
+        arm = self.arms[0] if arm is None else arm
+        for asked in [arm] if policy is None else policy.arms:
+            if asked not in self.arms:
+                raise ConfigError(f"arm: {asked} is none of the loop's arms {self.arms}")
+        if select_round < 1:
+            raise ConfigError(f"select_round: expected at least 1, got {select_round}")
         if self.use_graphs and self._graphs is None:
             self._capture()
         timed = self.device.type == "cuda"
@@ -344,8 +435,7 @@ class DeviceLoop:
         self.pos.copy_(lengths - 1)
         self.last.copy_(padded[:, -1])
         self._prefill(padded.to(self.device), lengths.to(self.device))
-        run = [graph.replay for graph in self._graphs] if self._graphs else self._pieces()
-        marks = []  # per step: a time mark before each piece and one after the last
+        marks = []  # per step: (piece name, a time mark before it) and a mark after the last
         tokens: list[list[int]] = [[] for _ in range(n)]
         done = [0] * n  # per sequence: tokens the device generated (before a stop's cut)
         live = [True] * n  # per sequence: neither finished nor stopped by the stream
@@ -353,18 +443,39 @@ class DeviceLoop:
             slowest = max(new_tokens - done[row] for row in range(n) if live[row])
             # No sequence emits more than γ + 1 tokens a step: this many steps cannot finish the
             # slowest one, so they run back to back before the host looks again.
-            steps = -(-slowest // (self.gamma + 1))
+            widest = self.gamma if policy is not None else arm.gamma
+            steps = -(-slowest // (widest + 1))
             if stream is not None:
                 steps = min(steps, stream_round)
+            if policy is not None:  # each step's arm, chosen before the round runs
+                steps = min(steps, select_round)
+                chosen = [policy.choose() for _ in range(steps)]
+                round_arms = [policy.arms[i] for i in chosen]
+            else:
+                round_arms = [arm] * steps
             first = len(marks)
-            for _ in range(steps):
-                marks.append([])
-                for piece in run:
-                    marks[-1].append(self._mark())
+            for step_arm in round_arms:
+                pieces = self._pieces(step_arm)
+                run = [piece for _, piece in pieces]
+                if self._graphs:
+                    run = [graph.replay for graph in self._graphs[step_arm]]
+                step = []
+                for (name, _), piece in zip(pieces, run, strict=True):
+                    step.append((name, self._mark()))
                     piece()
-                marks[-1].append(self._mark())
+                step.append(("", self._mark()))
+                marks.append(step)
             steps = range(first, len(marks))
-            stopped = self._take_round(steps, new_tokens, tokens, done, live, stream, metrics)
+            stopped, kept = self._take_round(steps, new_tokens, tokens, done, live, stream, metrics)
+            if policy is not None:  # the round's events are done: the host read its record
+                for index, step_arm, step, step_kept in zip(
+                    chosen, round_arms, marks[first:], kept, strict=True
+                ):
+                    if step_kept is None:  # no unfinished sequence: the step counts for none
+                        continue
+                    key = f"{step_arm.drafter}:{step_arm.gamma}"
+                    metrics.arms[key] = metrics.arms.get(key, 0) + 1
+                    policy.update(index, step_kept / max(_seconds(step[0][1], step[-1][1]), 1e-9))
             if stopped:  # they idle from now on: their limit drops to what they generated
                 rows = torch.tensor(stopped, device=self.device)
                 self.limit.index_copy_(0, rows, self.count[rows])
@@ -374,16 +485,17 @@ class DeviceLoop:
         metrics.generated = sum(map(len, tokens))
         return tokens, metrics
 
-    def _take_round(self, steps, new_tokens, tokens, done, live, stream, metrics) -> list[int]:
+    def _take_round(self, steps, new_tokens, tokens, done, live, stream, metrics):
         """The host's one read of a round (the step indices ``steps``): its record and the
         tokens it wrote, handed to ``stream`` and ``metrics`` step by step as ``loop.generate``
         does. Updates the per-sequence ``tokens`` (kept), ``done`` (generated on the device)
-        and ``live``; returns the sequences the stream stopped."""
+        and ``live``; returns the sequences the stream stopped and per step the tokens it kept
+        (None for a step with no unfinished sequence, which the metrics do not count)."""
         record = self.records[steps.start : steps.stop].cpu().tolist()  # [S, 3, N]
         low = min(done)
         high = min(max(done) + len(steps) * (self.gamma + 1), self.out.shape[1] - 1)
         written = self.out[:, low:high].cpu().tolist()  # [N, high - low]
-        stopped = []
+        stopped, kept = [], []
         # per step: [N] tokens kept, [N] unfinished, [N] real drafts
         for kept_now, unfinished, drafted_now in record:
             counted = []  # tokens kept per sequence unfinished at this step (the host loop's)
@@ -404,12 +516,13 @@ class DeviceLoop:
                 live[row] = live[row] and done[row] < new_tokens
             if counted:
                 metrics.add_step(counted, drafted)
-        return stopped
+            kept.append(sum(counted) if counted else None)
+        return stopped, kept
 
     def _prefill(self, prompt: torch.Tensor, lengths: torch.Tensor) -> None:
         """The target over the right-padded ``prompt [N, T0]`` but its last column, then the
-        first draft chain catching up on it (each sequence from its own last prompt token,
-        ``lengths [N]``; the n-gram drafter's lookup over the prompts); on CUDA one graph per
+        graph drafter catching up on it (each sequence from its own last prompt token,
+        ``lengths [N]``; the n-gram drafter's history: the prompts); on CUDA one graph per
         padded length, captured on its first use (``self._prefills``). The padded cache slots
         lie at or past each sequence's position: the first step overwrites them before any
         query can attend to them."""
@@ -421,11 +534,10 @@ class DeviceLoop:
             )
             if self.ngram:  # the prompts (each up to its length; ``self.pos`` is set)
                 self.history[:, : prompt.shape[1]].copy_(prompt)
-                self._draft(None, None, None, None)
-            elif isinstance(self.drafter, ModelDrafter):  # the prompt, from position 0
-                self._draft(None, prompt, zeros, lengths - 1)
-            else:  # hidden row i (position i) pairs with prompt token i + 1
-                self._draft(hidden, prompt[:, 1:], zeros + 1, lengths - 2)
+            if isinstance(self.graph_drafter, ModelDrafter):  # the prompt, from position 0
+                self._catch_up(None, prompt, zeros, lengths - 1)
+            elif self.graph_drafter is not None:  # hidden row i pairs with prompt token i + 1
+                self._catch_up(hidden, prompt[:, 1:], zeros + 1, lengths - 2)
 
         if not self._graphs:
             return prefill(prompt, lengths)
@@ -452,16 +564,20 @@ class DeviceLoop:
 
     def _time(self, metrics: Metrics, marks: list[list]) -> None:
         """The time of each piece of the steps into ``metrics``."""
-        seconds = [0.0] * (len(marks[0]) - 1)
+        seconds: dict[str, float] = {}
         for step in marks:
-            for i, (before, after) in enumerate(itertools.pairwise(step)):
-                if isinstance(before, float):
-                    seconds[i] += after - before
-                else:
-                    seconds[i] += before.elapsed_time(after) * 1e-3
-        if len(seconds) == 1:
-            metrics.step_seconds = seconds[0]
+            for (name, before), (_, after) in itertools.pairwise(step):
+                seconds[name] = seconds.get(name, 0.0) + _seconds(before, after)
+        if not self.split_timing:
+            metrics.step_seconds = seconds.get("step", 0.0)
         else:
-            self.piece_seconds = dict(zip(self.piece_seconds, [*seconds, 0.0][:3], strict=True))
+            self.piece_seconds = {k: seconds.get(k, 0.0) for k in ("target", "verify", "draft")}
             metrics.draft_seconds = self.piece_seconds["draft"]
             metrics.verify_seconds = self.piece_seconds["target"] + self.piece_seconds["verify"]
+
+
+def _seconds(before, after) -> float:
+    """Seconds between two ``DeviceLoop._mark``s."""
+    if isinstance(before, float):
+        return after - before
+    return before.elapsed_time(after) * 1e-3

@@ -85,11 +85,6 @@ def _check(config: RunConfig) -> None:
         raise ConfigError(
             "device: --device runs the PyTorch modules, --engines the TensorRT engines; give one"
         )
-    if config.device is not None and config.select is not None:
-        raise ConfigError(
-            "device: the device loop runs the export's drafter at its gamma; --select needs "
-            "the onnxruntime loop (without --device)"
-        )
     if config.top_k is not None and config.top_k < 0:
         raise ConfigError(f"--top-k: expected an integer >= 0 (0: off), got {config.top_k}")
     if config.top_p is not None and not 0 < config.top_p <= 1:  # NaN fails too
@@ -133,14 +128,17 @@ def _prompts(config: RunConfig, manifest, batch: int):
     return text.encode_prompts(tokenizer, list(config.prompts)), tokenizer
 
 
-def _selecting(drafter, manifest, config: RunConfig):
-    if config.select is None:
-        return drafter
-    if manifest.gamma == 0:
+def _check_select(manifest, config: RunConfig) -> None:
+    if config.select is not None and manifest.gamma == 0:
         raise ConfigError(
             "select: the export drafts nothing (gamma 0), so there is no drafter or gamma to "
             "choose; export with --gamma >= 1"
         )
+
+
+def _selecting(drafter, manifest, config: RunConfig):
+    if config.select is None:
+        return drafter
     drafters = {manifest.drafter: drafter}
     drafters.setdefault("ngram", NgramDrafter())
     arms = selection.arms_for(manifest.drafter, manifest.gamma)
@@ -157,8 +155,9 @@ def run(config: RunConfig) -> RunReport:
     weights checked against the export's, before anything is generated."""
     _check(config)
     manifest = export_manifest.read(config.export_dir)
+    _check_select(manifest, config)
     if config.device is not None:
-        device_loop = sessions.device_loop_of(manifest, config.device)
+        device_loop = sessions.device_loop_of(manifest, config.device, config.select is not None)
         target = drafter = None  # the device loop holds the modules
     elif config.engines:
         target, drafter = sessions.from_engines(config.export_dir, manifest)
@@ -178,12 +177,17 @@ def run(config: RunConfig) -> RunReport:
     def stream(echo=None):
         return tokenizer and text.TextStream(tokenizer, manifest.batch, config.stop, echo, eos)
 
-    drafting = _selecting(drafter, manifest, config)
+    drafting = None if config.device is not None else _selecting(drafter, manifest, config)
     streaming = stream(config.echo)
     start = time.perf_counter()
     if config.device is not None:
-        generated = device_loop.generate(prompt, config.new_tokens, temperature, seeds, streaming)
-        result = GenerationResult(*generated)
+        policy = None
+        if config.select is not None:  # over the loop's arms, rewarded by device time
+            policy = selection.make_policy(config.select, device_loop.arms, seed=config.seed)
+        generated = device_loop.generate(
+            prompt, config.new_tokens, temperature, seeds, streaming, policy=policy
+        )
+        result = GenerationResult(*generated)  # with a policy, its metrics count the arms
     else:
         result = generate(target, drafting, *args, stream=streaming, **sampling)
     seconds = time.perf_counter() - start

@@ -13,6 +13,12 @@ follow a reward that drifts as the text changes (code, then prose).
   once first).
 
 Untried arms are chosen first, in order. Seeded: the same rewards give the same choices.
+
+Choices may run ahead of their rewards (the device loop chooses the arm of every step of a round
+before the round runs, and rewards them after it): a chosen arm is pending until its update, an
+untried arm that is pending is not chosen again while another is untried, and UCB1's bonus
+counts pending choices as pulls (so a round spreads its exploration instead of repeating the
+arm of the highest bound).
 """
 
 from __future__ import annotations
@@ -46,10 +52,16 @@ class _Statistics:
         self.total = [0.0] * len(self.arms)
         self.squares = [0.0] * len(self.arms)
         self.tried = [False] * len(self.arms)
+        self.pending = [0] * len(self.arms)  # chosen, not yet rewarded
+
+    def _chose(self, arm: int) -> int:
+        self.pending[arm] += 1
+        return arm
 
     def update(self, arm: int, reward: float) -> None:
         if not math.isfinite(reward):
             raise ValueError(f"reward: expected a finite value, got {reward}")
+        self.pending[arm] = max(self.pending[arm] - 1, 0)
         for i in range(len(self.arms)):
             self.count[i] *= self.discount
             self.total[i] *= self.discount
@@ -60,7 +72,13 @@ class _Statistics:
         self.tried[arm] = True
 
     def untried(self) -> int | None:
-        return next((i for i, done in enumerate(self.tried) if not done), None)
+        """The first arm never rewarded nor pending; else, while every tried arm is only
+        pending, the untried one least pending."""
+        waiting = [i for i, done in enumerate(self.tried) if not done]
+        fresh = next((i for i in waiting if not self.pending[i]), None)
+        if fresh is not None or not waiting or any(self.tried):
+            return fresh
+        return min(waiting, key=self.pending.__getitem__)
 
     def mean(self, arm: int) -> float:
         return self.total[arm] / self.count[arm]
@@ -87,15 +105,17 @@ class Ucb1(_Statistics):
     def choose(self) -> int:
         first = self.untried()
         if first is not None:
-            return first
-        n = sum(self.count)
+            return self._chose(first)
+        n = sum(self.count) + sum(self.pending)
         scale = self.largest or 1.0
+        tried = [i for i in range(len(self.arms)) if self.tried[i]]
 
         def bound(i):
-            bonus = math.sqrt(self.exploration * math.log(max(n, 1.0)) / self.count[i])
+            pulls = self.count[i] + self.pending[i]
+            bonus = math.sqrt(self.exploration * math.log(max(n, 1.0)) / pulls)
             return self.mean(i) / scale + bonus
 
-        return max(range(len(self.arms)), key=bound)
+        return self._chose(max(tried, key=bound))
 
 
 class Thompson(_Statistics):
@@ -116,13 +136,14 @@ class Thompson(_Statistics):
     def choose(self) -> int:
         first = self.untried()
         if first is not None:
-            return first
+            return self._chose(first)
         variance = self._variance()
-        draws = [
-            self.rng.gauss(self.mean(i), math.sqrt(variance / self.count[i]))
+        draws = {
+            i: self.rng.gauss(self.mean(i), math.sqrt(variance / self.count[i]))
             for i in range(len(self.arms))
-        ]
-        return max(range(len(self.arms)), key=draws.__getitem__)
+            if self.tried[i]
+        }
+        return self._chose(max(draws, key=draws.__getitem__))
 
 
 POLICIES = {"ucb1": Ucb1, "thompson": Thompson}

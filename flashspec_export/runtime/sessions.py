@@ -32,7 +32,7 @@ from flashspec_export.models.build import (
     weights_sha256,
 )
 from flashspec_export.models.ngram import NgramDrafter
-from flashspec_export.runtime import cpu_bfloat16
+from flashspec_export.runtime import cpu_bfloat16, selection
 from flashspec_export.runtime.drafting import GraphDrafter
 from flashspec_export.runtime.loop import Graph, Target
 
@@ -301,13 +301,16 @@ def reference_of(manifest: export_manifest.Manifest):
     )
 
 
-def device_loop_of(manifest: export_manifest.Manifest, device: str) -> DeviceLoop:
+def device_loop_of(
+    manifest: export_manifest.Manifest, device: str, select: bool = False
+) -> DeviceLoop:
     """The device loop of an export on ``device`` ("cuda" or "cpu"): the modules it was made
     from (``modules_of``, in the export's dtype) moved there, with the export's batch, cache
-    length, drafter (the n-gram drafter's lookup on the device too) and γ. On CUDA the decoder
-    layers run fused and each step is one CUDA graph; on the CPU the same loop runs the
-    PyTorch layers and the reference ops. Refused (ConfigError naming ``--device``) before any
-    model is built where it cannot run."""
+    length, drafter (the n-gram drafter's lookup on the device too) and γ; with ``select``,
+    every arm of ``selection.arms_for`` (the drafter and n-gram lookup at γ = 1 .. the
+    export's), each its own graph. On CUDA the decoder layers run fused and each step is one
+    CUDA graph; on the CPU the same loop runs the PyTorch layers and the reference ops.
+    Refused (ConfigError naming ``--device``) before any model is built where it cannot run."""
     if device not in ("cpu", "cuda"):
         raise ConfigError(f"device: expected cpu or cuda, got {device!r}")
     if device == "cuda" and not torch.cuda.is_available():
@@ -321,9 +324,9 @@ def device_loop_of(manifest: export_manifest.Manifest, device: str) -> DeviceLoo
     drafter = None
     if manifest.gamma > 0:
         drafter = NgramDrafter() if manifest.drafter == "ngram" else modules.drafter.to(device)
-    return DeviceLoop(
-        modules.model.to(device), drafter, manifest.batch, manifest.max_len, manifest.gamma
-    )
+    arms = selection.arms_for(manifest.drafter, manifest.gamma) if select else None
+    model = modules.model.to(device)
+    return DeviceLoop(model, drafter, manifest.batch, manifest.max_len, manifest.gamma, arms=arms)
 
 
 def from_export(

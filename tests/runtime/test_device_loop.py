@@ -20,7 +20,7 @@ pytest.importorskip("transformers")
 from flashspec_export.models.build import ExportConfig, build_modules, resolve_trained
 from flashspec_export.models.ngram import NgramDrafter
 from flashspec_export.runtime import sessions, text
-from flashspec_export.runtime.device_loop import DeviceLoop
+from flashspec_export.runtime.device_loop import SELECT_ROUND, DeviceLoop
 from flashspec_export.runtime.loop import generate
 from flashspec_export.runtime.run import RunConfig, run
 from tests.runtime.tiny import BATCH, MAX_LEN, NEW_TOKENS, SEEDS, TEMPERATURES, config_of
@@ -266,3 +266,60 @@ def test_on_the_gpu_bf16_agreement_rate(stdlib_tiny_bf16_export):
     for name, (compared, flips) in totals.items():
         print(f"bf16 --device cuda vs {name}: {flips} of {compared} tokens differ")
         assert flips / compared <= FLIP_RATE_BOUND["bfloat16"], (name, flips, compared)
+
+
+class _Scripted:
+    """A selection policy that plays ``schedule`` (arm indices, cycled) whatever the rewards:
+    the same choices in the host loop and the device loop."""
+
+    def __init__(self, arms, schedule):
+        self.arms, self.schedule, self.turn = arms, schedule, 0
+        self.rewards = []
+
+    def choose(self) -> int:
+        self.turn += 1
+        return self.schedule[(self.turn - 1) % len(self.schedule)]
+
+    def update(self, arm: int, reward: float) -> None:
+        self.rewards.append(reward)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_arms_switched_every_step_as_the_host_loop(device, stdlib_tiny):
+    """The device loop with every (drafter, γ) arm of an MTP export (``selection.arms_for``:
+    MTP and n-gram, γ 1..3), the arm switched every step by a fixed schedule, against the host
+    loop's ``SelectingDrafter`` on the same schedule (fp32, T = 0.8, three prompts of different
+    lengths): the same tokens, steps and per-position acceptance, and the γ = 0 tokens. The MTP
+    head is the trained one, so its drafts are accepted: a head whose cache missed the steps
+    the n-gram arms ran (no catch-up there) drafts from stale keys and changes the acceptance,
+    which this test then catches."""
+    from flashspec_export.runtime.selection import SelectingDrafter, arms_for
+
+    _, prompts = stdlib_tiny
+    config = ExportConfig(draft="mtp", batch=3, max_len=STDLIB_LEN, dtype="float32")
+    target, drafter = sessions.from_modules(build_modules(config), "mtp", 3, STDLIB_LEN, device)
+    modules = _modules_of(config, device)
+    temps, seeds = torch.full((3,), 0.8), torch.tensor([3, 4, 5])
+    arms = arms_for("mtp", 3)  # mtp:1 mtp:2 mtp:3 ngram:1 ngram:2 ngram:3
+    schedule = [3, 5, 2, 2, 4, 0, 5, 1, 2, 3]  # n-gram runs between MTP steps
+    selecting = SelectingDrafter(
+        {"mtp": drafter, "ngram": NgramDrafter()}, _Scripted(arms, schedule)
+    )
+    want = generate(target, selecting, prompts, STDLIB_TOKENS, 3, temps, seeds)
+    loop = DeviceLoop(modules.model, modules.drafter, 3, STDLIB_LEN, 3, arms=arms)
+    chosen = {f"{a.drafter}:{a.gamma}": n for a, n in selecting.chosen.items()}
+    assert len(chosen) == len(arms)
+    # a read after every step, or rounds of steps whose arms were all chosen before they ran
+    for select_round in (1, SELECT_ROUND):
+        policy = _Scripted(arms, schedule)
+        tokens, metrics = loop.generate(
+            prompts, STDLIB_TOKENS, temps, seeds, policy=policy, select_round=select_round
+        )
+        assert tokens == want.tokens
+        for name in ("steps", "sequence_steps", "emitted", "accepted_at", "drafted_at"):
+            assert getattr(metrics, name) == getattr(want.metrics, name), name
+        assert metrics.arms == chosen
+        assert len(policy.rewards) == metrics.steps and min(policy.rewards) > 0
+    assert metrics.accepted_at[0] >= 10, metrics.summary()  # drafts accepted (15 here)
+    plain = DeviceLoop(modules.model, None, 3, STDLIB_LEN, 0)
+    assert plain.generate(prompts, STDLIB_TOKENS, temps, seeds)[0] == tokens

@@ -383,6 +383,13 @@ def test_device_cpu_emits_the_onnxruntime_tokens(exported, tmp_path, capsys):
     assert got.onnx.metrics.drafted_at == want.onnx.metrics.drafted_at
     lengths = [len(tokens) for tokens in got.onnx.tokens]
     assert min(lengths) < NEW_TOKENS == max(lengths)  # the stop string cut some, not all
+    # --select: a policy over the (drafter, γ) arms, each its own graph, rewarded per round by
+    # the device time: the same text whatever it chose
+    for select in ("ucb1", "thompson"):
+        chosen = run(dataclasses.replace(config, device="cpu", select=select))
+        assert chosen.onnx.tokens == want.onnx.tokens and chosen.texts == want.texts
+        arms = chosen.onnx.metrics.arms
+        assert len(arms) > 1 and sum(arms.values()) == chosen.onnx.steps, arms
 
     prompts = [arg for prompt in PROMPTS for arg in ("--prompt", prompt)]
     metrics = tmp_path / "metrics.json"

@@ -89,3 +89,29 @@ def test_bad_settings_are_named(kwargs, message):
 def test_a_non_finite_reward_is_refused():
     with pytest.raises(ValueError, match="reward: expected a finite value, got nan"):
         POLICIES["thompson"](ARMS).update(0, float("nan"))
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_choices_ahead_of_their_rewards(name):
+    """The device loop chooses a round's arms before it runs: pending choices explore each
+    untried arm once, then every arm again before any reward (not arm 0 eight times); UCB1
+    counts them as pulls, so a round of eight after the rewards does not repeat one arm either
+    while the bounds are close (equal rewards here); rewarded late, in order, the policy then
+    settles as if rewarded at once."""
+    policy = _make(name, 0)
+    assert [policy.choose() for _ in range(8)] == [0, 1, 2, 3, 0, 1, 2, 3]
+    for arm in [0, 1, 2, 3, 0, 1, 2, 3]:
+        policy.update(arm, 1.0)
+    assert policy.pending == [0, 0, 0, 0]
+    if name == "ucb1":
+        assert len(set(policy.choose() for _ in range(8))) == len(ARMS)
+    rng = random.Random(0)
+    late = Counter()
+    policy = _make(name, 0)
+    for round_ in range(150):  # rounds of 4 choices, rewarded after each round
+        chosen = [policy.choose() for _ in range(4)]
+        for arm in chosen:
+            policy.update(arm, rng.gauss(MEANS[arm], NOISE))
+        if round_ >= 100:
+            late.update(chosen)
+    assert late.most_common(1)[0][0] == 2, late

@@ -1,0 +1,208 @@
+"""Online drafter selection on the GPU against every fixed (drafter, γ): the stdlib-tiny pair in
+the device loop (``runtime/device_loop.py``: fused layers, a CUDA graph per arm), two prompt
+kinds from held-out standard-library files — code (a chunk starting at a ``def``) and prose-like
+docstrings (a chunk starting inside one) — one request at a time (batch 1), ``--new-tokens``
+each.
+
+Per drafter (MTP, EAGLE, draft model, n-gram lookup) and γ: tokens per step, acceptance per
+draft position and tokens/s (generated tokens / wall time of the ``generate`` call, the host's
+reads included); γ = 0 (plain decoding) for scale. Then ``--select`` as ``scripts/generate.py``
+runs it — the arms of an MTP export (MTP and n-gram at γ 1 .. ``--gamma``), a fresh policy per
+request, rewarded by device time — as a fraction of the best fixed arm among those it chooses
+from. Every run's text is checked equal to plain decoding's (same seeds). JSON with
+``--json``; timings median of ``--repeats``.
+
+python scripts/bench_select.py --json docs/bench/select_h100.json
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import pathlib
+import re
+import statistics
+
+import torch
+
+from flashspec_export import cli
+from flashspec_export.models.build import ExportConfig, build_modules, resolve_trained
+from flashspec_export.models.ngram import NgramDrafter
+from flashspec_export.runtime import selection
+from flashspec_export.runtime.device_loop import SELECT_ROUND, DeviceLoop
+from flashspec_export.runtime.metrics import Metrics
+from flashspec_export.training import corpus
+
+KINDS = {
+    "code": re.compile(r"^(    )?def \w+\(", re.M),  # a function, from its signature
+    "docstring": re.compile(r'"""[A-Z][a-z]+ [a-z]+ [a-z]+'),  # a docstring, from its first words
+}
+
+
+def prompts_of(tokenizer, kind: str, count: int, tokens: int) -> list[list[int]]:
+    """``count`` prompts of ``tokens`` tokens: the first match of ``KINDS[kind]`` in each
+    held-out file that has one (a file gives at most one prompt)."""
+    prompts = []
+    for path in corpus.stdlib_files():
+        if not corpus.is_held_out(path):
+            continue
+        text = corpus.read(path)
+        match = KINDS[kind].search(text)
+        if match is None:
+            continue
+        ids = tokenizer.encode(text[match.start() :], add_special_tokens=False)
+        if len(ids) >= tokens:
+            prompts.append(ids[:tokens])
+        if len(prompts) == count:
+            return prompts
+    raise SystemExit(f"only {len(prompts)} held-out files have a {kind} prompt of {tokens} tokens")
+
+
+def run_requests(loop, prompts, new_tokens, temperature, repeats, **how):
+    """Every prompt as its own request; per repeat the tokens/s over all of them (generated /
+    wall seconds), and the pooled metrics and tokens of the last repeat."""
+    speeds = []
+    for _ in range(repeats):
+        seconds, generated, tokens = 0.0, 0, []
+        pooled = Metrics(loop.gamma, 1)
+        for i, prompt in enumerate(prompts):
+            seeds = torch.tensor([i])
+            policy = how.get("select")
+            if policy is not None:
+                how["policy"] = selection.make_policy(policy, loop.arms, seed=i)
+            args = {k: v for k, v in how.items() if k != "select"}
+            out, m = loop.generate(
+                [prompt], new_tokens, torch.full((1,), temperature), seeds, **args
+            )
+            seconds += m.total_seconds
+            generated += m.generated
+            tokens.append(out[0])
+            pooled.steps += m.steps
+            pooled.sequence_steps += m.sequence_steps
+            pooled.emitted += m.emitted
+            pooled.accepted_at = [
+                a + b for a, b in zip(pooled.accepted_at, m.accepted_at, strict=True)
+            ]
+            pooled.drafted_at = [
+                a + b for a, b in zip(pooled.drafted_at, m.drafted_at, strict=True)
+            ]
+            for arm, steps in m.arms.items():
+                pooled.arms[arm] = pooled.arms.get(arm, 0) + steps
+        speeds.append(generated / seconds)
+    return statistics.median(speeds), pooled, tokens
+
+
+def main() -> None:
+    parser = cli.parser(__doc__)
+    add = parser.add_argument
+    add("--drafters", nargs="+", default=["mtp", "eagle", "model", "ngram"])
+    add("--gamma", type=cli.int_range(1, 16), default=5, help="the largest γ swept")
+    add("--prompts", type=cli.int_range(1), default=4, help="requests per prompt kind")
+    add("--prompt-tokens", type=cli.int_range(2), default=64)
+    add("--new-tokens", type=cli.int_range(1), default=512)
+    add("--temperature", type=float, default=0.0)
+    add("--repeats", type=cli.int_range(1), default=3)
+    add("--select-rounds", nargs="+", type=cli.int_range(1), default=[SELECT_ROUND])
+    add("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: a smoke run")
+    add("--json", default=None)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_trained(ExportConfig()).target)
+    kinds = {k: prompts_of(tokenizer, k, args.prompts, args.prompt_tokens) for k in KINDS}
+    max_len = args.prompt_tokens + args.new_tokens + args.gamma + 1
+    gpu = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+    dtype = "bfloat16" if args.device == "cuda" else "float32"
+    print(
+        f"{gpu}; stdlib-tiny {dtype}, batch 1, {args.prompts} requests per kind of "
+        f"{args.prompt_tokens} prompt tokens + {args.new_tokens} new, T = {args.temperature}"
+    )
+    rows, plain = [], {}
+    loops = {}
+    for draft in [None, *args.drafters]:
+        config = ExportConfig(draft=draft or "mtp", max_len=max_len, dtype=dtype)
+        modules = build_modules(config)
+        model = modules.model.to(args.device)
+        if draft is None:
+            loop = DeviceLoop(model, None, 1, max_len, 0)
+            gammas = [0]
+        else:
+            drafter = NgramDrafter() if draft == "ngram" else modules.drafter.to(args.device)
+            arms = [selection.Arm(draft, g) for g in range(1, args.gamma + 1)]
+            if draft == "mtp":  # the arms --select chooses from
+                arms = selection.arms_for("mtp", args.gamma)
+            loop = DeviceLoop(model, drafter, 1, max_len, args.gamma, arms=arms)
+            loops[draft] = loop
+            gammas = range(1, args.gamma + 1)
+        for gamma in gammas:
+            arm = None if draft is None else selection.Arm(draft, gamma)
+            for kind, prompts in kinds.items():
+                how = {} if arm is None else {"arm": arm}
+                speed, m, tokens = run_requests(
+                    loop, prompts, args.new_tokens, args.temperature, args.repeats, **how
+                )
+                if draft is None:
+                    plain[kind] = tokens
+                row = dict(
+                    drafter=draft or "none", gamma=gamma, kind=kind, tokens_per_second=speed,
+                    tokens_per_step=m.tokens_per_step, acceptance=m.acceptance,
+                    same_text=tokens == plain[kind],
+                )  # fmt: skip
+                rows.append(row)
+                rates = " ".join(f"{r:.2f}" for r in m.acceptance)
+                print(f"| {row['drafter']} | {gamma} | {kind} | {speed:.0f} | "
+                      f"{m.tokens_per_step:.2f} | {rates} |", flush=True)  # fmt: skip
+    if "mtp" in loops and "ngram" in loops:
+        # n-gram arms in the MTP loop (the graph drafter catches up on their steps, as there)
+        for gamma in range(1, args.gamma + 1):
+            for kind, prompts in kinds.items():
+                arm = selection.Arm("ngram", gamma)
+                speed, m, tokens = run_requests(
+                    loops["mtp"], prompts, args.new_tokens, args.temperature, args.repeats, arm=arm
+                )
+                rows.append(dict(
+                    drafter="ngram beside mtp", gamma=gamma, kind=kind, tokens_per_second=speed,
+                    tokens_per_step=m.tokens_per_step, acceptance=m.acceptance,
+                    same_text=tokens == plain[kind],
+                ))  # fmt: skip
+                print(f"| ngram beside mtp | {gamma} | {kind} | {speed:.0f} | "
+                      f"{m.tokens_per_step:.2f} |", flush=True)  # fmt: skip
+    bandits = []
+    if "mtp" in loops:
+        loop = loops["mtp"]
+        for kind, prompts in kinds.items():
+            choosable = ("mtp", "ngram beside mtp")
+            choices = [r for r in rows if r["kind"] == kind and r["drafter"] in choosable]
+            best = max(choices, key=lambda r: r["tokens_per_second"])
+            for policy in sorted(selection.POLICIES):
+                for select_round in args.select_rounds:
+                    speed, m, tokens = run_requests(
+                        loop, prompts, args.new_tokens, args.temperature, args.repeats,
+                        select=policy, select_round=select_round,
+                    )  # fmt: skip
+                    share = speed / best["tokens_per_second"]
+                    bandits.append(dict(
+                        kind=kind, policy=policy, select_round=select_round,
+                        tokens_per_second=speed, of_best=share, arms=m.arms,
+                        best=f"{best['drafter']}:{best['gamma']}",
+                        same_text=tokens == plain[kind],
+                    ))  # fmt: skip
+                    print(
+                        f"{kind}: {policy} round {select_round}: {speed:.0f} tokens/s = "
+                        f"{100 * share:.1f}% of the best arm {best['drafter']}:{best['gamma']} "
+                        f"({best['tokens_per_second']:.0f}); steps per arm {m.arms}",
+                        flush=True,
+                    )
+    same = all(r["same_text"] for r in rows + bandits)
+    print("every run's text = plain decoding's:", same)
+    if args.json:
+        setup = {k: v for k, v in vars(args).items() if k != "json"}
+        out = {"gpu": gpu, "setup": setup, "rows": rows, "bandits": bandits, "same_text": same}
+        pathlib.Path(args.json).write_text(json.dumps(out, indent=1))
+    if not same and dtype == "bfloat16":
+        print("note: bf16 logits of different step widths may round a near-tie differently")
+
+
+if __name__ == "__main__":
+    main()
