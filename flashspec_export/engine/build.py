@@ -77,14 +77,15 @@ def _flashspec_nodes(path: pathlib.Path) -> list:
     return [node for node in model.graph.node if node.domain == plugins.PLUGIN_NAMESPACE]
 
 
-# TensorRT's largest TopK: the top-k / top-p function body sorts each row of the vocabulary.
-TOPK_LIMIT = 3840
+# The off value of each optional input: a skipped one can be given at it instead.
+_OFF_VALUES = {"top_k": "0", "top_p": "1", "allowed_tokens": "every bit set"}
 
 
 def _refuse_optional_inputs(source: pathlib.Path, nodes, with_plugins: bool) -> None:
     """The plugins take the required inputs only: a node with optional ones (a
     ``--sampling-params`` export's top_k / top_p) builds from its function body, and that only
-    where TensorRT's TopK can sort its vocabulary."""
+    when they are a prefix: TensorRT's parser refuses a function node with a skipped (empty)
+    input."""
     from flashspec_export.onnx import functions
 
     for node in nodes:
@@ -96,12 +97,13 @@ def _refuse_optional_inputs(source: pathlib.Path, nodes, with_plugins: bool) -> 
                 "--sampling-params), which the TensorRT plugins do not take yet; build the "
                 "function bodies (--function-bodies) or export without --sampling-params"
             )
-        vocab = next((a.i for a in node.attribute if a.name == "vocab_size"), 0)
-        if present & {"top_k", "top_p"} and vocab > TOPK_LIMIT:
+        skipped = functions.skipped_inputs(node.op_type, node.input)
+        if skipped:
+            off = ", ".join(f"{s} ({_OFF_VALUES[s]})" for s in skipped)
             raise ConfigError(
-                f"{source.name}: {node.op_type}'s function body sorts the vocabulary for "
-                f"{names}, and TensorRT's TopK takes at most {TOPK_LIMIT} (vocab_size "
-                f"{vocab}); export without --sampling-params for TensorRT"
+                f"{source.name}: {node.op_type} skips its optional input {', '.join(skipped)} "
+                f"before {names}, and TensorRT's parser refuses a function node with a skipped "
+                f"(empty) input; give it at its off value: {off}"
             )
 
 

@@ -70,6 +70,13 @@ def present_inputs(op_type: str, inputs: Sequence[str]) -> frozenset[str]:
     return frozenset(a.name for a, name in pairs if a.optional and name)
 
 
+def skipped_inputs(op_type: str, inputs: Sequence[str]) -> list[str]:
+    """The optional inputs a node of ``op_type`` with these input names skips (an empty name
+    before a given one), which TensorRT's parser refuses."""
+    pairs = zip(specs.BY_OP_TYPE[op_type].inputs, inputs, strict=False)  # trailing ones left out
+    return [a.name for a, name in pairs if a.optional and not name]
+
+
 def function_for(op_type: str, nodes: Sequence[onnx.NodeProto]) -> onnx.FunctionProto:
     """The function body of ``op_type`` for a model whose nodes of that type are ``nodes``: the
     body of the optional inputs they carry, which must be the same for all (one function per
@@ -142,51 +149,118 @@ def _allowed(b: Body, allowed_tokens: str, token: str) -> str:
     return b.op("Equal", b.op("Mod", shifted, b.const(2, I64)), b.const(1, I64))
 
 
-def _threshold(b: Body, logits: str, token: str, vocab_size: str, present) -> tuple[str, str]:
-    """The last kept (logit, id) of each row under top-k / top-p, [N, R, 1] each
-    (``reference.truncation.threshold``): the row in descending order, ties by lower id (TopK's
-    order), kept while its rank is below k and the mass strictly before it below p, the top
-    token always."""
-    k_all = b.op("Unsqueeze", vocab_size, b.const([0], I64))  # [1]: the whole row, sorted
-    values, ids = b.op("TopK", logits, k_all, axis=-1, largest=1, sorted=1, outputs=2)
-    minus_inf = b.const(-np.inf, F32)
-    keep = b.op("Greater", values, minus_inf)  # [N, R, V]: the masked-out tokens never
-    per_row = b.const([1, 2], I64)
-    if "top_k" in present:
-        k = b.op("Where", b.op("Greater", "top_k", b.const(0, I64)), "top_k", vocab_size)
-        keep = b.op("And", keep, b.op("Less", token, b.op("Unsqueeze", k, per_row)))
-    if "top_p" in present:
-        last_axis = b.const([-1], I64)
-        left = b.op("Where", keep, values, minus_inf)
-        peak = b.op("ReduceMax", left, last_axis, keepdims=1)
-        weights = b.op("Exp", b.op("Sub", left, peak))
-        probs = b.op("Div", weights, b.op("ReduceSum", weights, last_axis, keepdims=1))
-        before = b.op("Sub", b.op("CumSum", probs, b.const(-1, I64)), probs)  # strictly before
-        p = b.op("Unsqueeze", "top_p", per_row)
-        nucleus = b.op("Or", b.op("GreaterOrEqual", p, b.const(1.0, F32)), b.op("Less", before, p))
-        keep = b.op("And", keep, nucleus)
-    kept = b.op("Cast", keep, to=TensorProto.INT64)
-    count = b.op("ReduceSum", kept, b.const([-1], I64), keepdims=1)
-    last = b.op("Max", b.op("Sub", count, b.const(1, I64)), b.const(0, I64))  # [N, R, 1]
-    return b.op("GatherElements", values, last, axis=2), b.op("GatherElements", ids, last, axis=2)
+# Order keys: the signed integers K in [key(-inf), key(+inf)] stand for the floats in order, K >= 0
+# for the float whose bits are K, K < 0 for the negation of the one whose bits are -K - 1 (so -1
+# is -0.0, equal to 0 = +0.0). Between two floats lie no keys, so a search over keys ends on a
+# float exactly, in 32 halvings.
+_MANTISSA = 2**23  # an fp32 magnitude's bits: exponent field · 2^23 + mantissa field
+_INF_KEY = 0x7F800000  # key(+inf); key(-inf) = -_INF_KEY - 1
+_KEY_BITS = 32  # key(+inf) - key(-inf) < 2^32
+
+
+def _key_value(b: Body):
+    """A function of ``b`` from order keys (int64, any shape) to their fp32 values, by integer
+    arithmetic on the magnitude's exponent field e and mantissa field m: ``(2^23 + m) ·
+    2^(e - 150)`` (subnormal, e = 0: ``m · 2^-149``). Both factors and their product are exact;
+    e = 255 overflows to inf. Its constants are made once."""
+    zero, minus_one, one = b.const(0, I64), b.const(-1, I64), b.const(1, I64)
+    mantissa_bits = b.const(_MANTISSA, I64)
+    scales = b.const([2.0 ** (max(e, 1) - 150) for e in range(256)], F32)  # 2^(e - 127 - 23)
+
+    def value(key: str) -> str:
+        negative = b.op("Less", key, zero)
+        magnitude = b.op("Where", negative, b.op("Sub", minus_one, key), key)
+        exponent = b.op("Div", magnitude, mantissa_bits)
+        mantissa = b.op("Mod", magnitude, mantissa_bits)
+        implicit = b.op("Add", mantissa, mantissa_bits)  # the leading 1 of a normal float
+        significand = b.op("Where", b.op("Greater", exponent, zero), implicit, mantissa)
+        scale = b.op("Gather", scales, b.op("Max", exponent, one), axis=0)
+        magnitude = b.op("Mul", b.op("Cast", significand, to=TensorProto.FLOAT), scale)
+        return b.op("Where", negative, b.op("Neg", magnitude), magnitude)
+
+    return value
+
+
+def _cutoff(b: Body, logits: str, probs: str | None, target: str) -> str:
+    """[N, R, V] bool: the tokens of ``logits`` [N, R, V] in descending order, ties by lower id,
+    each kept while the weight strictly before it is below ``target`` [N, 1, 1] — top-k: each
+    token weighs 1 (``probs`` None), ``target`` k (int32); top-p: a token weighs its ``probs``
+    [N, R, V], ``target`` p.
+
+    No sort (TensorRT's TopK takes K <= 3840): the last kept logit t is the largest float whose
+    tokens at or above it weigh at least the target (the weight before a token reaches the
+    target inside t's tie group). It is found by bisection on its order key, setting the bits
+    from the highest — 32 masked sums over the row, exact because there is no key between two
+    floats. Then the tokens above t are kept, those below it not, and those equal to it in id
+    order while ``weight above t + rank · weight(t)`` is below the target. A row that weighs
+    less than the target has t = -inf: every token is kept. The sums must be monotone in the set
+    summed (non-negative weights in a fixed order)."""
+    counting = probs is None
+    last_axis = b.const([-1], I64)
+    zero = None if counting else b.const(0.0, F32)
+
+    def weight_of(mask: str) -> str:  # [N, R, 1]
+        if counting:
+            return b.op("ReduceSum", b.op("Cast", mask, to=TensorProto.INT32), last_axis)
+        return b.op("ReduceSum", b.op("Where", mask, probs, zero), last_axis, keepdims=1)
+
+    value = _key_value(b)
+    top = b.const(_INF_KEY, I64)
+    key = b.op("Expand", b.const(-_INF_KEY - 1, I64), b.op("Shape", target))  # [N, 1, 1]: -inf
+    for bit in reversed(range(_KEY_BITS)):
+        candidate = b.op("Min", b.op("Add", key, b.const(2**bit, I64)), top)
+        reached = weight_of(b.op("GreaterOrEqual", logits, value(candidate)))
+        key = b.op("Where", b.op("GreaterOrEqual", reached, target), candidate, key)  # [N, R, 1]
+    limit = value(key)
+    above = b.op("Greater", logits, limit)
+    tied = b.op("Equal", logits, limit)
+    ties = b.op("Cast", tied, to=TensorProto.INT32)
+    rank = b.op("Sub", b.op("CumSum", ties, last_axis), ties)  # the tied tokens of lower id
+    if counting:
+        before = b.op("Add", weight_of(above), rank)
+    else:
+        tied_weight = b.op("ReduceMax", b.op("Where", tied, probs, zero), last_axis, keepdims=1)
+        spread = b.op("Mul", b.op("Cast", rank, to=TensorProto.FLOAT), tied_weight)
+        before = b.op("Add", weight_of(above), spread)
+    return b.op("Or", above, b.op("And", tied, b.op("Less", before, target)))
 
 
 def _kept(b: Body, logits: str, vocab_size: str, present) -> str:
     """[N, R, V] bool: the tokens the request's truncation keeps of ``logits`` [N, R, V]
-    (``reference/truncation.py``): the allowed-token mask first, then, on the masked logits, the
-    tokens up to the top-k / top-p threshold pair (a logit above the threshold's, or equal with
-    an id no higher)."""
-    token = b.op("Range", b.const(0, I64), vocab_size, b.const(1, I64))  # [V]
+    (``reference/truncation.py``): the allowed-token mask first, then, of the finite masked
+    logits, the top-k, then the top-p nucleus of their renormalised law (``_cutoff``).
+
+    Exact as the reference (a stable sort) in which tokens top-k keeps and in the order
+    top-p walks; the mass before a token is summed in another order than the reference's
+    cumulative sum, so a token whose mass-before lies within float rounding of p may be kept by
+    one and not the other (as in ``kernels/verify_resample.py``). A row without a finite logit
+    keeps none here and token 0 in the reference: alike, since its sample is token 0 and its
+    log-probability NaN either way."""
+    minus_inf = b.const(-np.inf, F32)
     kept = None
     if "allowed_tokens" in present:
+        token = b.op("Range", b.const(0, I64), vocab_size, b.const(1, I64))  # [V]
         kept = _allowed(b, "allowed_tokens", token)
-        logits = b.op("Where", kept, logits, b.const(-np.inf, F32))
     if "top_k" in present or "top_p" in present:
-        limit, last = _threshold(b, logits, token, vocab_size, present)
-        above = b.op("Greater", logits, limit)
-        tied = b.op("And", b.op("Equal", logits, limit), b.op("LessOrEqual", token, last))
-        ranked = b.op("Or", above, tied)
-        kept = ranked if kept is None else b.op("And", kept, ranked)
+        if kept is not None:
+            logits = b.op("Where", kept, logits, minus_inf)
+        kept = b.op("Greater", logits, minus_inf)  # the masked-out tokens never
+        per_row = b.const([1, 2], I64)
+    if "top_k" in present:
+        k = b.op("Where", b.op("Greater", "top_k", b.const(0, I64)), "top_k", vocab_size)
+        k = b.op("Cast", b.op("Min", k, vocab_size), to=TensorProto.INT32)  # V < 2^31
+        kept = b.op("And", kept, _cutoff(b, logits, None, b.op("Unsqueeze", k, per_row)))
+    if "top_p" in present:
+        last_axis = b.const([-1], I64)
+        left = b.op("Where", kept, logits, minus_inf)
+        peak = b.op("ReduceMax", left, last_axis, keepdims=1)
+        weights = b.op("Exp", b.op("Sub", left, peak))
+        probs = b.op("Div", weights, b.op("ReduceSum", weights, last_axis, keepdims=1))
+        p = b.op("Unsqueeze", "top_p", per_row)
+        nucleus = b.op(
+            "Or", b.op("GreaterOrEqual", p, b.const(1.0, F32)), _cutoff(b, logits, probs, p)
+        )
+        kept = b.op("And", kept, nucleus)
     return kept
 
 
@@ -198,8 +272,8 @@ def verify_resample_function(present: Collection[str] = ()) -> onnx.FunctionProt
     Per row i: ``y_i = argmax_v (l_v + g_v)`` (greedy: ``argmax_v l_v``); drafts are accepted
     while ``x == y``; the step emits ``y_0 .. y_k``. Log-probabilities: ``l(y) - LSE``.
     ``present``: the optional inputs the nodes carry; with any, the logits outside the
-    truncation are -inf before the sample and the LSE (materialised: a sort of each row for
-    top-k / top-p), as in the reference.
+    truncation are -inf before the sample and the LSE (materialised: top-k / top-p by 32
+    masked sums over each row, ``_cutoff``, no sort), as in the reference.
     """
     _check_present("VerifyResample", present)
     b = Body("vr")

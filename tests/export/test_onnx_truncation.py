@@ -15,6 +15,7 @@ from onnx import TensorProto  # noqa: E402
 
 from flashspec_export import ops  # noqa: E402
 from flashspec_export.onnx import functions  # noqa: E402
+from flashspec_export.onnx.builder import Body  # noqa: E402
 from flashspec_export.ops import specs  # noqa: E402
 from flashspec_export.reference import truncation  # noqa: E402
 from tests.cases import make_case  # noqa: E402
@@ -134,12 +135,14 @@ def _ties(n: int, rows: int, ties: int):
 
 
 def _nucleus_less(body: onnx.FunctionProto) -> onnx.NodeProto:
-    """The body's ``before < p`` node (the nucleus: ``p >= 1 or before < p``)."""
+    """The body's ``before < p`` node (the nucleus: ``p >= 1 or ... before < p``)."""
     producers = {out: node for node in body.node for out in node.output}
     for node in body.node:
         first = producers.get(node.input[0]) if node.op_type == "Or" else None
         if first is not None and first.op_type == "GreaterOrEqual":
-            return producers[node.input[1]]
+            p = first.input[0]
+            (less,) = [n for n in body.node if n.op_type == "Less" and n.input[1] == p]
+            return less
     raise AssertionError("no nucleus in the body")
 
 
@@ -220,7 +223,8 @@ def test_the_exporter_emits_the_optional_inputs_only_when_given():
         onnx.checker.check_model(model, full_check=True)
         (node,) = [n for n in model.graph.node if n.domain == "flashspec"]
         assert len(node.input) == inputs
-        assert ("TopK" in {n.op_type for n in model.functions[0].node}) == (inputs == 8)
+        present = ("top_k", "top_p") if inputs == 8 else ()
+        assert model.functions[0].node == functions.verify_resample_function(present).node
         session = _session(model)
         names = [i.name for i in session.get_inputs()]
         outputs = session.run(None, dict(zip(names, [a.numpy() for a in given], strict=True)))
@@ -242,3 +246,120 @@ def test_the_torch_op_truncates_with_the_reference_on_cpu():
         torch.testing.assert_close(a, b)
     plain = torch.ops.flashspec.verify_resample(*args, vocab_size=vocab)
     assert not torch.equal(plain[2], got[2])
+
+
+# At real vocabularies: the body finds the top-k / top-p threshold without a sort (TensorRT's
+# TopK takes K <= 3840), by bisection on the float's order key (functions._cutoff).
+
+
+def _kept_session(vocab: int, optional):
+    """onnxruntime on the body's kept mask alone (``functions._kept``): logits [N, R, V] and the
+    optional inputs in, kept [N, R, V] bool out."""
+    b = Body("kept")
+    kept = functions._kept(b, "logits", b.const(vocab, np.int64), optional)
+    inputs = {
+        "logits": (TensorProto.FLOAT, ["N", "R", vocab]),
+        "top_k": (TensorProto.INT64, ["N"]),
+        "top_p": (TensorProto.FLOAT, ["N"]),
+        "allowed_tokens": (TensorProto.INT32, ["N", "R", truncation.words_for(vocab)]),
+    }
+    graph = onnx.helper.make_graph(
+        [*b.nodes, onnx.helper.make_node("Identity", [kept], ["kept"])],
+        "kept",
+        [onnx.helper.make_tensor_value_info(k, *inputs[k]) for k in ("logits", *optional)],
+        [onnx.helper.make_tensor_value_info("kept", TensorProto.BOOL, ["N", "R", vocab])],
+    )
+    model = onnx.helper.make_model(
+        graph, opset_imports=functions.OPSET_IMPORTS, ir_version=functions.IR_VERSION
+    )
+    return _session(model)
+
+
+def _reference_kept(logits, options, optional):
+    """[N, R, V] bool: what ``reference.verify_resample`` keeps of ``logits``."""
+    ids = torch.arange(logits.shape[-1])
+    kept = torch.ones_like(logits, dtype=torch.bool)
+    if "allowed_tokens" in optional:
+        kept = truncation.allowed_ids(options["allowed_tokens"], ids)
+        logits = torch.where(kept, logits, float("-inf"))
+    if "top_k" in optional or "top_p" in optional:
+        top_k, top_p = (options[k] if k in optional else None for k in ("top_k", "top_p"))
+        kept = truncation.kept(logits, ids, truncation.threshold(logits, top_k, top_p))
+    return kept
+
+
+def _large_rows(vocab: int, seed: int) -> torch.Tensor:
+    """[5, 2, V] logits of four kinds of sequence: a model's (30 tokens far above a normal tail,
+    which holds about 3% of the mass), heavy ties (7 values, thousands of tokens each: top-k
+    cuts inside a tie group), dyadic masses (twice: 2^10 tied top tokens at scattered ids, the
+    rest at -200, so every mass before a token is a multiple of 2^-10 or, after top-k 256, of
+    2^-8, exact in fp32) and the float's extremes (±max, subnormals, ±0, adjacent floats)."""
+    g = torch.Generator().manual_seed(seed)
+    rows = torch.full((5, 2, vocab), -200.0)
+    rows[0] = torch.randn(2, vocab, generator=g) * 2.0
+    rows[0, :, torch.randperm(vocab, generator=g)[:30]] += 12.0
+    rows[1] = torch.randint(-3, 4, (2, vocab), generator=g).float()
+    for n in (2, 3):
+        for r in range(2):
+            rows[n, r, torch.randperm(vocab, generator=g)[:1024]] = 0.0
+    tiny = torch.finfo(torch.float32).smallest_normal
+    one_up = torch.nextafter(torch.tensor(1.0), torch.tensor(2.0)).item()
+    extremes = torch.tensor([3.4e38, -3.4e38, 1e-45, -1e-45, tiny, -tiny, 0.0, -0.0, 1.0, one_up])
+    rows[4] = extremes[torch.randint(0, len(extremes), (2, vocab), generator=g)]
+    return rows
+
+
+# top_k / top_p per sequence of _large_rows. Top-p at exact masses: with top-k 256 the mass
+# before the 129th tied token is 1/2, dropped by a strict cutoff; alone, 1/4 + 2^-11 lies inside
+# the 257th token's mass. On the ties and the extremes (all the mass on the largest value's
+# thousands of tokens) a sum over them in another order could round across p: top_p 1 there.
+# The allowed tokens: a random half, all on the dyadic rows.
+LARGE_TOP_K = torch.tensor([40, 9000, 256, 0, 700])
+LARGE_TOP_P = torch.tensor([0.9, 1.0, 0.5, 0.25 + 2**-11, 1.0])
+
+
+@pytest.mark.parametrize("vocab", [32000, 128256])
+@pytest.mark.parametrize("optional", VARIANTS, ids="+".join)
+def test_the_kept_mask_at_real_vocabularies_is_the_reference(vocab, optional):
+    """The body's kept mask equals the reference's (a stable sort of the row), token for token,
+    at V = 32 000 and 128 256 on rows with ties, exact masses and extreme floats (``_large_rows``):
+    the threshold found by bisection (no sort) is the sorted row's."""
+    logits = _large_rows(vocab, seed=vocab)
+    options = dict(top_k=LARGE_TOP_K, top_p=LARGE_TOP_P)
+    options["allowed_tokens"] = _mask(5, 2, vocab, seed=1)
+    options["allowed_tokens"][2:4] = -1
+    feeds = {"logits": logits.numpy()} | {k: options[k].numpy() for k in optional}
+    (kept,) = _kept_session(vocab, optional).run(None, feeds)
+    expected = _reference_kept(logits, options, optional).numpy()
+    np.testing.assert_array_equal(kept, expected)
+    counts = kept.sum(axis=-1)
+    assert (counts > 1).all() and (counts < vocab).any()  # truncated, not to one token
+
+
+def test_the_truncating_body_at_32000_tokens_emits_the_reference_tokens():
+    """The whole op at V = 32 000 (2 sequences, γ = 2; one sampled, one greedy), every optional
+    input: the body's tokens and counts equal the reference's, the log-probabilities to fp32."""
+    hidden, lm_head, drafts, temps, seeds, positions, vocab = make_case(
+        2, 2, 32, 32000, torch.float32, temperature=torch.tensor([1.0, 0.0]), seed=13
+    )
+    verify = dict(
+        hidden=hidden,
+        lm_head=lm_head,
+        draft_tokens=drafts,
+        temperature=temps,
+        seed=seeds,
+        positions=positions,
+    )
+    options = dict(
+        top_k=torch.tensor([50, 3]),
+        top_p=torch.tensor([0.8, 0.9]),
+        allowed_tokens=_mask(2, 3, vocab, seed=13),
+    )
+    optional = ("top_k", "top_p", "allowed_tokens")
+    tokens, emitted, logprobs = _run_body(verify, options, vocab, optional)
+    r_tokens, r_emitted, r_logprobs = _reference(verify, options, vocab, optional)
+    np.testing.assert_array_equal(tokens, r_tokens.numpy())
+    np.testing.assert_array_equal(emitted, r_emitted.numpy())
+    np.testing.assert_allclose(logprobs, r_logprobs.numpy(), atol=LOGPROB_ATOL, rtol=LOGPROB_RTOL)
+    _, _, plain_logprobs = _run_body(verify, options, vocab, ())
+    assert (logprobs > plain_logprobs + 1e-3).any()  # the truncation took effect

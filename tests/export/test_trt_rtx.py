@@ -11,6 +11,7 @@ onnx = pytest.importorskip("onnx")
 from onnx import TensorProto  # noqa: E402
 
 from flashspec_export.onnx import functions  # noqa: E402
+from flashspec_export.reference import truncation  # noqa: E402
 
 SHAPES = {
     "TiledArgmax": {"hidden": (4, 64), "lm_head": (1024, 64)},
@@ -85,24 +86,31 @@ def test_parses_an_exported_torch_module():
 TRUNCATING = ("top_k", "top_p", "allowed_tokens")
 
 
-@pytest.mark.parametrize("optional", [TRUNCATING[:2], TRUNCATING], ids="+".join)
-def test_the_truncating_body_parses_and_builds(optional):
-    """VerifyResample with top_k / top_p (and masks): the truncating body (a TopK sort of each
-    row) parses and builds at V = 1000 — in about a second; with the noise fed the truncated
-    logits instead of masking the noisy scores, Myelin's build never finished."""
+@pytest.mark.parametrize(
+    ("optional", "vocab"),
+    [(TRUNCATING[:2], 1000), (TRUNCATING, 1000), (TRUNCATING, 128_256)],
+    ids=["top_k+top_p-1000", "all-1000", "all-128256"],
+)
+def test_the_truncating_body_parses_and_builds(optional, vocab):
+    """VerifyResample with top_k / top_p (and masks): the truncating body parses and builds at
+    V = 1000 and at Llama-3's 128 256 — past TensorRT's TopK limit (K <= 3840): the body finds
+    the top-k / top-p threshold by bisection, no sort — in a few seconds each; with the noise
+    fed the truncated logits instead of masking the noisy scores, Myelin's build never
+    finished."""
     logger = trt.Logger(trt.Logger.ERROR)
     builder = trt.Builder(logger)
     network = builder.create_network(0)
     parser = trt.OnnxParser(network, logger)
-    model = functions.single_op_model("VerifyResample", TensorProto.FLOAT, 1000, optional)
+    model = functions.single_op_model("VerifyResample", TensorProto.FLOAT, vocab, optional)
     assert parser.parse(model.SerializeToString()), [
         str(parser.get_error(i)) for i in range(parser.num_errors)
     ]
+    assert "TopK" not in {node.op_type for node in model.functions[0].node}
     shapes = SHAPES["VerifyResample"] | {
-        "lm_head": (1024, 64),
+        "lm_head": (vocab, 64),
         "top_k": (4,),
         "top_p": (4,),
-        "allowed_tokens": (4, 4, 32),
+        "allowed_tokens": (4, 4, truncation.words_for(vocab)),
     }
     config = builder.create_builder_config()
     profile = builder.create_optimization_profile()

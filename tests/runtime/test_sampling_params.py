@@ -6,6 +6,7 @@ PyTorch modules it was made from give the same tokens, speculation keeps the tex
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -111,15 +112,26 @@ def test_the_loop_refuses_sampling_params_a_step_does_not_take(tiny_ngram_export
         run(RunConfig(str(tiny_ngram_export), new_tokens=2, top_k=5))
 
 
-def test_the_engine_builder_refuses_what_tensorrt_cannot_build(sampling_export, monkeypatch):
-    """With the plugin library the node's top_k / top_p are refused by name (the plugins take
-    the required inputs only); without it, stdlib-tiny's 4096 tokens exceed TensorRT's TopK."""
+def test_the_engine_builder_builds_the_truncating_body_and_refuses_what_tensorrt_cannot(
+    sampling_export, tmp_path, monkeypatch
+):
+    """Without the plugin library the target step builds from the function bodies: the
+    truncating body needs no sort, so stdlib-tiny's 4096 tokens (past TensorRT's TopK limit,
+    3840) build (about 10 s on a CPU). A skipped optional input is refused by name (TensorRT's
+    parser refuses it), and with the plugin library the node's top_k / top_p are (the plugins
+    take the required inputs only)."""
     pytest.importorskip("tensorrt_rtx", reason="needs TensorRT-RTX (pip install tensorrt-rtx)")
     from flashspec_export.engine import build, plugins
+    from flashspec_export.onnx import functions
 
-    with pytest.raises(ConfigError, match="TopK takes at most 3840 \\(vocab_size 4096\\)"):
-        build.build_engines(sampling_export, ["target_step"], function_bodies=True)
-    monkeypatch.setattr(plugins, "library_path", lambda: sampling_export / "stub.so")
+    export = shutil.copytree(sampling_export, tmp_path / "export")  # the others run no engine
+    reports = build.build_engines(export, ["target_step"], function_bodies=True)
+    assert reports["target_step"].path.stat().st_size > 0
+    assert reports["target_step"].plugin_layers == ()
+    skips = functions.plugin_node("VerifyResample", ["h"] * 6 + ["", "p"], ["t", "n", "l"], 4096)
+    with pytest.raises(ConfigError, match=r"skips its optional input top_k .* top_k \(0\)"):
+        build._refuse_optional_inputs(export / "step.onnx", [skips], with_plugins=False)
+    monkeypatch.setattr(plugins, "library_path", lambda: export / "stub.so")
     monkeypatch.setattr(plugins, "register", lambda trt, library: ["VerifyResample"])
     with pytest.raises(ConfigError, match=r"optional inputs top_k, top_p .* plugins do not take"):
-        build.build_engines(sampling_export, ["target_step"])
+        build.build_engines(export, ["target_step"], force=True)
