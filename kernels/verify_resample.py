@@ -42,7 +42,6 @@ import triton.language as tl
 from flashspec_export.kernels import hopper_tiles
 from flashspec_export.kernels.noise import (
     STREAM_GUMBEL,
-    evaluate_noise,
     gumbel_from_bits,
     math_exp,
     math_log,
@@ -62,7 +61,7 @@ from flashspec_export.kernels.tiles import (
     resolve_config,
 )
 from flashspec_export.ops.workspace import launch_workspace
-from flashspec_export.reference import noise, truncation
+from flashspec_export.reference import truncation
 from flashspec_export.reference import verify_resample as reference
 from flashspec_export.reference.verify_resample import VerifyResult
 
@@ -575,8 +574,9 @@ CANDIDATES = 32
 # Kept tokens a truncated row may have and be settled by its candidates (the issue's k <= 1024);
 # a larger kept set is recomputed materialised.
 MAX_KEPT = 1024
-_EMPTY_KEY = -(2**63)
-_NEG_INF_LAST = ((-(2**31) + 2**23 - 1) << 32) | (2**31 - 1)  # the largest key of a -inf logit
+# the largest key of a -inf logit
+_NEG_INF_LAST: tl.constexpr = tl.constexpr(((-(2**31) + 2**23 - 1) << 32) | (2**31 - 1))
+_NO_ID: tl.constexpr = tl.constexpr(2**62)  # above every id: the lowest-id reduction's filler
 
 
 def _truncated_sequences(top_k, top_p, n: int, device) -> torch.Tensor:
@@ -596,6 +596,222 @@ def decode_keys(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return bits.view(torch.float32), (2**31 - 1) - (keys & (2**32 - 1))
 
 
+@triton.constexpr_function
+def _log2(n):
+    return n.bit_length() - 1
+
+
+@triton.jit
+def _pair_side(n_dims: tl.constexpr, axis: tl.constexpr):
+    """0 / 1: the side of each element's pair along hypercube ``axis`` (counted from the
+    innermost), shaped to broadcast against a ``[2] * n_dims`` hypercube."""
+    side = tl.arange(0, 2)
+    return tl.reshape(side, [1] * (n_dims - axis - 1) + [2] + [1] * axis)
+
+
+@triton.jit
+def _compare_and_swap(h, flip, axis: tl.constexpr):
+    """One step of a bitonic network on the int64 hypercube ``h``: each pair along ``axis`` put in
+    ascending order, or descending where ``flip`` (broadcast) is 1. An element's partner is the
+    pair's sum minus itself (int64 wraps around, exactly): one add-reduction per pair, where
+    ``tl.sort`` takes an xor-reduction — the same shuffles on a GPU, but a reduction the Triton
+    interpreter runs vectorised (its xor-reduction loops in Python, element by element)."""
+    n_dims: tl.constexpr = _log2(h.numel)
+    partner = tl.sum(h, n_dims - 1 - axis, keep_dims=True) - h
+    right = _pair_side(n_dims, axis)
+    return tl.where((h > partner) != (flip ^ right).to(tl.int1), partner, h)
+
+
+@triton.jit
+def _bitonic_merge(h, stage: tl.constexpr, order: tl.constexpr):
+    """Merge the hypercube's bitonic runs of ``2**stage``: ascending (``order`` 0), descending
+    (1), or alternating run by run (2)."""
+    n_dims: tl.constexpr = _log2(h.numel)
+    flip = _pair_side(n_dims, stage) if order == 2 else order
+    for i in tl.static_range(stage):
+        h = _compare_and_swap(h, flip, stage - 1 - i)
+    return h
+
+
+@triton.jit
+def top_sorted(x, K: tl.constexpr):
+    """The ``K`` largest int64 keys of each row of ``x [ROWS, B]``, largest first (``B``, ``K``
+    powers of two, ``2 <= K <= B``): ``tl.topk``'s bitonic top-k — runs of ``K`` sorted
+    alternately, then halved by pairwise max and merged again — with the add-reduction
+    compare-and-swap above. ``log K · (log K + 1) / 2`` steps over all ``ROWS · B`` keys, then
+    ``log K`` steps per halving."""
+    ROWS: tl.constexpr = x.shape[0]
+    LOG_B: tl.constexpr = _log2(x.shape[1])
+    LOG_K: tl.constexpr = _log2(K)
+    h = tl.reshape(x, [2] * _log2(x.numel))
+    for i in tl.static_range(1, LOG_K + 1):
+        h = _bitonic_merge(h, i, 2 if i < LOG_B else 1)
+    for i in tl.static_range(LOG_K + 1, LOG_B + 1):
+        h = tl.max(h, _log2(h.numel) - 1 - LOG_K)
+        h = _bitonic_merge(h, LOG_K, 2 if i < LOG_B else 1)
+    return tl.reshape(h, [ROWS, K])
+
+
+@triton.jit
+def decode_key(keys):
+    """(logit fp32, id int64) of int64 order keys (``order_key``'s inverse, as ``decode_keys``;
+    the low word of a key is ``2**31 - 1 - id`` >= 0, so its bit 31 is clear)."""
+    ordered = (keys >> 32).to(tl.int32)
+    bits = tl.where(ordered >= 0, ordered, ordered ^ _LOW_WORD)
+    logit = bits.to(tl.float32, bitcast=True)
+    low = keys & _LOW_WORD
+    return logit, -low + _LOW_WORD  # 2**31 - 1 - low (the interpreter: the tensor first)
+
+
+@triton.jit
+def _first(x, rank, other):
+    """``x[:, 0]`` of a ``[ROWS, B]`` block ``x`` (``rank = tl.arange(0, B)``)."""
+    return tl.max(tl.where(rank[None, :] == 0, x, other), 1)
+
+
+@triton.jit(do_not_specialize=["num_rows", "width", "num_splits", "num_kept"])
+def _truncated_summaries_kernel(
+    ws_float_ptr,  # [4, R, S] float32: read (max, sum_exp), rewritten for settled rows
+    ws_index_ptr,  # [R, S] int32: rewritten for settled rows
+    cand_ptr,  # [R, S, C + 1] int64: each split's C handed-in keys, then its floor
+    truncated_ptr,  # [N] int32: 1 where top-k / top-p apply
+    top_k_ptr,  # [N] int64 (only with TOP_K)
+    top_p_ptr,  # [N] float32 (only with TOP_P)
+    temperature_ptr,  # [N] float32
+    seed_ptr,  # [N] int64
+    positions_ptr,  # [N] int64
+    unsettled_ptr,  # [R] int8 out: 1 where a truncated row is not settled
+    num_rows,  # R = N · (γ + 1)
+    width,  # γ + 1
+    num_splits,  # S
+    num_kept,  # L = min(MAX_KEPT, S · C): the keys a kept set is settled in
+    C: tl.constexpr,  # CANDIDATES
+    TOP_K: tl.constexpr,
+    TOP_P: tl.constexpr,
+    LIBDEVICE: tl.constexpr,
+    ROWS: tl.constexpr,  # rows per program: 1 on a GPU (more under the interpreter)
+    BLOCK_HANDED: tl.constexpr,  # next_power_of_2(S · C)
+    BLOCK_KEPT: tl.constexpr,  # next_power_of_2(L), at least 2
+    BLOCK_S: tl.constexpr,  # next_power_of_2(S)
+):
+    """Stage 2 of ``ROWS`` truncated rows (``_truncated_summaries``): per row, tau from the S
+    floors, the L largest of the S · C handed-in keys in order (``top_sorted``, in registers),
+    the kept set, softmax and nucleus over them, the Gumbel-max of the nucleus and its LSE, and
+    the rewrite of the row's summaries as one split. Memory traffic per truncated row: its
+    candidates (8 · S · (C + 1) bytes), its max / sum_exp (8 · S), the five rewritten fields
+    (20 · S) and one flag; an untruncated row reads one flag and writes one."""
+    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    row_ok = r < num_rows
+    n = r // width
+    on = row_ok & (tl.load(truncated_ptr + n, mask=row_ok, other=0) != 0)  # [ROWS]
+    if tl.max(on.to(tl.int32), 0) == 0:  # no truncated row: one flag read
+        tl.store(unsettled_ptr + r, tl.zeros([ROWS], tl.int8), mask=row_ok)
+    else:
+        # ---- tau: the largest finite key some split did not hand in (EMPTY_KEY if none). Above
+        # it the handed-in keys are, in order, an exact prefix of the row's order.
+        split = tl.arange(0, BLOCK_S)
+        split_ok = on[:, None] & (split < num_splits)[None, :]  # [ROWS, BLOCK_S]
+        row_cand = cand_ptr + r.to(tl.int64)[:, None] * num_splits * (C + 1)
+        floor = tl.load(row_cand + split[None, :] * (C + 1) + C, mask=split_ok, other=EMPTY_KEY)
+        floor_logit, _ = decode_key(floor)
+        hidden_finite = (floor != EMPTY_KEY) & (floor_logit > float("-inf"))
+        tau = tl.max(tl.where(hidden_finite, floor, EMPTY_KEY), 1)  # [ROWS]
+
+        # ---- the L largest handed-in keys, largest first: a bitonic top-k over the S · C keys
+        # (one read of the row's candidates, 8 · S · (C + 1) bytes; all in registers)
+        t = tl.arange(0, BLOCK_HANDED)
+        handed = tl.load(
+            row_cand + ((t // C) * (C + 1) + t % C)[None, :],
+            mask=on[:, None] & (t < num_splits * C)[None, :],
+            other=EMPTY_KEY,
+        )  # [ROWS, BLOCK_HANDED]
+        known_all = tl.sum(((handed > tau[:, None]) & (handed > _NEG_INF_LAST)).to(tl.int32), 1)
+        # every finite logit of the row was handed in, and lies among the L keys
+        complete = (tau == EMPTY_KEY) & (known_all <= num_kept)
+        keys = top_sorted(handed, BLOCK_KEPT)  # [ROWS, BLOCK_KEPT] descending
+        rank = tl.arange(0, BLOCK_KEPT)
+        logit, ids = decode_key(keys)
+        known = (
+            (rank < num_kept)[None, :]
+            & (keys > tau[:, None])
+            & (keys != EMPTY_KEY)
+            & (logit > float("-inf"))
+        )
+        # [ROWS] top-k (0: off) and top-p (1: off)
+        k = tl.load(top_k_ptr + n, mask=on, other=0) if TOP_K else tl.zeros([ROWS], tl.int64)
+        p = (
+            tl.load(top_p_ptr + n, mask=on, other=1.0)
+            if TOP_P
+            else tl.full([ROWS], 1.0, tl.float32)
+        )
+        keep = known & ((k == 0)[:, None] | (rank[None, :] < k[:, None]))
+        top_k_on = k > 0
+        top_k_known = top_k_on & (k <= tl.sum(known.to(tl.int32), 1))
+
+        # ---- softmax over the kept set (top-k on) or over every allowed token (the stage-1
+        # online sums of the row's splits), then the nucleus: mass strictly before < p
+        plane = num_rows * num_splits
+        row_ws = r[:, None] * num_splits + split[None, :]  # [ROWS, BLOCK_S]
+        m = tl.load(ws_float_ptr + F_MAX * plane + row_ws, mask=split_ok, other=float("-inf"))
+        s = tl.load(ws_float_ptr + F_SUM_EXP * plane + row_ws, mask=split_ok, other=0.0)
+        big_m = tl.max(m, 1)
+        finite_m = tl.where(big_m == float("-inf"), 0.0, big_m)
+        total_all = tl.sum(s * math_exp(m - finite_m[:, None], LIBDEVICE), 1)
+        keep_first = _first(keep.to(tl.int32), rank, 0) != 0
+        top = tl.where(keep_first, _first(logit, rank, float("-inf")), 0.0)  # largest kept logit
+        total_kept = tl.sum(tl.where(keep, math_exp(logit - top[:, None], LIBDEVICE), 0.0), 1)
+        shift = tl.where(top_k_on, top, finite_m)
+        total = tl.where(top_k_on, total_kept, total_all)
+        total = tl.where(total == 0.0, 1.0, total)  # 0: no kept token (no 0 / 0 to mask)
+        weight = math_exp(logit - shift[:, None], LIBDEVICE)
+        # IEEE division, as torch's (Triton's `/` on fp32 is not correctly rounded)
+        total = tl.broadcast_to(total[:, None], [ROWS, BLOCK_KEPT])
+        probs = tl.where(keep, tl.math.div_rn(weight, total), 0.0)
+        before = tl.cumsum(probs, 1) - probs
+        # (p >= 1) | (before < p), as a select: the interpreter cannot `|` a broadcast comparison
+        nucleus = keep & tl.where((p >= 1.0)[:, None], True, before < p[:, None])
+        nucleus |= keep & (rank == 0)[None, :]  # the top token is always kept
+        ends_inside = tl.max((keep & ~nucleus).to(tl.int32), 1) > 0
+        any_nucleus = tl.max(nucleus.to(tl.int32), 1) > 0
+        settled = (complete | top_k_known | (~top_k_on & ends_inside)) & any_nucleus
+        tl.store(unsettled_ptr + r, (on & ~settled).to(tl.int8), mask=row_ok)
+
+        # ---- the Gumbel-max over the nucleus with the tile pass's noise (greedy rows: the
+        # logit), ties to the lowest id; the nucleus's LSE as torch.logsumexp forms it
+        seed = tl.load(seed_ptr + n, mask=on, other=0)
+        position = tl.load(positions_ptr + n, mask=on, other=0) + (r - n * width)
+        key_a, key_b = row_keys(seed, position, STREAM_GUMBEL)  # [ROWS] uint32 each
+        bits = token_bits(key_a[:, None], key_b[:, None], ids)  # named: the interpreter needs it
+        g = gumbel_from_bits(bits, LIBDEVICE)
+        greedy = tl.load(temperature_ptr + n, mask=on, other=1.0) < GREEDY_BELOW
+        score = tl.where(greedy[:, None], logit, logit + g)
+        score = tl.where(nucleus, score, float("-inf"))
+        best = tl.max(score, 1)
+        tied = score == best[:, None]
+        y = tl.min(tl.where(tied, ids, _NO_ID), 1)
+        winner = tl.min(tl.where(tied & (ids == y[:, None]), rank[None, :], BLOCK_KEPT), 1)
+        y_logit = tl.max(tl.where(rank[None, :] == winner[:, None], logit, float("-inf")), 1)
+        kept_logit = tl.where(nucleus, logit, float("-inf"))
+        lse_max = tl.max(kept_logit, 1)
+        lse_max = tl.where(tl.abs(lse_max) == float("inf"), 0.0, lse_max)
+        kept_sum = tl.sum(math_exp(kept_logit - lse_max[:, None], LIBDEVICE), 1)
+        kept_sum = tl.where(settled, kept_sum, 1.0)  # rows not written: no log(0)
+        lse = math_log(kept_sum, LIBDEVICE) + lse_max
+
+        # ---- the settled rows' summaries as one split: split 0 holds the sample (score 0, its
+        # index and logit, M = LSE, sum 1), the others are empty
+        write = split_ok & settled[:, None]
+        first = (split == 0)[None, :]
+        ws_float = ws_float_ptr + row_ws
+        tl.store(ws_float + F_BEST_SCORE * plane, tl.where(first, 0.0, float("-inf")), mask=write)
+        tl.store(ws_index_ptr + row_ws, tl.where(first, y.to(tl.int32)[:, None], 0), mask=write)
+        tl.store(
+            ws_float + F_BEST_LOGIT * plane, tl.where(first, y_logit[:, None], 0.0), mask=write
+        )
+        tl.store(ws_float + F_MAX * plane, tl.where(first, lse[:, None], float("-inf")), mask=write)
+        tl.store(ws_float + F_SUM_EXP * plane, tl.where(first, 1.0, 0.0), mask=write)
+
+
 def _truncated_summaries(
     workspace: VerifyWorkspace,
     candidates: torch.Tensor,
@@ -607,7 +823,8 @@ def _truncated_summaries(
     positions: torch.Tensor,
 ) -> torch.Tensor:
     """Stage 2 of the truncated rows: their kept set from the candidates, their sample, and their
-    summaries rewritten as one split (the finalize then accepts and emits as for any row).
+    summaries rewritten as one split (the finalize then accepts and emits as for any row). One
+    launch, one program per row (a row whose sequence is not truncated reads one flag).
 
     Per row, every split hands in ``CANDIDATES`` order keys and a floor, the largest key it did
     not hand in (``select_candidates``). So the handed-in keys above the largest floor of the row
@@ -618,86 +835,64 @@ def _truncated_summaries(
     as the reference's softmax does, ``exp(l - max) / Σ exp(l - max)``. The sample is the
     Gumbel-max over the kept candidates with the same noise (``reference.noise``), ties to the
     lowest id; the log-probability's LSE is the kept set's. Rows it does not settle are returned
-    ([R] bool) for ``_recompute``.
+    for ``_recompute``.
 
-    The mass before each token is summed here in another order than the reference's, so a
-    token whose mass-before lies within float rounding of p may be kept by one and not the other.
+    The mass before each token is summed here (``tl.cumsum``, ``tl.sum``) in another order than
+    the reference's, so a token whose mass-before lies within float rounding of p may be kept by
+    one and not the other. ``tests/parity/test_truncation_kernels.py`` holds the same steps in
+    torch (``truncated_summaries_torch``) and compares the two.
+
+    Parameters
+    ----------
+    workspace : the stage-1 summaries of ``R = N · (γ + 1)`` rows and S splits, rewritten in place
+    candidates : [R, S, CANDIDATES + 1] int64 — each split's hand-in, then its floor
+    truncated : [N] int32 (``_truncated_sequences``)
+    top_k : [N] int64 or None, top_p : [N] float32 or None
+    temperature, seed, positions : [N] (as ``verify_resample``)
+
+    Returns
+    -------
+    unsettled : [R] bool — truncated rows whose kept set the candidates do not settle (their
+        summaries are left as they were)
     """
-    rows, splits, _ = candidates.shape
+    rows, splits, width_c = candidates.shape
     n = temperature.shape[0]
-    width = rows // n
-    device = candidates.device
-    inf = float("inf")
-
-    def per_row(t):
-        return t.repeat_interleave(width)
-
-    floor = candidates[..., -1]  # [R, S]: the largest key a split did not hand in
-    hidden_finite = (floor != _EMPTY_KEY) & (decode_keys(floor)[0] > -inf)
-    tau = torch.where(hidden_finite, floor, _EMPTY_KEY).amax(dim=-1)  # [R]
-    handed = candidates[..., :-1].reshape(rows, -1)
-    # the largest MAX_KEPT handed-in keys, in order: a kept set is settled only inside them
-    keys = handed.topk(min(MAX_KEPT, handed.shape[1]), dim=-1).values
-    logit, ids = decode_keys(keys)
-    known = (keys > tau[:, None]) & (keys != _EMPTY_KEY) & (logit > -inf)
-    known_all = ((handed > tau[:, None]) & (handed > _NEG_INF_LAST)).sum(dim=-1)
-    # every finite logit of the row was handed in, and lies among these keys
-    complete = (tau == _EMPTY_KEY) & (known_all <= keys.shape[1])
-    rank = torch.arange(keys.shape[1], device=device)
-    k = per_row(top_k) if top_k is not None else torch.zeros(rows, dtype=torch.int64, device=device)
-    p = per_row(top_p) if top_p is not None else torch.ones(rows, device=device)
-    keep = known & ((k[:, None] == 0) | (rank[None, :] < k[:, None]))
-    top_k_on = k > 0
-    top_k_known = top_k_on & (k <= known.sum(dim=-1))
-
-    # softmax over the kept set (top-k on) or over every allowed token (stage 1's online sums)
-    floats = workspace.floats
-    m = floats[_MAX]
-    big_m = m.amax(dim=-1)
-    finite_m = torch.where(big_m == -inf, 0.0, big_m)
-    total_all = (floats[_SUM_EXP] * torch.exp(m - finite_m[:, None])).sum(dim=-1)
-    top = torch.where(keep[:, 0], logit[:, 0], 0.0)  # the largest kept logit
-    total_kept = torch.exp(logit - top[:, None]).masked_fill(~keep, 0.0).sum(dim=-1)
-    shift = torch.where(top_k_on, top, finite_m)
-    probs = (
-        torch.exp(logit - shift[:, None]) / torch.where(top_k_on, total_kept, total_all)[:, None]
+    handed = splits * (width_c - 1)
+    kept = min(MAX_KEPT, handed)
+    block_handed = triton.next_power_of_2(handed)
+    unsettled = torch.empty(rows, dtype=torch.int8, device=candidates.device)
+    placeholder = truncated  # never read without TOP_K / TOP_P
+    top_k, top_p = (None if t is None else t.contiguous() for t in (top_k, top_p))
+    # One row per program on a GPU; under the interpreter a block of rows (its cost is per op)
+    rows_per_program = 1 if use_libdevice(candidates) else min(64, triton.next_power_of_2(rows))
+    _truncated_summaries_kernel[(triton.cdiv(rows, rows_per_program),)](
+        workspace.floats,
+        workspace.index,
+        candidates,
+        truncated,
+        top_k if top_k is not None else placeholder,
+        top_p if top_p is not None else placeholder,
+        temperature,
+        seed,
+        positions,
+        unsettled,
+        rows,
+        rows // n,
+        splits,
+        kept,
+        C=width_c - 1,
+        TOP_K=top_k is not None,
+        TOP_P=top_p is not None,
+        LIBDEVICE=use_libdevice(candidates),
+        ROWS=rows_per_program,
+        BLOCK_HANDED=block_handed,
+        BLOCK_KEPT=max(2, triton.next_power_of_2(kept)),
+        BLOCK_S=triton.next_power_of_2(splits),
+        # the top-k's cross-warp steps: fewer with more warps (16 at 200 splits)
+        num_warps=min(16, max(4, block_handed // 512)),
+        enable_fp_fusion=False,  # Σ s · exp(m - M) rounded as torch's product, then sum
     )
-    probs = probs.masked_fill(~keep, 0.0)
-    before = torch.cumsum(probs, dim=-1) - probs
-    nucleus = keep & ((p[:, None] >= 1.0) | (before < p[:, None]))
-    nucleus[:, 0] |= keep[:, 0]  # the top token is always kept
-    ends_inside = (keep & ~nucleus).any(dim=-1)
-    settled = (complete | top_k_known | (~top_k_on & ends_inside)) & nucleus.any(dim=-1)
-
-    seq_rows = per_row(torch.arange(n, device=device))
-    row_pos = positions[seq_rows] + torch.arange(rows, device=device) % width
-    g = evaluate_noise(  # one kernel: the reference's integers, libdevice's logs on a GPU
-        seed[seq_rows, None].expand_as(ids).reshape(-1),
-        row_pos[:, None].expand_as(ids).reshape(-1),
-        ids.reshape(-1),
-        noise.STREAM_GUMBEL,
-    )[2].view(ids.shape)
-    greedy = reference.is_greedy(temperature)[seq_rows]
-    score = torch.where(greedy[:, None], logit, logit + g).masked_fill(~nucleus, float("-inf"))
-    best = score.amax(dim=-1, keepdim=True)
-    winner = torch.where(score == best, ids, 2**62).argmin(dim=-1, keepdim=True)  # lowest id
-    y = ids.gather(-1, winner).squeeze(-1)
-    y_logit = logit.gather(-1, winner).squeeze(-1)
-    lse_kept = torch.logsumexp(logit.masked_fill(~nucleus, float("-inf")), dim=-1)
-
-    rewrite = (per_row(truncated) != 0) & settled
-    first = torch.arange(splits, device=device)[None, :] == 0
-    where = rewrite[:, None]
-
-    def one_split(field, value, rest):
-        field.copy_(torch.where(where, torch.where(first, value[:, None], rest), field))
-
-    one_split(floats[_BEST_SCORE], torch.zeros_like(lse_kept), float("-inf"))
-    one_split(workspace.index, y.to(torch.int32), 0)
-    one_split(floats[_BEST_LOGIT], y_logit, 0.0)
-    one_split(floats[_MAX], lse_kept, float("-inf"))
-    one_split(floats[_SUM_EXP], torch.ones_like(lse_kept), 0.0)
-    return (per_row(truncated) != 0) & ~settled
+    return unsettled.view(torch.bool)
 
 
 def _recompute(result, seqs, hidden, lm_head, drafts, temperature, seed, positions, vocab_size,

@@ -222,3 +222,256 @@ def test_a_kept_set_past_max_kept_is_recomputed(monkeypatch):
     )
     want = ops.verify_resample(hidden, lm_head, drafts, temperature, seed, positions, top_k=TOP_K)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+# ---- stage 2 (``_truncated_summaries``, one Triton launch) against its steps in torch
+
+_EMPTY_KEY = -(2**63)
+_NEG_INF_LAST = ((-(2**31) + 2**23 - 1) << 32) | (2**31 - 1)  # the largest key of a -inf logit
+
+
+def truncated_summaries_torch(workspace, candidates, truncated, top_k, top_p, temperature, seed,
+                              positions):  # fmt: skip
+    """The stage 2 of ``kernels.verify_resample._truncated_summaries`` in torch ops, step by step
+    (the product's stage 2 until the kernel replaced it; see its docstring for the terms): the
+    oracle the kernel is compared with. Rewrites ``workspace`` in place, returns unsettled [R]."""
+    from flashspec_export.kernels.noise import evaluate_noise
+    from flashspec_export.reference import noise
+    from flashspec_export.reference import verify_resample as reference
+
+    rows, splits, _ = candidates.shape
+    n = temperature.shape[0]
+    width = rows // n
+    device = candidates.device
+    inf = float("inf")
+    best_score_f, best_logit_f, max_f, sum_exp_f = range(kernels.NUM_FLOAT_FIELDS)
+
+    def per_row(t):
+        return t.repeat_interleave(width)
+
+    floor = candidates[..., -1]  # [R, S]: the largest key a split did not hand in
+    hidden_finite = (floor != _EMPTY_KEY) & (kernels.decode_keys(floor)[0] > -inf)
+    tau = torch.where(hidden_finite, floor, _EMPTY_KEY).amax(dim=-1)  # [R]
+    handed = candidates[..., :-1].reshape(rows, -1)
+    # the largest MAX_KEPT handed-in keys, in order: a kept set is settled only inside them
+    keys = handed.topk(min(kernels.MAX_KEPT, handed.shape[1]), dim=-1).values
+    logit, ids = kernels.decode_keys(keys)
+    known = (keys > tau[:, None]) & (keys != _EMPTY_KEY) & (logit > -inf)
+    known_all = ((handed > tau[:, None]) & (handed > _NEG_INF_LAST)).sum(dim=-1)
+    # every finite logit of the row was handed in, and lies among these keys
+    complete = (tau == _EMPTY_KEY) & (known_all <= keys.shape[1])
+    rank = torch.arange(keys.shape[1], device=device)
+    k = per_row(top_k) if top_k is not None else torch.zeros(rows, dtype=torch.int64, device=device)
+    p = per_row(top_p) if top_p is not None else torch.ones(rows, device=device)
+    keep = known & ((k[:, None] == 0) | (rank[None, :] < k[:, None]))
+    top_k_on = k > 0
+    top_k_known = top_k_on & (k <= known.sum(dim=-1))
+
+    # softmax over the kept set (top-k on) or over every allowed token (stage 1's online sums)
+    floats = workspace.floats
+    m = floats[max_f]
+    big_m = m.amax(dim=-1)
+    finite_m = torch.where(big_m == -inf, 0.0, big_m)
+    total_all = (floats[sum_exp_f] * torch.exp(m - finite_m[:, None])).sum(dim=-1)
+    top = torch.where(keep[:, 0], logit[:, 0], 0.0)  # the largest kept logit
+    total_kept = torch.exp(logit - top[:, None]).masked_fill(~keep, 0.0).sum(dim=-1)
+    shift = torch.where(top_k_on, top, finite_m)
+    probs = (
+        torch.exp(logit - shift[:, None]) / torch.where(top_k_on, total_kept, total_all)[:, None]
+    )
+    probs = probs.masked_fill(~keep, 0.0)
+    before = torch.cumsum(probs, dim=-1) - probs
+    nucleus = keep & ((p[:, None] >= 1.0) | (before < p[:, None]))
+    nucleus[:, 0] |= keep[:, 0]  # the top token is always kept
+    ends_inside = (keep & ~nucleus).any(dim=-1)
+    settled = (complete | top_k_known | (~top_k_on & ends_inside)) & nucleus.any(dim=-1)
+
+    seq_rows = per_row(torch.arange(n, device=device))
+    row_pos = positions[seq_rows] + torch.arange(rows, device=device) % width
+    g = evaluate_noise(
+        seed[seq_rows, None].expand_as(ids).reshape(-1),
+        row_pos[:, None].expand_as(ids).reshape(-1),
+        ids.reshape(-1),
+        noise.STREAM_GUMBEL,
+    )[2].view(ids.shape)
+    greedy = reference.is_greedy(temperature)[seq_rows]
+    score = torch.where(greedy[:, None], logit, logit + g).masked_fill(~nucleus, float("-inf"))
+    best = score.amax(dim=-1, keepdim=True)
+    winner = torch.where(score == best, ids, 2**62).argmin(dim=-1, keepdim=True)  # lowest id
+    y = ids.gather(-1, winner).squeeze(-1)
+    y_logit = logit.gather(-1, winner).squeeze(-1)
+    lse_kept = torch.logsumexp(logit.masked_fill(~nucleus, float("-inf")), dim=-1)
+
+    rewrite = (per_row(truncated) != 0) & settled
+    first = torch.arange(splits, device=device)[None, :] == 0
+    where = rewrite[:, None]
+
+    def one_split(field, value, rest):
+        field.copy_(torch.where(where, torch.where(first, value[:, None], rest), field))
+
+    one_split(floats[best_score_f], torch.zeros_like(lse_kept), float("-inf"))
+    one_split(workspace.index, y.to(torch.int32), 0)
+    one_split(floats[best_logit_f], y_logit, 0.0)
+    one_split(floats[max_f], lse_kept, float("-inf"))
+    one_split(floats[sum_exp_f], torch.ones_like(lse_kept), 0.0)
+    return (per_row(truncated) != 0) & ~settled
+
+
+def _order_keys(logits, ids):
+    """int64 order keys of float32 ``logits`` at int64 ``ids``, as ``kernels.order_key``."""
+    bits = torch.where(logits == 0, 0.0, logits).view(torch.int32)
+    ordered = torch.where(bits >= 0, bits, bits ^ (2**31 - 1)).to(torch.int64)
+    return (ordered << 32) | ((2**31 - 1) - ids)
+
+
+def _stage2_inputs(logits, g, *, drop=0, shuffle=False):
+    """Stage 2's inputs from the rows' logits ``[R, S, V_split]`` (split s holds ids
+    ``s · V_split ...``): each split's hand-in of ``CANDIDATES`` keys and floor as
+    ``select_candidates`` leaves them — its largest keys, or with ``drop`` (some splits) the
+    largest but ``drop`` and ``drop`` from further down, the floor then above handed-in keys, as
+    when a column holds three of the split's largest — in descending or shuffled order, EMPTY_KEY
+    past a split's keys; and the stage-1 online softmax ``m, s`` of each split."""
+    rows, splits, per_split = logits.shape
+    c = kernels.CANDIDATES
+    ids = torch.arange(splits * per_split).view(1, splits, per_split).expand(rows, -1, -1)
+    keys = _order_keys(logits, ids).sort(dim=-1, descending=True).values
+    candidates = torch.full((rows, splits, c + 1), _EMPTY_KEY, dtype=torch.int64)
+    for r in range(rows):
+        for s in range(splits):
+            order = torch.arange(per_split)
+            if drop and per_split > c and torch.rand((), generator=g) < 0.5:
+                below = c - drop + torch.randperm(per_split - c + drop, generator=g)[:drop]
+                order = torch.cat([order[: c - drop], below.sort().values])
+                rest = torch.ones(per_split, dtype=torch.bool)
+                rest[order] = False
+                order = torch.cat([order, torch.arange(per_split)[rest]])
+            handed = keys[r, s, order[:c]]
+            if shuffle:
+                handed = handed[torch.randperm(handed.numel(), generator=g)]
+            candidates[r, s, : handed.numel()] = handed
+            if per_split > c:
+                candidates[r, s, c] = keys[r, s, order[c:]].max()
+    m = logits.amax(dim=-1)
+    s = torch.exp(logits - torch.where(m == float("-inf"), 0.0, m)[..., None]).sum(dim=-1)
+    floats = torch.randn(kernels.NUM_FLOAT_FIELDS, rows, splits, generator=g)
+    floats[kernels.F_MAX.value] = m
+    floats[kernels.F_SUM_EXP.value] = s
+    index = torch.randint(0, 1000, (rows, splits), generator=g, dtype=torch.int32)
+    return kernels.VerifyWorkspace(floats, index), candidates
+
+
+def _stage2_case(name, g):
+    """(logits [R, S, V_split], per-sequence inputs, hand-in options, MAX_KEPT) of a named case."""
+    n, width = 4, 3
+    temperature = torch.tensor([1.0, 0.0, 0.8, 1.2])  # a greedy sequence
+    truncated = torch.tensor([1, 1, 1, 0], dtype=torch.int32)  # sequence 3 untruncated
+    top_k = torch.tensor([5, 0, 60, 3])
+    top_p = torch.tensor([0.9, 0.55, 1.0, 0.3])
+    options, max_kept = {}, kernels.MAX_KEPT
+    if name == "random":  # a few hundred ids per split: tau high, most kept sets settled
+        logits = torch.randn(n * width, 6, 300, generator=g) * 3
+    elif name == "dropped_and_shuffled":  # floors above handed-in keys, hand-ins in any order
+        logits = torch.randn(n * width, 5, 100, generator=g) * 2
+        options = dict(drop=3, shuffle=True)
+    elif name == "ties":  # few distinct logits: ties by the lower id, everywhere
+        logits = torch.randint(-2, 2, (n * width, 4, 40), generator=g).float()
+        top_p = torch.tensor([0.37, 0.61, 1.0, 0.3])
+    elif name == "neg_inf":  # masked rows: splits with no finite logit or fewer than C
+        logits = torch.randn(n * width, 4, 64, generator=g)
+        logits[torch.rand(logits.shape, generator=g) < 0.8] = float("-inf")
+        logits[0] = float("-inf")  # a row with no allowed token: not settled
+        logits[1, :, 1:] = float("-inf")  # one allowed token per split
+        logits[2, 1, 5] = float("inf")  # a +inf logit: NaN probabilities, the top token kept
+    elif name == "complete":  # every finite logit handed in (tau empty): k > known, p near 1
+        logits = torch.randn(n * width, 3, 30, generator=g) * 2
+        top_k = torch.tensor([200, 0, 17, 3])
+        top_p = torch.tensor([0.999, 0.999, 1.0, 0.3])
+    elif name == "past_the_prefix":  # k beyond the known keys, nuclei past them: recomputed
+        logits = torch.randn(n * width, 8, 200, generator=g) * 0.1
+        logits[2 * width : 3 * width] *= 50  # but sequence 2's: peaked, settled
+        top_k = torch.tensor([250, 0, 2, 3])
+        top_p = torch.tensor([0.98, 0.999, 0.3, 0.3])
+    elif name == "max_kept":  # the cap (not a power of two): k and complete sets across it
+        logits = torch.randn(n * width, 2, 30, generator=g)
+        logits[:width, :, 24:] = float("-inf")  # 48 finite logits: complete at the cap
+        top_k = torch.tensor([0, 47, 48, 49])
+        top_p = torch.tensor([1.0, 1.0, 1.0, 1.0])
+        truncated = torch.ones(n, dtype=torch.int32)
+        max_kept = 48
+    elif name == "many_splits":  # one row, 200 splits: 6400 keys in one block
+        n, width = 1, 1
+        logits = torch.randn(1, 200, 40, generator=g) * 3
+        temperature, truncated = torch.tensor([1.0]), torch.tensor([1], dtype=torch.int32)
+        top_k, top_p = torch.tensor([50]), torch.tensor([0.9])
+    seqs = dict(
+        truncated=truncated, top_k=top_k, top_p=top_p, temperature=temperature,
+        seed=torch.arange(n) * 7 + 1, positions=torch.randint(0, 1000, (n,), generator=g),
+    )  # fmt: skip
+    return logits, seqs, options, max_kept
+
+
+STAGE2_CASES = [
+    "random", "dropped_and_shuffled", "ties", "neg_inf", "complete", "past_the_prefix",
+    "max_kept", "many_splits",
+]  # fmt: skip
+
+
+# the +inf logit's inf - inf, on purpose: NumPy (the interpreter) warns, torch does not
+@pytest.mark.filterwarnings("ignore:invalid value encountered in subtract:RuntimeWarning")
+@pytest.mark.parametrize("case", STAGE2_CASES)
+@pytest.mark.parametrize("which", ["top_k", "top_p", "both"])
+def test_stage2_equals_its_torch_steps(case, which, monkeypatch):
+    """The stage-2 kernel = its torch steps (``truncated_summaries_torch``) on the same candidates:
+    the same rows unsettled, the settled rows' sample (index, logit) and summaries rewritten bit
+    for bit (the LSE to float rounding), every other row's summaries untouched. Every case has
+    settled rows, and those built for it rows left unsettled (k past the known keys, a nucleus
+    past them, no allowed token, a kept set past MAX_KEPT)."""
+    g = torch.Generator().manual_seed(STAGE2_CASES.index(case))
+    logits, seqs, options, max_kept = _stage2_case(case, g)
+    monkeypatch.setattr(kernels, "MAX_KEPT", max_kept)
+    workspace, candidates = _stage2_inputs(logits, g, **options)
+    top_k = seqs["top_k"] if which in ("top_k", "both") else None
+    top_p = seqs["top_p"] if which in ("top_p", "both") else None
+    args = (seqs["truncated"], top_k, top_p, seqs["temperature"], seqs["seed"], seqs["positions"])
+    want_ws = kernels.VerifyWorkspace(*(t.clone().to(DEVICE) for t in workspace))
+    got_ws = kernels.VerifyWorkspace(*(t.clone().to(DEVICE) for t in workspace))
+    args = tuple(None if t is None else t.to(DEVICE) for t in args)
+    want = truncated_summaries_torch(want_ws, candidates.to(DEVICE), *args)
+    got = kernels._truncated_summaries(got_ws, candidates.to(DEVICE), *args)
+    assert torch.equal(got, want)
+    settled = (seqs["truncated"] != 0).repeat_interleave(logits.shape[0] // len(args[0]))
+    settled = settled.to(DEVICE) & ~want
+    assert settled.any()
+    assert want.any() or case not in ("neg_inf", "past_the_prefix", "max_kept")
+    lse = kernels.F_MAX.value
+    others = [f for f in range(kernels.NUM_FLOAT_FIELDS) if f != lse]
+    assert torch.equal(got_ws.index, want_ws.index)
+    assert torch.equal(got_ws.floats[others], want_ws.floats[others])
+    assert torch.equal(got_ws.floats[lse, ~settled], want_ws.floats[lse, ~settled])
+    torch.testing.assert_close(got_ws.floats[lse], want_ws.floats[lse], rtol=1e-6, atol=1e-6)
+    # the rows untouched: as handed in
+    assert torch.equal(got_ws.index[~settled], workspace.index.to(DEVICE)[~settled])
+
+
+@pytest.mark.parametrize("k", [2, 16, 1024])
+def test_top_sorted_equals_torch_topk(k):
+    """``top_sorted`` (the bitonic top-k with the add-reduction compare-and-swap) = torch.topk's
+    values on rows of random int64 keys, duplicates, and both ends of int64 (the pair sums wrap)."""
+    import triton.language as tl
+
+    @triton.jit
+    def topk_kernel(x_ptr, out_ptr, ROWS: tl.constexpr, B: tl.constexpr, K: tl.constexpr):
+        r = tl.arange(0, ROWS)[:, None]
+        x = tl.load(x_ptr + r * B + tl.arange(0, B)[None, :])
+        tl.store(out_ptr + r * K + tl.arange(0, K)[None, :], kernels.top_sorted(x, K))
+
+    rows, b = 4, 2048
+    g = torch.Generator().manual_seed(k)
+    x = torch.randint(-(2**63), 2**63 - 1, (rows, b), generator=g, dtype=torch.int64)
+    x[1] = torch.randint(-3, 3, (b,), generator=g)  # many duplicates
+    x[2, ::3] = -(2**63)  # EMPTY_KEY
+    x[2, 1::7] = 2**63 - 1
+    x[3] = torch.arange(b)  # already sorted (ascending)
+    out = torch.empty(rows, k, dtype=torch.int64, device=DEVICE)
+    topk_kernel[(1,)](x.to(DEVICE), out, ROWS=rows, B=b, K=k)
+    assert torch.equal(out.cpu(), x.topk(k, dim=-1).values)
