@@ -634,17 +634,19 @@ def _bitonic_merge(h, stage: tl.constexpr, order: tl.constexpr):
 
 
 @triton.jit
-def top_sorted(x, K: tl.constexpr):
-    """The ``K`` largest int64 keys of each row of ``x [ROWS, B]``, largest first (``B``, ``K``
-    powers of two, ``2 <= K <= B``): ``tl.topk``'s bitonic top-k — runs of ``K`` sorted
-    alternately, then halved by pairwise max and merged again — with the add-reduction
-    compare-and-swap above. ``log K · (log K + 1) / 2`` steps over all ``ROWS · B`` keys, then
-    ``log K`` steps per halving."""
+def top_sorted(x, K: tl.constexpr, RUN: tl.constexpr = 1):
+    """The ``K`` largest int64 keys of each row of ``x [ROWS, B]``, largest first (``B``, ``K``,
+    ``RUN`` powers of two, ``2 <= K <= B``, ``RUN <= K``): ``tl.topk``'s bitonic top-k — runs of
+    ``K`` sorted alternately, then halved by pairwise max and merged again — with the
+    add-reduction compare-and-swap above. ``x`` may come in sorted runs of ``RUN`` keys, run j
+    ascending for even j and descending for odd j (one descending run if ``RUN == B``): their
+    ``log RUN · (log RUN + 1) / 2`` steps are skipped. ``log K · (log K + 1) / 2`` steps over all
+    ``ROWS · B`` keys (less those), then ``log K`` per halving."""
     ROWS: tl.constexpr = x.shape[0]
     LOG_B: tl.constexpr = _log2(x.shape[1])
     LOG_K: tl.constexpr = _log2(K)
     h = tl.reshape(x, [2] * _log2(x.numel))
-    for i in tl.static_range(1, LOG_K + 1):
+    for i in tl.static_range(_log2(RUN) + 1, LOG_K + 1):
         h = _bitonic_merge(h, i, 2 if i < LOG_B else 1)
     for i in tl.static_range(LOG_K + 1, LOG_B + 1):
         h = tl.max(h, _log2(h.numel) - 1 - LOG_K)
@@ -690,6 +692,7 @@ def _truncated_summaries_kernel(
     TOP_P: tl.constexpr,
     LIBDEVICE: tl.constexpr,
     ROWS: tl.constexpr,  # rows per program: 1 on a GPU (more under the interpreter)
+    RUN: tl.constexpr,  # C: the hand-ins are sorted runs (1: sort them, when L < C)
     BLOCK_HANDED: tl.constexpr,  # next_power_of_2(S · C)
     BLOCK_KEPT: tl.constexpr,  # next_power_of_2(L), at least 2
     BLOCK_S: tl.constexpr,  # next_power_of_2(S)
@@ -718,17 +721,23 @@ def _truncated_summaries_kernel(
         tau = tl.max(tl.where(hidden_finite, floor, EMPTY_KEY), 1)  # [ROWS]
 
         # ---- the L largest handed-in keys, largest first: a bitonic top-k over the S · C keys
-        # (one read of the row's candidates, 8 · S · (C + 1) bytes; all in registers)
+        # (one read of the row's candidates, 8 · S · (C + 1) bytes; all in registers). A split
+        # hands in its keys largest first (``select_candidates``): with RUN = C they are loaded
+        # as the sorted runs ``top_sorted`` starts from (even splits reversed, unless one split
+        # is all), and its first log C stages are skipped.
         t = tl.arange(0, BLOCK_HANDED)
+        slot = t % C
+        if RUN > 1 and RUN < BLOCK_HANDED:
+            slot = tl.where((t // C) % 2 == 0, C - 1 - slot, slot)  # ascending runs
         handed = tl.load(
-            row_cand + ((t // C) * (C + 1) + t % C)[None, :],
+            row_cand + ((t // C) * (C + 1) + slot)[None, :],
             mask=on[:, None] & (t < num_splits * C)[None, :],
             other=EMPTY_KEY,
         )  # [ROWS, BLOCK_HANDED]
         known_all = tl.sum(((handed > tau[:, None]) & (handed > _NEG_INF_LAST)).to(tl.int32), 1)
         # every finite logit of the row was handed in, and lies among the L keys
         complete = (tau == EMPTY_KEY) & (known_all <= num_kept)
-        keys = top_sorted(handed, BLOCK_KEPT)  # [ROWS, BLOCK_KEPT] descending
+        keys = top_sorted(handed, BLOCK_KEPT, RUN)  # [ROWS, BLOCK_KEPT] descending
         rank = tl.arange(0, BLOCK_KEPT)
         logit, ids = decode_key(keys)
         known = (
@@ -857,9 +866,11 @@ def _truncated_summaries(
     """
     rows, splits, width_c = candidates.shape
     n = temperature.shape[0]
-    handed = splits * (width_c - 1)
+    c = width_c - 1  # CANDIDATES
+    handed = splits * c
     kept = min(MAX_KEPT, handed)
     block_handed = triton.next_power_of_2(handed)
+    block_kept = max(2, triton.next_power_of_2(kept))
     unsettled = torch.empty(rows, dtype=torch.int8, device=candidates.device)
     placeholder = truncated  # never read without TOP_K / TOP_P
     top_k, top_p = (None if t is None else t.contiguous() for t in (top_k, top_p))
@@ -880,13 +891,14 @@ def _truncated_summaries(
         rows // n,
         splits,
         kept,
-        C=width_c - 1,
+        C=c,
         TOP_K=top_k is not None,
         TOP_P=top_p is not None,
         LIBDEVICE=use_libdevice(candidates),
         ROWS=rows_per_program,
         BLOCK_HANDED=block_handed,
-        BLOCK_KEPT=max(2, triton.next_power_of_2(kept)),
+        RUN=c if c & (c - 1) == 0 and block_kept >= c else 1,
+        BLOCK_KEPT=block_kept,
         BLOCK_S=triton.next_power_of_2(splits),
         # the top-k's cross-warp steps: fewer with more warps (16 at 200 splits)
         num_warps=min(16, max(4, block_handed // 512)),

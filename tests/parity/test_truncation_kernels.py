@@ -128,7 +128,8 @@ def test_order_keys_follow_the_truncation_order():
 
 def test_the_hand_in_holds_every_key_above_its_floor():
     """``column_top2`` over a split's tiles, then ``select_candidates``: the floor is the largest
-    key not handed in, and the handed-in keys above it are exactly the split's keys above it —
+    key not handed in, the hand-in is largest first, and the handed-in keys above the floor are
+    exactly the split's keys above it —
     on rows with many, few and no new keys per tile, ties of equal logits, -inf logits, and a
     column holding three of the largest keys (one of them dropped: the floor)."""
     import triton.language as tl
@@ -175,6 +176,8 @@ def test_the_hand_in_holds_every_key_above_its_floor():
             if (x[row, v].item(), -v) > (x[row, best_left].item(), -best_left)
         }
         assert above <= handed
+    # largest first: stage 2 merges the hand-ins as sorted runs (``top_sorted``'s RUN)
+    assert torch.equal(out, out.sort(dim=1, descending=True).values)
     assert kernels.decode_keys(floor[4])[0].item() == 1.0  # the dropped third of one column
 
 
@@ -324,13 +327,13 @@ def _order_keys(logits, ids):
     return (ordered << 32) | ((2**31 - 1) - ids)
 
 
-def _stage2_inputs(logits, g, *, drop=0, shuffle=False):
+def _stage2_inputs(logits, g, *, drop=0):
     """Stage 2's inputs from the rows' logits ``[R, S, V_split]`` (split s holds ids
     ``s · V_split ...``): each split's hand-in of ``CANDIDATES`` keys and floor as
     ``select_candidates`` leaves them — its largest keys, or with ``drop`` (some splits) the
     largest but ``drop`` and ``drop`` from further down, the floor then above handed-in keys, as
-    when a column holds three of the split's largest — in descending or shuffled order, EMPTY_KEY
-    past a split's keys; and the stage-1 online softmax ``m, s`` of each split."""
+    when a column holds three of the split's largest — largest first, EMPTY_KEY past a split's
+    keys; and the stage-1 online softmax ``m, s`` of each split."""
     rows, splits, per_split = logits.shape
     c = kernels.CANDIDATES
     ids = torch.arange(splits * per_split).view(1, splits, per_split).expand(rows, -1, -1)
@@ -346,8 +349,6 @@ def _stage2_inputs(logits, g, *, drop=0, shuffle=False):
                 rest[order] = False
                 order = torch.cat([order, torch.arange(per_split)[rest]])
             handed = keys[r, s, order[:c]]
-            if shuffle:
-                handed = handed[torch.randperm(handed.numel(), generator=g)]
             candidates[r, s, : handed.numel()] = handed
             if per_split > c:
                 candidates[r, s, c] = keys[r, s, order[c:]].max()
@@ -370,9 +371,9 @@ def _stage2_case(name, g):
     options, max_kept = {}, kernels.MAX_KEPT
     if name == "random":  # a few hundred ids per split: tau high, most kept sets settled
         logits = torch.randn(n * width, 6, 300, generator=g) * 3
-    elif name == "dropped_and_shuffled":  # floors above handed-in keys, hand-ins in any order
+    elif name == "dropped":  # floors above handed-in keys
         logits = torch.randn(n * width, 5, 100, generator=g) * 2
-        options = dict(drop=3, shuffle=True)
+        options = dict(drop=3)
     elif name == "ties":  # few distinct logits: ties by the lower id, everywhere
         logits = torch.randint(-2, 2, (n * width, 4, 40), generator=g).float()
         top_p = torch.tensor([0.37, 0.61, 1.0, 0.3])
@@ -411,7 +412,7 @@ def _stage2_case(name, g):
 
 
 STAGE2_CASES = [
-    "random", "dropped_and_shuffled", "ties", "neg_inf", "complete", "past_the_prefix",
+    "random", "dropped", "ties", "neg_inf", "complete", "past_the_prefix",
     "max_kept", "many_splits",
 ]  # fmt: skip
 
@@ -453,17 +454,19 @@ def test_stage2_equals_its_torch_steps(case, which, monkeypatch):
     assert torch.equal(got_ws.index[~settled], workspace.index.to(DEVICE)[~settled])
 
 
-@pytest.mark.parametrize("k", [2, 16, 1024])
-def test_top_sorted_equals_torch_topk(k):
+@pytest.mark.parametrize(("k", "run"), [(2, 1), (16, 1), (1024, 1), (64, 32), (2048, 32)])
+def test_top_sorted_equals_torch_topk(k, run):
     """``top_sorted`` (the bitonic top-k with the add-reduction compare-and-swap) = torch.topk's
-    values on rows of random int64 keys, duplicates, and both ends of int64 (the pair sums wrap)."""
+    values on rows of random int64 keys, duplicates, and both ends of int64 (the pair sums wrap);
+    with ``run``, the rows come as sorted runs (even ones ascending), its first stages skipped."""
     import triton.language as tl
 
     @triton.jit
-    def topk_kernel(x_ptr, out_ptr, ROWS: tl.constexpr, B: tl.constexpr, K: tl.constexpr):
+    def topk_kernel(x_ptr, out_ptr, ROWS: tl.constexpr, B: tl.constexpr, K: tl.constexpr,
+                    RUN: tl.constexpr):  # fmt: skip
         r = tl.arange(0, ROWS)[:, None]
         x = tl.load(x_ptr + r * B + tl.arange(0, B)[None, :])
-        tl.store(out_ptr + r * K + tl.arange(0, K)[None, :], kernels.top_sorted(x, K))
+        tl.store(out_ptr + r * K + tl.arange(0, K)[None, :], kernels.top_sorted(x, K, RUN))
 
     rows, b = 4, 2048
     g = torch.Generator().manual_seed(k)
@@ -472,6 +475,10 @@ def test_top_sorted_equals_torch_topk(k):
     x[2, ::3] = -(2**63)  # EMPTY_KEY
     x[2, 1::7] = 2**63 - 1
     x[3] = torch.arange(b)  # already sorted (ascending)
+    if run > 1:
+        runs = x.view(rows, b // run, run).sort(dim=-1, descending=True).values
+        runs[:, ::2] = runs[:, ::2].flip(-1)  # even runs ascending
+        x = runs.reshape(rows, b)
     out = torch.empty(rows, k, dtype=torch.int64, device=DEVICE)
-    topk_kernel[(1,)](x.to(DEVICE), out, ROWS=rows, B=b, K=k)
+    topk_kernel[(1,)](x.to(DEVICE), out, ROWS=rows, B=b, K=k, RUN=run)
     assert torch.equal(out.cpu(), x.topk(k, dim=-1).values)
