@@ -440,8 +440,8 @@ def test_stage2_equals_its_torch_steps(case, which, monkeypatch):
     want = truncated_summaries_torch(want_ws, candidates.to(DEVICE), *args)
     got = kernels._truncated_summaries(got_ws, candidates.to(DEVICE), *args)
     assert torch.equal(got, want)
-    settled = (seqs["truncated"] != 0).repeat_interleave(logits.shape[0] // len(args[0]))
-    settled = settled.to(DEVICE) & ~want
+    width = logits.shape[0] // len(seqs["truncated"])  # rows per sequence
+    settled = (seqs["truncated"] != 0).repeat_interleave(width).to(DEVICE) & ~want
     assert settled.any()
     assert want.any() or case not in ("neg_inf", "past_the_prefix", "max_kept")
     lse = kernels.F_MAX.value
