@@ -34,6 +34,7 @@ import functools
 import itertools
 import time
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import torch
 
@@ -53,8 +54,8 @@ from flashspec_export.runtime.selection import Arm
 # A read costs one synchronisation (~0.1 ms with the host's bookkeeping) per round.
 STREAM_ROUND = 16
 # With online selection, the most steps between two reads: the policy chooses every step's arm
-# of a round before it runs and is rewarded with each step's tokens per second of device time
-# after it (its choices run at most this many steps ahead of their rewards).
+# of a round before it runs and learns each step's acceptance and device time after it (its
+# choices run at most this many steps ahead of what they teach it).
 SELECT_ROUND = 16
 
 # verify(hidden [N, γ+1, H], lm_head, drafts [N, γ], temperature, seed, positions, vocab_size)
@@ -77,6 +78,18 @@ def fused_ops(device: torch.device) -> tuple[Verify, Argmax]:
         return argmax_impl(hidden, lm_head, vocab_size)[0]
 
     return verify, argmax
+
+
+class _Round(NamedTuple):
+    """A round of steps enqueued on the device: their indices, arms (and the policy's indices
+    of them), the largest γ, the event after the copies to the host, the tokens' host copy."""
+
+    steps: range
+    arms: list[Arm]
+    chosen: list[int] | None
+    widest: int
+    ready: torch.cuda.Event | None
+    out: torch.Tensor
 
 
 def drafter_name(drafter) -> str:
@@ -213,7 +226,9 @@ class DeviceLoop:
         self.step_pos, self.first_pos, self.last_row = zeros(n), zeros(n) + 1, zeros(n)
         # the catch-up's output, where the next step's draft chain starts: the first draft,
         # the hidden a feature drafter feeds its next call (MTP / EAGLE), that call's position
-        self.first_draft, self.chain_pos = zeros(n), zeros(n)
+        # (a capture's warm-up runs a chain before any catch-up: the position its catch-up
+        # would give, 2, keeps its cache writes inside the cache)
+        self.first_draft, self.chain_pos = zeros(n), zeros(n) + 2
         self.chain_x = None
         if self.graph_drafter is not None and not isinstance(drafter, ModelDrafter):
             self.chain_x = zeros((n, 1, drafter.eh_proj.out_features), dtype)
@@ -222,6 +237,8 @@ class DeviceLoop:
         # steps taken
         self.records = zeros((max_len + 1, 3, n))
         self.steps_taken = zeros(1)
+        self._host = None  # the host's copies: the records, and the tokens twice (pinned)
+        self._flip = 0
         self._rows = torch.arange(gamma + 1, device=device)
 
     # ---- the pieces of a step
@@ -399,7 +416,7 @@ class DeviceLoop:
         arm : the (drafter, γ) every step runs (one of ``self.arms``; default the first)
         policy : instead, a ``selection`` policy over (some of) ``self.arms``: it picks the arm
             of every step of a round of at most ``select_round`` steps before the round runs,
-            and is rewarded after it with each step's kept tokens per second of that step's
+            and updated after it with each step's accepted drafts per sequence and that step's
             device time (CUDA events around its graphs, read with the round's record: no
             synchronisation inside a round)
         Returns the generated tokens per sequence and the run's metrics (with a policy,
@@ -439,12 +456,17 @@ class DeviceLoop:
         tokens: list[list[int]] = [[] for _ in range(n)]
         done = [0] * n  # per sequence: tokens the device generated (before a stop's cut)
         live = [True] * n  # per sequence: neither finished nor stopped by the stream
-        while any(live):
-            slowest = max(new_tokens - done[row] for row in range(n) if live[row])
-            # No sequence emits more than γ + 1 tokens a step: this many steps cannot finish the
-            # slowest one, so they run back to back before the host looks again.
+        in_flight = None  # the round on the device whose record the host has not read
+        while True:
+            # The next round is enqueued before the host reads the one in flight, so its
+            # choices and the reading overlap the device's work. No sequence emits more than
+            # γ + 1 tokens a step: the round takes only steps that cannot finish the slowest
+            # unfinished sequence even if the round in flight emitted the most it can.
+            slowest = max((new_tokens - done[row] for row in range(n) if live[row]), default=0)
+            if in_flight is not None:
+                slowest -= len(in_flight.steps) * (in_flight.widest + 1)
             widest = self.gamma if policy is not None else arm.gamma
-            steps = -(-slowest // (widest + 1))
+            steps = max(-(-slowest // (widest + 1)), 0)
             if stream is not None:
                 steps = min(steps, stream_round)
             if policy is not None:  # each step's arm, chosen before the round runs
@@ -452,49 +474,83 @@ class DeviceLoop:
                 chosen = [policy.choose() for _ in range(steps)]
                 round_arms = [policy.arms[i] for i in chosen]
             else:
-                round_arms = [arm] * steps
-            first = len(marks)
-            for step_arm in round_arms:
-                pieces = self._pieces(step_arm)
-                run = [piece for _, piece in pieces]
-                if self._graphs:
-                    run = [graph.replay for graph in self._graphs[step_arm]]
-                step = []
-                for (name, _), piece in zip(pieces, run, strict=True):
-                    step.append((name, self._mark()))
-                    piece()
-                step.append(("", self._mark()))
-                marks.append(step)
-            steps = range(first, len(marks))
-            stopped, kept = self._take_round(steps, new_tokens, tokens, done, live, stream, metrics)
-            if policy is not None:  # the round's events are done: the host read its record
-                for index, step_arm, step, step_kept in zip(
-                    chosen, round_arms, marks[first:], kept, strict=True
-                ):
-                    if step_kept is None:  # no unfinished sequence: the step counts for none
-                        continue
-                    key = f"{step_arm.drafter}:{step_arm.gamma}"
-                    metrics.arms[key] = metrics.arms.get(key, 0) + 1
-                    policy.update(index, step_kept / max(_seconds(step[0][1], step[-1][1]), 1e-9))
-            if stopped:  # they idle from now on: their limit drops to what they generated
-                rows = torch.tensor(stopped, device=self.device)
-                self.limit.index_copy_(0, rows, self.count[rows])
-                self.active.copy_(self.count < self.limit)
+                chosen, round_arms = None, [arm] * steps
+            queued = self._enqueue(round_arms, chosen, widest, marks) if steps else None
+            if in_flight is not None:
+                self._finish(in_flight, new_tokens, tokens, done, live, stream, metrics, marks,
+                             policy)  # fmt: skip
+            in_flight = queued
+            if in_flight is None and not any(live):
+                break
         self._time(metrics, marks)
         metrics.total_seconds = time.perf_counter() - start
         metrics.generated = sum(map(len, tokens))
         return tokens, metrics
 
-    def _take_round(self, steps, new_tokens, tokens, done, live, stream, metrics):
-        """The host's one read of a round (the step indices ``steps``): its record and the
-        tokens it wrote, handed to ``stream`` and ``metrics`` step by step as ``loop.generate``
-        does. Updates the per-sequence ``tokens`` (kept), ``done`` (generated on the device)
-        and ``live``; returns the sequences the stream stopped and per step the tokens it kept
-        (None for a step with no unfinished sequence, which the metrics do not count)."""
-        record = self.records[steps.start : steps.stop].cpu().tolist()  # [S, 3, N]
+    def _enqueue(self, arms: list[Arm], chosen, widest: int, marks: list) -> _Round:
+        """Replay a step of each of ``arms`` back to back (a time mark around each piece into
+        ``marks``), then queue the copies of the round's record and of the generated tokens to
+        the host (pinned buffers on CUDA, so that the host waits for this round alone)."""
+        first = len(marks)
+        for step_arm in arms:
+            pieces = self._pieces(step_arm)
+            run = [piece for _, piece in pieces]
+            if self._graphs:
+                run = [graph.replay for graph in self._graphs[step_arm]]
+            step = []
+            for (name, _), piece in zip(pieces, run, strict=True):
+                step.append((name, self._mark()))
+                piece()
+            step.append(("", self._mark()))
+            marks.append(step)
+        steps = range(first, len(marks))
+        if self._host is None:
+            pin = self.device.type == "cuda"
+            records = torch.empty(self.records.shape, dtype=torch.int64, pin_memory=pin)
+            outs = [torch.empty(self.out.shape, dtype=torch.int64, pin_memory=pin) for _ in "ab"]
+            self._host = records, outs
+        records, outs = self._host
+        self._flip ^= 1  # the round in flight reads the other buffer
+        out = outs[self._flip]
+        cuda = self.device.type == "cuda"
+        records[first : steps.stop].copy_(self.records[first : steps.stop], non_blocking=cuda)
+        out.copy_(self.out, non_blocking=cuda)
+        ready = self._mark() if cuda else None
+        return _Round(steps, arms, chosen, widest, ready, out)
+
+    def _finish(self, round_, new_tokens, tokens, done, live, stream, metrics, marks, policy):
+        """Read ``round_`` (waiting for it alone), hand its steps to the stream, the metrics
+        and the policy, and idle the sequences the stream stopped."""
+        if round_.ready is not None:
+            round_.ready.synchronize()
+        stopped, kept = self._take_round(round_, new_tokens, tokens, done, live, stream, metrics)
+        if policy is not None:  # the round's events are done too
+            steps = marks[round_.steps.start : round_.steps.stop]
+            for index, step_arm, step, step_kept in zip(
+                round_.chosen, round_.arms, steps, kept, strict=True
+            ):
+                if not step_kept:  # no unfinished sequence: the step counts for none
+                    continue
+                key = f"{step_arm.drafter}:{step_arm.gamma}"
+                metrics.arms[key] = metrics.arms.get(key, 0) + 1
+                accepted = [max(k - 1, 0) for k in step_kept]  # a stop may keep none
+                policy.update(index, accepted, max(_seconds(step[0][1], step[-1][1]), 1e-9))
+        if stopped:  # they idle from now on: their limit drops to what they generated
+            rows = torch.tensor(stopped, device=self.device)
+            self.limit.index_copy_(0, rows, self.count[rows])
+            self.active.copy_(self.count < self.limit)
+
+    def _take_round(self, round_, new_tokens, tokens, done, live, stream, metrics):
+        """The host's one read of a round: its record and the tokens it wrote (host copies),
+        handed to ``stream`` and ``metrics`` step by step as ``loop.generate`` does. Updates
+        the per-sequence ``tokens`` (kept), ``done`` (generated on the device) and ``live``;
+        returns the sequences the stream stopped and per step the tokens it kept per
+        unfinished sequence (none for a step the metrics do not count)."""
+        steps = round_.steps
+        record = self._host[0][steps.start : steps.stop].tolist()  # [S, 3, N]
         low = min(done)
-        high = min(max(done) + len(steps) * (self.gamma + 1), self.out.shape[1] - 1)
-        written = self.out[:, low:high].cpu().tolist()  # [N, high - low]
+        high = min(max(done) + len(steps) * (round_.widest + 1), self.out.shape[1] - 1)
+        written = round_.out[:, low:high].tolist()  # [N, high - low]
         stopped, kept = [], []
         # per step: [N] tokens kept, [N] unfinished, [N] real drafts
         for kept_now, unfinished, drafted_now in record:
@@ -516,7 +572,7 @@ class DeviceLoop:
                 live[row] = live[row] and done[row] < new_tokens
             if counted:
                 metrics.add_step(counted, drafted)
-            kept.append(sum(counted) if counted else None)
+            kept.append(counted)
         return stopped, kept
 
     def _prefill(self, prompt: torch.Tensor, lengths: torch.Tensor) -> None:

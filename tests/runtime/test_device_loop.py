@@ -269,19 +269,20 @@ def test_on_the_gpu_bf16_agreement_rate(stdlib_tiny_bf16_export):
 
 
 class _Scripted:
-    """A selection policy that plays ``schedule`` (arm indices, cycled) whatever the rewards:
-    the same choices in the host loop and the device loop."""
+    """A selection policy that plays ``schedule`` (arm indices, cycled) whatever it learns: the
+    same choices in the host loop and the device loop; it records what each step taught it."""
 
     def __init__(self, arms, schedule):
         self.arms, self.schedule, self.turn = arms, schedule, 0
-        self.rewards = []
+        self.updates, self.seconds = [], []
 
     def choose(self) -> int:
         self.turn += 1
         return self.schedule[(self.turn - 1) % len(self.schedule)]
 
-    def update(self, arm: int, reward: float) -> None:
-        self.rewards.append(reward)
+    def update(self, arm: int, accepted, seconds: float) -> None:
+        self.updates.append((arm, list(accepted)))
+        self.seconds.append(seconds)
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
@@ -302,9 +303,8 @@ def test_arms_switched_every_step_as_the_host_loop(device, stdlib_tiny):
     temps, seeds = torch.full((3,), 0.8), torch.tensor([3, 4, 5])
     arms = arms_for("mtp", 3)  # mtp:1 mtp:2 mtp:3 ngram:1 ngram:2 ngram:3
     schedule = [3, 5, 2, 2, 4, 0, 5, 1, 2, 3]  # n-gram runs between MTP steps
-    selecting = SelectingDrafter(
-        {"mtp": drafter, "ngram": NgramDrafter()}, _Scripted(arms, schedule)
-    )
+    host_policy = _Scripted(arms, schedule)
+    selecting = SelectingDrafter({"mtp": drafter, "ngram": NgramDrafter()}, host_policy)
     want = generate(target, selecting, prompts, STDLIB_TOKENS, 3, temps, seeds)
     loop = DeviceLoop(modules.model, modules.drafter, 3, STDLIB_LEN, 3, arms=arms)
     chosen = {f"{a.drafter}:{a.gamma}": n for a, n in selecting.chosen.items()}
@@ -319,7 +319,9 @@ def test_arms_switched_every_step_as_the_host_loop(device, stdlib_tiny):
         for name in ("steps", "sequence_steps", "emitted", "accepted_at", "drafted_at"):
             assert getattr(metrics, name) == getattr(want.metrics, name), name
         assert metrics.arms == chosen
-        assert len(policy.rewards) == metrics.steps and min(policy.rewards) > 0
+        # each step's accepted drafts per unfinished sequence, as the host loop reports them
+        assert policy.updates == host_policy.updates and len(policy.updates) == metrics.steps
+        assert min(policy.seconds) > 0
     assert metrics.accepted_at[0] >= 10, metrics.summary()  # drafts accepted (15 here)
     plain = DeviceLoop(modules.model, None, 3, STDLIB_LEN, 0)
     assert plain.generate(prompts, STDLIB_TOKENS, temps, seeds)[0] == tokens

@@ -301,15 +301,15 @@ class _StopAt:
 def test_the_metrics_and_the_bandit_count_the_tokens_kept(target_checkpoint):
     """A step that emits past ``max_new_tokens`` or a stop string counts only the tokens kept:
     the emitted total equals the tokens returned, tokens per step divides those, and the
-    bandit's reward (here tokens per unit step cost) sums to them too. Before, both counted
+    bandit learns from them too (its accepted drafts + 1 per sequence sum to them). Before, both counted
     every emitted token, a finished sequence's idle row as one (issue 33: 87 emitted against
     85 generated)."""
     from flashspec_export.runtime.selection import SelectingDrafter, Ucb1, arms_for
 
     class Recording(Ucb1):
-        def update(self, arm, reward):
-            rewards.append(reward)
-            super().update(arm, reward)
+        def update(self, arm, accepted, seconds):
+            rewards.append(sum(a + 1 for a in accepted))  # the tokens the step kept
+            super().update(arm, accepted, seconds)
 
     modules = build_modules(config_of("ngram", target_checkpoint))
     prompt = torch.randint(0, 512, (BATCH, 4), generator=torch.Generator().manual_seed(1))
