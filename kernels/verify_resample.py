@@ -604,9 +604,11 @@ def _log2(n):
 @triton.jit
 def _pair_side(n_dims: tl.constexpr, axis: tl.constexpr):
     """0 / 1: the side of each element's pair along hypercube ``axis`` (counted from the
-    innermost), shaped to broadcast against a ``[2] * n_dims`` hypercube."""
-    side = tl.arange(0, 2)
-    return tl.reshape(side, [1] * (n_dims - axis - 1) + [2] + [1] * axis)
+    innermost), as a ``[2] * n_dims`` hypercube: bit ``axis`` of the element's flat index. (Not a
+    ``[2]`` range reshaped to broadcast: Triton 3.6 fails to lay out that shape on sm_90 when the
+    hypercube has fewer elements than the program has threads.)"""
+    side = (tl.arange(0, 2**n_dims) >> axis) & 1
+    return tl.reshape(side, [2] * n_dims)
 
 
 @triton.jit
