@@ -12,7 +12,18 @@ request, rewarded by device time — as a fraction of the best fixed arm among t
 from. Every run's text is checked equal to plain decoding's (same seeds). JSON with
 ``--json``; timings median of ``--repeats``.
 
+With ``--shapes`` (the decode benchmark's random-weight shapes, e.g. ``llama3.2-1b-shape
+llama3-8b-shape``) it chooses γ alone: an MTP drafter whose drafts are the plain run's text kept
+with probability ``--alpha`` (``bench_decode.controlled_filter``), arms γ 1 .. ``--gamma``, at
+``--batches``, T = 1, against every fixed γ. The control holds while the loop's text is the
+plain run's: at batch 1 it is (tokens per step as α predicts); at batch 16 the decoder's
+(γ + 1)-row steps round their bf16 hidden states unlike the plain one-row steps and the text
+drifts from the oracle at some γ (its tokens per step collapse to ~1.4: the JSON shows it),
+so only batch 1 is the default.
+
 python scripts/bench_select.py --json docs/bench/select_h100.json
+python scripts/bench_select.py --shapes llama3.2-1b-shape llama3-8b-shape --gamma 7 \
+    --json docs/bench/select_shapes_h100.json
 """
 
 from __future__ import annotations
@@ -22,6 +33,7 @@ import logging
 import pathlib
 import re
 import statistics
+import sys
 
 import torch
 
@@ -32,6 +44,8 @@ from flashspec_export.runtime import selection
 from flashspec_export.runtime.device_loop import SELECT_ROUND, DeviceLoop
 from flashspec_export.runtime.metrics import Metrics
 from flashspec_export.training import corpus
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # bench_decode, with --shapes
 
 KINDS = {
     "code": re.compile(r"^(    )?def \w+\(", re.M),  # a function, from its signature
@@ -92,6 +106,70 @@ def run_requests(loop, prompts, new_tokens, temperature, repeats, **how):
     return statistics.median(speeds), pooled, tokens
 
 
+def _speed(loop, prompt, new_tokens, temps, seeds, repeats, **how):
+    """Median tokens/s of ``repeats`` requests after a warm-up (the capture), and the last
+    one's metrics; ``select=`` a fresh policy per request."""
+    runs = []
+    for repeat in range(repeats + 1):
+        if "select" in how:
+            how["policy"] = selection.make_policy(how["select"], loop.arms, seed=repeat)
+        kw = {k: v for k, v in how.items() if k != "select"}
+        _, m = loop.generate(prompt, new_tokens, temps, seeds, **kw)
+        runs.append((m.generated / m.total_seconds, m))
+    return statistics.median(r for r, _ in runs[1:]), runs[-1][1]
+
+
+def shapes(args) -> dict:
+    """γ chosen online on random-weight shapes with controlled acceptance (see the docstring)."""
+    from bench_decode import controlled_filter
+
+    from flashspec_export.config import TargetConfig
+    from flashspec_export.models.mtp import MtpDrafter
+
+    rows, bandits = [], []
+    for name in args.shapes:
+        preset = TargetConfig.from_name(name)
+        model = preset.build(seed=0, device="cuda", dtype=torch.bfloat16)
+        with torch.device("cuda"):
+            drafter = MtpDrafter(model, seed=1).to(torch.bfloat16).eval()
+        for batch in args.batches:
+            g = torch.Generator().manual_seed(batch)
+            prompt = torch.randint(0, preset.vocab_size, (batch, args.prompt_tokens), generator=g)
+            max_len = args.prompt_tokens + args.new_tokens + args.gamma + 1
+            temps, seeds = torch.ones(batch), torch.arange(batch)
+            plain = DeviceLoop(model, None, batch, max_len, 0)
+            text, _ = plain.generate(prompt, args.new_tokens, temps, seeds)
+            oracle = torch.cat([prompt, torch.tensor(text)], dim=1)
+            oracle = torch.nn.functional.pad(oracle, (0, max_len + 1 - oracle.shape[1])).cuda()
+            keep = torch.rand(oracle.shape, generator=g).cuda() < args.alpha
+            arms = [selection.Arm("mtp", gamma) for gamma in range(1, args.gamma + 1)]
+            draft_filter = controlled_filter(oracle, keep, preset.vocab_size)
+            loop = DeviceLoop(
+                model, drafter, batch, max_len, args.gamma, arms=arms, draft_filter=draft_filter
+            )
+            request = (loop, prompt, args.new_tokens, temps, seeds, args.repeats)
+
+            fixed = {}
+            for arm in arms:
+                fixed[arm.gamma], m = _speed(*request, arm=arm)
+                rows.append(dict(shape=name, batch=batch, gamma=arm.gamma,
+                                 tokens_per_second=fixed[arm.gamma],
+                                 tokens_per_step=m.tokens_per_step))  # fmt: skip
+            best = max(fixed, key=fixed.get)
+            line = " ".join(f"γ{g} {v:.0f}" for g, v in fixed.items())
+            print(f"{name} batch {batch}: {line}", flush=True)
+            for policy in sorted(selection.POLICIES):
+                value, m = _speed(*request, select=policy)
+                share = value / fixed[best]
+                bandits.append(dict(shape=name, batch=batch, policy=policy, tokens_per_second=value,
+                                    of_best=share, best_gamma=best, arms=m.arms))  # fmt: skip
+                print(f"  {policy}: {value:.0f} tokens/s = {100 * share:.1f}% of γ {best} "
+                      f"({fixed[best]:.0f}); steps per arm {m.arms}", flush=True)  # fmt: skip
+        del model, drafter
+        torch.cuda.empty_cache()
+    return {"rows": rows, "bandits": bandits}
+
+
 def main() -> None:
     parser = cli.parser(__doc__)
     add = parser.add_argument
@@ -104,9 +182,19 @@ def main() -> None:
     add("--repeats", type=cli.int_range(1), default=3)
     add("--select-rounds", nargs="+", type=cli.int_range(1), default=[SELECT_ROUND])
     add("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: a smoke run")
+    add("--shapes", nargs="+", default=None, help="random-weight shapes: choose γ (see above)")
+    add("--batches", nargs="+", type=cli.int_range(1), default=[1], help="with --shapes")
+    add("--alpha", type=float, default=0.8, help="with --shapes: a draft's keep probability")
     add("--json", default=None)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    if args.shapes:
+        out = shapes(args)
+        if args.json:
+            setup = {k: v for k, v in vars(args).items() if k != "json"}
+            gpu = torch.cuda.get_device_name()
+            pathlib.Path(args.json).write_text(json.dumps({"gpu": gpu, "setup": setup, **out}))
+        return
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_trained(ExportConfig()).target)
