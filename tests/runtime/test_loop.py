@@ -408,7 +408,7 @@ def test_device_cpu_emits_the_onnxruntime_tokens(exported, tmp_path, capsys):
 def test_on_the_gpu_device_cuda_emits_the_cpu_tokens(exported, tmp_path):
     """``--device cuda`` (fused layers, Triton kernels, CUDA graphs) against ``--device cpu``,
     fp32, prompts of three lengths and a stop string: the same tokens, text and steps, with
-    every drafter (the n-gram lookup in the step's graph on CUDA)."""
+    every drafter (the n-gram lookup in the step's graph on CUDA), and with ``--select``."""
     from flashspec_export.runtime.run import RunConfig, run
     from tests.runtime.tiny import with_tokenizer
 
@@ -419,3 +419,9 @@ def test_on_the_gpu_device_cuda_emits_the_cpu_tokens(exported, tmp_path):
     assert cuda.onnx.tokens == cpu.onnx.tokens and cuda.texts == cpu.texts
     assert cuda.onnx.steps == cpu.onnx.steps
     assert cuda.onnx.metrics.drafted_at == cpu.onnx.metrics.drafted_at
+    # --select on the GPU: arms chosen by CUDA-event step times, the same text
+    for select in ("ucb1", "thompson"):
+        chosen = run(dataclasses.replace(config, device="cuda", select=select))
+        assert chosen.onnx.tokens == cpu.onnx.tokens and chosen.texts == cpu.texts
+        arms = chosen.onnx.metrics.arms
+        assert len(arms) > 1 and sum(arms.values()) == chosen.onnx.steps, arms
