@@ -301,9 +301,9 @@ class _StopAt:
 def test_the_metrics_and_the_bandit_count_the_tokens_kept(target_checkpoint):
     """A step that emits past ``max_new_tokens`` or a stop string counts only the tokens kept:
     the emitted total equals the tokens returned, tokens per step divides those, and the
-    bandit learns from them too (its accepted drafts + 1 per sequence sum to them). Before, both counted
-    every emitted token, a finished sequence's idle row as one (issue 33: 87 emitted against
-    85 generated)."""
+    bandit learns from them too (its accepted drafts + 1 per sequence sum to them). Before,
+    both counted every emitted token, a finished sequence's idle row as one (issue 33: 87
+    emitted against 85 generated)."""
     from flashspec_export.runtime.selection import SelectingDrafter, Ucb1, arms_for
 
     class Recording(Ucb1):
