@@ -399,6 +399,15 @@ def _stage2_case(name, g):
         top_p = torch.tensor([1.0, 1.0, 1.0, 1.0])
         truncated = torch.ones(n, dtype=torch.int32)
         max_kept = 48
+    elif name == "selected":  # more keys than the cap's block, most rows with more known keys
+        # than the cap (every key handed in): the cap-th largest by bisection — on distinct
+        # logits, on logits tied across it (then on the ids), and rows under the cap
+        logits = torch.randn(n * width, 4, 30, generator=g) * 3
+        logits[:width, :, 10:] = float("-inf")  # 40 finite logits: under the cap
+        logits[width : 2 * width] = torch.randint(-2, 2, (width, 4, 30), generator=g).float()
+        top_k = torch.tensor([0, 48, 20, 47])
+        top_p = torch.tensor([0.9, 0.8, 1.0, 0.5])
+        max_kept = 48
     elif name == "many_splits":  # one row, 200 splits: 6400 keys in one block
         n, width = 1, 1
         logits = torch.randn(1, 200, 40, generator=g) * 3
@@ -413,7 +422,7 @@ def _stage2_case(name, g):
 
 STAGE2_CASES = [
     "random", "dropped", "ties", "neg_inf", "complete", "past_the_prefix",
-    "max_kept", "many_splits",
+    "max_kept", "selected", "many_splits",
 ]  # fmt: skip
 
 
@@ -496,13 +505,14 @@ splits, c = int(sys.argv[1]), kernels.CANDIDATES
 types = dict(
     ws_float_ptr="*fp32", ws_index_ptr="*i32", cand_ptr="*i64", truncated_ptr="*i32",
     top_k_ptr="*i64", top_p_ptr="*fp32", temperature_ptr="*fp32", seed_ptr="*i64",
-    positions_ptr="*i64", unsettled_ptr="*i8", num_rows="i32", width="i32", num_splits="i32",
-    num_kept="i32",
+    positions_ptr="*i64", unsettled_ptr="*i8", sel_ptr="*i64", num_rows="i32", width="i32",
+    num_splits="i32", num_kept="i32",
 )
 block = triton.next_power_of_2(splits * c)
 constexprs = dict(
     C=c, TOP_K=True, TOP_P=True, LIBDEVICE=True, ROWS=1, RUN=c, BLOCK_HANDED=block,
-    BLOCK_KEPT=block, BLOCK_S=triton.next_power_of_2(splits),
+    BLOCK_KEPT=min(block, triton.next_power_of_2(kernels.MAX_KEPT)),
+    BLOCK_S=triton.next_power_of_2(splits),
 )
 source = triton.compiler.ASTSource(fn, {n: types.get(n, "constexpr") for n in fn.arg_names},
                                    constexprs)
@@ -512,11 +522,12 @@ print(len(compiled.asm["cubin"]))
 """
 
 
-@pytest.mark.parametrize("splits", [1, 2, 3])
+@pytest.mark.parametrize("splits", [1, 2, 3, 64])
 def test_stage2_compiles_for_sm90(splits):
     """The stage-2 kernel compiles for sm_90 without a GPU at the launch's small blocks, where the
     hypercube has no more keys than the program has threads: 32, 64 and 128 handed-in keys in 4
-    warps (Triton 3.6 failed to lay out the 64-key sort of the max_kept case above)."""
+    warps (Triton 3.6 failed to lay out the 64-key sort of the max_kept case above), and past
+    MAX_KEPT's block (2048 keys: the selection before the sort)."""
     import os
     import subprocess
     import sys
