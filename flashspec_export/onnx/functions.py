@@ -14,6 +14,11 @@ chosen when the model is built: every builder takes the optional inputs its node
 inputs are the spec's up to the last present one, as many as the node has (TensorRT's parser
 requires that); a body reads only the present ones, and with none present it is the
 untruncated body, node for node. All nodes of one op in a model carry the same ones.
+
+Optional outputs (``VerifyResample``'s ``logprobs``) are chosen the same way: a node that leaves
+one out (or names it "") gets a body that does not compute it (no log-sum-exp) and the attribute
+``return_logprobs = 0``, which the plugin reads (TensorRT hands it node attributes, not the
+output count); a node with every output has no such attribute and today's body.
 """
 
 from __future__ import annotations
@@ -77,18 +82,97 @@ def skipped_inputs(op_type: str, inputs: Sequence[str]) -> list[str]:
     return [a.name for a, name in pairs if a.optional and not name]
 
 
+def _check_outputs(op_type: str, outputs: Collection[str]) -> None:
+    optional = [a.name for a in specs.BY_OP_TYPE[op_type].outputs if a.optional]
+    unknown = sorted(set(outputs) - set(optional))
+    if unknown:
+        raise ValueError(
+            f"outputs: {op_type} has no optional output {', '.join(unknown)}; it has "
+            f"{', '.join(optional) or 'none'}"
+        )
+
+
+def present_outputs(op_type: str, outputs: Sequence[str]) -> frozenset[str]:
+    """The optional outputs a node of ``op_type`` with these output names produces (a trailing
+    one left out or given an empty name is not computed)."""
+    pairs = zip(specs.BY_OP_TYPE[op_type].outputs, outputs, strict=False)
+    return frozenset(a.name for a, name in pairs if a.optional and name)
+
+
+def all_outputs(op_type: str) -> frozenset[str]:
+    """Every optional output of ``op_type`` (what a node that names all its outputs has)."""
+    return frozenset(a.name for a in specs.BY_OP_TYPE[op_type].outputs if a.optional)
+
+
+def formal_outputs(op_type: str, outputs: Collection[str]) -> list[str]:
+    """The outputs of the body for the optional ``outputs`` present: the spec's, those left out
+    dropped."""
+    return [
+        a.name for a in specs.BY_OP_TYPE[op_type].outputs if not a.optional or a.name in outputs
+    ]
+
+
+def output_attributes(op_type: str, outputs: Collection[str]) -> dict[str, int]:
+    """The node attributes that tell a plugin which optional outputs it produces: ``return_<name>
+    = 0`` for each one left out (absent: 1, every output, as nodes without them always had)."""
+    return {
+        f"return_{a.name}": 0
+        for a in specs.BY_OP_TYPE[op_type].outputs
+        if a.optional and a.name not in outputs
+    }
+
+
+def _check_output_attributes(op_type: str, node: onnx.NodeProto) -> None:
+    """Refuse a node whose ``return_<output>`` attributes disagree with the outputs it names (the
+    plugin reads the attribute, onnxruntime the outputs)."""
+    given = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    outputs = present_outputs(op_type, node.output)
+    for arg in specs.BY_OP_TYPE[op_type].outputs:
+        if not arg.optional:
+            continue
+        flag = given.get(f"return_{arg.name}", 1)
+        if flag != int(arg.name in outputs):
+            raise ValueError(
+                f"{op_type} node {node.name!r}: return_{arg.name} = {flag} but the node "
+                f"{'names' if arg.name in outputs else 'leaves out'} output {arg.name}; set "
+                f"return_{arg.name} = {int(arg.name in outputs)} (or use plugin_node)"
+            )
+
+
 def function_for(op_type: str, nodes: Sequence[onnx.NodeProto]) -> onnx.FunctionProto:
     """The function body of ``op_type`` for a model whose nodes of that type are ``nodes``: the
-    body of the optional inputs they carry, which must be the same for all (one function per
-    op in a model)."""
-    kinds = {present_inputs(op_type, node.input) for node in nodes} or {frozenset()}
-    if len(kinds) > 1:
-        shown = "; ".join(sorted(", ".join(sorted(k)) or "none" for k in kinds))
-        raise ValueError(
-            f"{op_type}: the nodes of one model carry different optional inputs ({shown}); one "
-            "function body serves them all, so give every node the same ones"
-        )
-    return FUNCTIONS[op_type](kinds.pop())
+    body of the optional inputs they carry and the optional outputs they produce, which must be
+    the same for all (one function per op in a model)."""
+    for node in nodes:
+        _check_output_attributes(op_type, node)
+    chosen = []
+    for side, present_of, default in (
+        ("inputs", lambda node: present_inputs(op_type, node.input), frozenset()),
+        ("outputs", lambda node: present_outputs(op_type, node.output), all_outputs(op_type)),
+    ):
+        kinds = {present_of(node) for node in nodes} or {default}
+        if len(kinds) > 1:
+            shown = "; ".join(sorted(", ".join(sorted(k)) or "none" for k in kinds))
+            raise ValueError(
+                f"{op_type}: the nodes of one model carry different optional {side} ({shown}); "
+                "one function body serves them all, so give every node the same ones"
+            )
+        chosen.append(kinds.pop())
+    present, outputs = chosen
+    function = FUNCTIONS[op_type](present, outputs)
+    _name_skipped_outputs(function, op_type, max((len(node.output) for node in nodes), default=0))
+    return function
+
+
+def _name_skipped_outputs(function: onnx.FunctionProto, op_type: str, width: int) -> None:
+    """Give ``function`` as many outputs as the widest node names (onnxruntime binds a node's
+    outputs to the function's by position and wants no more of them): an optional output a
+    node skips by an empty name is, in the body, an empty constant, never computed or read."""
+    names = [a.name for a in specs.BY_OP_TYPE[op_type].outputs]
+    for name in names[len(function.output) : width]:
+        empty = helper.make_tensor(f"{name}_skipped", TensorProto.FLOAT, [0], [])
+        function.node.append(helper.make_node("Constant", [], [name], value=empty))
+        function.output.append(name)
 
 
 def _rows_before_last(b: Body, x: str) -> str:
@@ -118,9 +202,12 @@ def _logits(b: Body, hidden: str, lm_head: str, vocab_size: str) -> str:
     return b.op("Where", b.op("IsNaN", dots), b.const(-np.inf, F32), dots)
 
 
-def tiled_argmax_function(present: Collection[str] = ()) -> onnx.FunctionProto:
+def tiled_argmax_function(
+    present: Collection[str] = (), outputs: Collection[str] = ()
+) -> onnx.FunctionProto:
     """``TiledArgmax(hidden [N, H], lm_head [V, H]) -> token [N] int64, max_logit [N] float``."""
     _check_present("TiledArgmax", present)
+    _check_outputs("TiledArgmax", outputs)
     b = Body("ta")
     logits = _logits(b, "hidden", "lm_head", b.attr_int("vocab_size"))  # [N, V]
     token = b.op("ArgMax", logits, axis=1, keepdims=0, select_last_index=0)
@@ -264,24 +351,29 @@ def _kept(b: Body, logits: str, vocab_size: str, present) -> str:
     return kept
 
 
-def verify_resample_function(present: Collection[str] = ()) -> onnx.FunctionProto:
+def verify_resample_function(
+    present: Collection[str] = (), outputs: Collection[str] = ("logprobs",)
+) -> onnx.FunctionProto:
     """``VerifyResample(hidden [N, γ+1, H], lm_head [V, H], draft_tokens [N, γ], temperature [N],
     seed [N], positions [N][, top_k [N], top_p [N], allowed_tokens [N, γ+1, W]]) -> tokens
-    [N, γ+1], num_emitted [N], logprobs [N, γ+1]``.
+    [N, γ+1], num_emitted [N][, logprobs [N, γ+1]]``.
 
     Per row i: ``y_i = argmax_v (l_v + g_v)`` (greedy: ``argmax_v l_v``); drafts are accepted
     while ``x == y``; the step emits ``y_0 .. y_k``. Log-probabilities: ``l(y) - LSE``.
     ``present``: the optional inputs the nodes carry; with any, the logits outside the
     truncation are -inf before the sample and the LSE (materialised: top-k / top-p by 32
     masked sums over each row, ``_cutoff``, no sort), as in the reference.
+    ``outputs``: the optional outputs the nodes produce; without ``logprobs`` the body has no
+    LSE (no Exp over the vocabulary, no ``l(y)`` gather) and two outputs.
     """
     _check_present("VerifyResample", present)
+    _check_outputs("VerifyResample", outputs)
     b = Body("vr")
     one_f, zero_f = b.const(1.0, F32), b.const(0.0, F32)
     vocab_size = b.attr_int("vocab_size")  # scalar
     unsqueeze2 = b.const([2], I64)
 
-    # Logits and their log-sum-exp: [N, R, V], [N, R]  (R = γ + 1)
+    # Logits [N, R, V]  (R = γ + 1)
     greedy = b.op("Less", "temperature", b.const(GREEDY_BELOW, F32))  # [N]: T < 1e-5 is greedy
     scale = b.op("Where", greedy, one_f, "temperature")
     logits = b.op(
@@ -292,12 +384,6 @@ def verify_resample_function(present: Collection[str] = ()) -> onnx.FunctionProt
     if present:  # the truncated logits: what the LSE and the log-probabilities see
         kept = _kept(b, logits, vocab_size, present)
         logits, untruncated = b.op("Where", kept, logits, b.const(-np.inf, F32)), logits
-    peak = b.op("ReduceMax", logits, b.const([-1], I64), keepdims=1)
-    total = b.op(
-        "ReduceSum", b.op("Exp", b.op("Sub", logits, peak)), b.const([-1], I64), keepdims=1
-    )
-    lse = b.op("Squeeze", b.op("Add", peak, b.op("Log", total)), unsqueeze2)
-
     # Noise keys per row: position of row i is positions + i.
     rows = b.op("Gather", b.op("Shape", "hidden"), b.const(1, I64), axis=0)
     row_ids = b.op("Range", b.const(0, I64), rows, b.const(1, I64))  # [R]
@@ -321,7 +407,6 @@ def verify_resample_function(present: Collection[str] = ()) -> onnx.FunctionProt
     else:
         score = b.op("Where", greedy3, logits, b.op("Add", logits, gumbel))
     best = b.op("ArgMax", score, axis=2, keepdims=1, select_last_index=0)  # [N, R, 1]
-    best_logit = b.op("Squeeze", b.op("GatherElements", logits, best, axis=2), unsqueeze2)
     y = b.op("Squeeze", best, unsqueeze2)  # [N, R]
 
     # k = number of leading drafts equal to y: rows before the first mismatch.
@@ -334,20 +419,29 @@ def verify_resample_function(present: Collection[str] = ()) -> onnx.FunctionProt
 
     emitted = b.op("LessOrEqual", row_ids, k)  # [N, R]: rows 0 .. k
     tokens = b.op("Where", emitted, y, b.const(-1, I64))
-    logprobs = b.op("Where", emitted, b.op("Sub", best_logit, lse), zero_f)
     num_emitted = b.op("Squeeze", b.op("Add", k, b.const(1, I64)), b.const([1], I64))
+    results = [("tokens", tokens), ("num_emitted", num_emitted)]
+    if "logprobs" in outputs:  # l(y) - LSE of the (truncated) logits: [N, R]
+        last_axis = b.const([-1], I64)
+        peak = b.op("ReduceMax", logits, last_axis, keepdims=1)
+        total = b.op("ReduceSum", b.op("Exp", b.op("Sub", logits, peak)), last_axis, keepdims=1)
+        lse = b.op("Squeeze", b.op("Add", peak, b.op("Log", total)), unsqueeze2)
+        best_logit = b.op("Squeeze", b.op("GatherElements", logits, best, axis=2), unsqueeze2)
+        results.append(("logprobs", b.op("Where", emitted, b.op("Sub", best_logit, lse), zero_f)))
     return b.function(
         DOMAIN,
         "VerifyResample",
         formal_inputs("VerifyResample", present),
-        [("tokens", tokens), ("num_emitted", num_emitted), ("logprobs", logprobs)],
+        results,
         OPSET_IMPORTS,
         ["vocab_size"],
     )
 
 
 def plugin_node(op_type: str, inputs, outputs, vocab_size: int, name: str | None = None):
-    """A ``flashspec`` custom node as TensorRT resolves it to its plugin."""
+    """A ``flashspec`` custom node as TensorRT resolves it to its plugin. An optional output
+    left out (or named "") gets ``return_<output> = 0``, which tells the plugin not to produce
+    it (``output_attributes``)."""
     if not 0 < vocab_size < 2**31:
         raise ValueError(f"vocab_size: expected 1 <= vocab_size < 2**31 (int32), got {vocab_size}")
     return helper.make_node(
@@ -359,6 +453,7 @@ def plugin_node(op_type: str, inputs, outputs, vocab_size: int, name: str | None
         vocab_size=vocab_size,
         plugin_namespace=DOMAIN,
         plugin_version=PLUGIN_VERSION,
+        **output_attributes(op_type, present_outputs(op_type, outputs)),
     )
 
 
@@ -373,15 +468,24 @@ _ELEMENT_TYPES = {
 
 
 def single_op_model(
-    op_type: str, float_type: int, vocab_size: int, optional: Collection[str] = ()
+    op_type: str,
+    float_type: int,
+    vocab_size: int,
+    optional: Collection[str] = (),
+    outputs: Collection[str] | None = None,
 ) -> onnx.ModelProto:
     """A model of one ``flashspec`` node with its function: the unit an engine test builds.
 
     float_type : ``TensorProto.FLOAT`` / ``FLOAT16`` / ``BFLOAT16`` for hidden and lm_head
     optional : the optional inputs the node and the model take (e.g. ``("top_k", "top_p")``)
+    outputs : the optional outputs the node and the model produce (None: all; ``()``:
+        VerifyResample without ``logprobs``)
     """
     spec = specs.BY_OP_TYPE[op_type]
     _check_present(op_type, optional)
+    outputs = all_outputs(op_type) if outputs is None else frozenset(outputs)
+    _check_outputs(op_type, outputs)
+    produced = [a for a in spec.outputs if not a.optional or a.name in outputs]
     given = [a for a in spec.inputs if not a.optional or a.name in optional]
 
     def value(arg: specs.TensorArg):
@@ -389,12 +493,12 @@ def single_op_model(
         return helper.make_tensor_value_info(arg.name, element, list(arg.shape))
 
     inputs = [a.name if a in given else "" for a in spec.inputs[: spec.inputs.index(given[-1]) + 1]]
-    node = plugin_node(op_type, inputs, [a.name for a in spec.outputs], vocab_size)
+    node = plugin_node(op_type, inputs, [a.name for a in produced], vocab_size)
     graph = helper.make_graph(
         [node],
         f"flashspec_{op_type}",
         [value(a) for a in given],
-        [value(a) for a in spec.outputs],
+        [value(a) for a in produced],
     )
     model = helper.make_model(
         graph,

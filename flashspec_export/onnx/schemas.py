@@ -57,6 +57,16 @@ def _schema(spec: specs.OpSpec) -> OpSchema:
         type_constraints=[("T", FLOATS, "hidden and LM-head dtype")],
         attributes=[
             *(OpSchema.Attribute(a, INT, doc) for a, doc in spec.attributes.items()),
+            *(
+                OpSchema.Attribute(
+                    f"return_{a.name}",
+                    INT,
+                    f"0: the node leaves out output {a.name} (absent: 1)",
+                    required=False,
+                )
+                for a in spec.outputs
+                if a.optional
+            ),
             OpSchema.Attribute("plugin_namespace", OpSchema.AttrType.STRING, DOMAIN),
             OpSchema.Attribute("plugin_version", OpSchema.AttrType.STRING, specs.PLUGIN_VERSION),
         ],

@@ -26,7 +26,8 @@ class TensorArg:
     """A tensor input or output. ``dtype``: "T" (the float type of hidden and lm_head: float32,
     float16 or bfloat16), "int64", "int32" or "float32". ``shape``: symbolic dims. ``optional``:
     an input a node may leave out (the torch op's ``Tensor? name=None``, ONNX's optional formal
-    parameter, skipped by an empty name when a later one is given)."""
+    parameter, skipped by an empty name when a later one is given), or an output a node may
+    leave out (ONNX's optional output; the torch op always returns it)."""
 
     name: str
     dtype: str
@@ -78,7 +79,8 @@ VERIFY_RESAMPLE = OpSpec(
     outputs=(
         TensorArg("tokens", "int64", ("N", "R"), "emitted tokens, then -1"),
         TensorArg("num_emitted", "int64", ("N",), "in 1..gamma + 1"),
-        TensorArg("logprobs", "float32", ("N", "R"), "0 past num_emitted"),
+        # Asked for: a node may leave it out (the body and the plugin then skip the LSE).
+        TensorArg("logprobs", "float32", ("N", "R"), "0 past num_emitted", optional=True),
     ),
     backends={
         "reference": "flashspec_export.reference.verify_resample:verify_resample",

@@ -21,6 +21,7 @@ from onnx import TensorProto, helper  # noqa: E402
 from flashspec_export import ops  # noqa: E402
 from flashspec_export.onnx import functions, noise  # noqa: E402
 from flashspec_export.onnx.builder import Body  # noqa: E402
+from flashspec_export.ops import specs  # noqa: E402
 from tests.cases import make_case  # noqa: E402
 from tests.tolerances import (  # noqa: E402
     GUMBEL_ATOL,
@@ -114,6 +115,87 @@ def test_verify_resample_body_is_greedy_below_1e_5():
         np.testing.assert_array_equal(tokens, outputs[0][0])
         np.testing.assert_array_equal(emitted, outputs[0][1])
         assert np.isfinite(logprobs).all()
+
+
+LSE_OPS = {"Exp", "ReduceMax", "GatherElements"}  # the log-sum-exp and l(y) of the body
+
+
+@pytest.mark.parametrize("gamma", [0, 4])
+def test_verify_resample_without_logprobs_skips_the_lse_and_emits_the_same_tokens(gamma):
+    """A node that leaves out ``logprobs`` (issue 35): two graph outputs, ``return_logprobs = 0``
+    for the plugin, a body without the LSE, and the tokens and counts of the node with it."""
+    temps = torch.tensor([0.0, 0.5, 1.0, 2.0, 1.0, 0.7])
+    hidden, lm_head, drafts, temps, seeds, positions, vocab = make_case(
+        6, gamma, 40, 1000, torch.float32, padded_vocab=1024, temperature=temps, seed=gamma
+    )
+    full = functions.single_op_model("VerifyResample", TensorProto.FLOAT, vocab)
+    lean = functions.single_op_model("VerifyResample", TensorProto.FLOAT, vocab, outputs=())
+    onnx.checker.check_model(lean, full_check=True)
+    assert [o.name for o in lean.graph.output] == ["tokens", "num_emitted"]
+    attrs = {a.name: helper.get_attribute_value(a) for a in lean.graph.node[0].attribute}
+    assert attrs["return_logprobs"] == 0
+    assert "return_logprobs" not in {a.name for a in full.graph.node[0].attribute}
+    assert list(lean.functions[0].output) == ["tokens", "num_emitted"]
+    assert {n.op_type for n in full.functions[0].node} >= LSE_OPS
+    assert not LSE_OPS & {n.op_type for n in lean.functions[0].node}
+    feeds = dict(hidden=hidden.numpy(), lm_head=lm_head.numpy(), draft_tokens=drafts.numpy())
+    feeds |= dict(temperature=temps.numpy(), seed=seeds.numpy(), positions=positions.numpy())
+    tokens, emitted = _session(lean).run(None, feeds)
+    f_tokens, f_emitted, _ = _session(full).run(None, feeds)
+    np.testing.assert_array_equal(tokens, f_tokens)
+    np.testing.assert_array_equal(emitted, f_emitted)
+    r_tokens, r_emitted = ops.verify_resample(
+        hidden, lm_head, drafts, temps, seeds, positions, vocab
+    )
+    np.testing.assert_array_equal(tokens, r_tokens.numpy())
+    np.testing.assert_array_equal(emitted, r_emitted.numpy())
+    if gamma:
+        assert emitted.max() > 1, "no draft was ever accepted: the case is vacuous"
+
+
+def test_a_logprobs_output_skipped_by_an_empty_name_is_not_computed():
+    """ONNX's other way to skip a trailing optional output: an empty name. The body keeps three
+    outputs (onnxruntime binds them by position), the third an empty constant."""
+    hidden, lm_head, drafts, temps, seeds, positions, vocab = make_case(
+        4, 3, 40, 1000, torch.float32, padded_vocab=1024, seed=1
+    )
+    node = functions.plugin_node(
+        "VerifyResample",
+        [a.name for a in specs.required(specs.VERIFY_RESAMPLE)],
+        ["tokens", "num_emitted", ""],
+        vocab,
+    )
+    assert {a.name: a.i for a in node.attribute}["return_logprobs"] == 0
+    body = functions.function_for("VerifyResample", [node])
+    assert len(body.output) == 3 and not LSE_OPS & {n.op_type for n in body.node}
+    model = functions.single_op_model("VerifyResample", TensorProto.FLOAT, vocab, outputs=())
+    model.graph.node[0].CopyFrom(node)
+    model.functions[0].CopyFrom(body)
+    onnx.checker.check_model(model, full_check=True)
+    feeds = dict(hidden=hidden.numpy(), lm_head=lm_head.numpy(), draft_tokens=drafts.numpy())
+    feeds |= dict(temperature=temps.numpy(), seed=seeds.numpy(), positions=positions.numpy())
+    tokens, emitted = _session(model).run(None, feeds)
+    r_tokens, r_emitted = ops.verify_resample(
+        hidden, lm_head, drafts, temps, seeds, positions, vocab
+    )
+    np.testing.assert_array_equal(tokens, r_tokens.numpy())
+    np.testing.assert_array_equal(emitted, r_emitted.numpy())
+
+
+def test_return_logprobs_must_agree_with_the_outputs_a_node_names():
+    """The plugin reads the attribute, onnxruntime the outputs: a node where they disagree is
+    refused, as are nodes of one model that differ in their outputs."""
+    inputs = [a.name for a in specs.required(specs.VERIFY_RESAMPLE)]
+    node = functions.plugin_node("VerifyResample", inputs, ["t", "n", "l"], 10)
+    node.attribute.append(helper.make_attribute("return_logprobs", 0))
+    with pytest.raises(ValueError, match="return_logprobs = 0 but the node names output logprobs"):
+        functions.function_for("VerifyResample", [node])
+    full = functions.plugin_node("VerifyResample", inputs, ["t", "n", "l"], 10)
+    lean = functions.plugin_node("VerifyResample", inputs, ["t2", "n2"], 10)
+    with pytest.raises(ValueError, match=r"carry different optional outputs \(logprobs; none\)"):
+        functions.function_for("VerifyResample", [full, lean])
+    with pytest.raises(ValueError, match="TiledArgmax has no optional output"):
+        functions.single_op_model("TiledArgmax", TensorProto.FLOAT, 10, outputs=("max_logit",))
 
 
 @pytest.mark.parametrize("dtype", list(FLOAT_TYPES), ids=str)

@@ -90,6 +90,13 @@ def test_the_truncating_body_emits_the_reference_tokens(optional):
     np.testing.assert_array_equal(emitted, r_emitted.numpy())
     np.testing.assert_allclose(logprobs, r_logprobs.numpy(), atol=LOGPROB_ATOL, rtol=LOGPROB_RTOL)
     assert emitted.max() > 1, "no draft was ever accepted: the case is vacuous"
+    # without logprobs (issue 35): the truncating body has no LSE, the same tokens
+    lean = functions.single_op_model(
+        "VerifyResample", TensorProto.FLOAT, vocab, optional, outputs=()
+    )
+    lean_tokens, lean_emitted = _run_body(verify, options, vocab, optional, lean)
+    np.testing.assert_array_equal(lean_tokens, tokens)
+    np.testing.assert_array_equal(lean_emitted, emitted)
     plain, _, plain_logprobs = _run_body(verify, options, vocab, ())
     # the truncation took effect: the truncated law's log-probabilities are higher
     assert (logprobs > plain_logprobs + 1e-3).any()
