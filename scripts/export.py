@@ -6,6 +6,7 @@ python scripts/export.py --target /path/to/hf-checkpoint --draft ngram --gamma 4
 
 from __future__ import annotations
 
+import argparse
 import logging
 
 from flashspec_export import cli
@@ -52,6 +53,13 @@ def main() -> None:
         action="store_true",
         help="the target step takes per-sequence top_k / top_p inputs (generate.py --top-k/-p)",
     )
+    parser.add_argument(
+        "--logprobs",
+        action=argparse.BooleanOptionalAction,
+        default=d.logprobs,
+        help="the target step returns the emitted tokens' log-probabilities (--no-logprobs: "
+        "no logprobs output; the verify skips the log-sum-exp)",
+    )
     parser.add_argument("--force", action="store_true", help="overwrite a non-empty --out")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
@@ -70,6 +78,7 @@ def main() -> None:
         args.dtype,
         args.opset,
         args.sampling_params,
+        args.logprobs,
     )
     try:
         manifest = export(config)
@@ -82,6 +91,7 @@ def main() -> None:
         f"{out}/manifest.json: {manifest.architecture}, vocab {manifest.vocab_size}, "
         f"{manifest.dtype}, opset {manifest.opset}, gamma {manifest.gamma}, "
         f"drafter {manifest.drafter}{f', sampling params {sampling}' if sampling else ''}"
+        f"{'' if args.logprobs else ', no logprobs'}"
     )
 
 

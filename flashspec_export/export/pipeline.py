@@ -7,7 +7,9 @@ cache, while the FlashSpec ops sample in fp32:
 - ``target_prefill.onnx``: TargetStep over T prompt tokens → hidden, cache;
 - ``target_step.onnx``: SpeculativeTarget over [last accepted token, γ drafts] → emitted tokens,
   num_emitted, logprobs, hidden (for feature drafters), cache; with ``--sampling-params`` it
-  also takes per-sequence ``top_k`` / ``top_p`` (VerifyResample's optional inputs);
+  also takes per-sequence ``top_k`` / ``top_p`` (VerifyResample's optional inputs); with
+  ``--no-logprobs`` it has no ``logprobs`` output and its VerifyResample node leaves that
+  output out (``return_logprobs = 0``: the body and the plugin skip the log-sum-exp);
 - ``drafter_mtp.onnx`` / ``drafter_eagle.onnx`` (``--draft mtp|eagle``): a feature-drafter call
   over T rows → greedy draft from row ``last_row`` (TiledArgmax), that row's hidden, its cache;
 - ``drafter_model.onnx`` (``--draft model --draft-model ...``): a small LM with the target's
@@ -149,6 +151,8 @@ def export(config: ExportConfig) -> manifest.Manifest:
     example = torch.zeros(b, 2, dtype=torch.int64)
     # top_k [N] int64, top_p [N] float32 after the seed (manifest.SAMPLING_PARAMS), values off
     sampling = (zeros.clone(), torch.ones(b)) if config.sampling_params else ()
+    # --no-logprobs: no "logprobs" output, and the verify node leaves it out (no LSE)
+    logprobs = ["logprobs"] if config.logprobs else []
     jobs = {  # name -> (module, example inputs, dynamic shapes, output names)
         "target_prefill": (
             target.step,
@@ -168,7 +172,7 @@ def export(config: ExportConfig) -> manifest.Manifest:
                 *sampling,
             ),
             ({1: new}, None, None, None, None, None, *(None for _ in sampling)),  # γ + 1: any γ
-            ["emitted", "num_emitted", "logprobs", "hidden", *caches_out],
+            ["emitted", "num_emitted", *logprobs, "hidden", *caches_out],
         ),
     }
     if drafter is not None:

@@ -58,6 +58,7 @@ class ExportConfig:
     dtype: str = "auto"  # weights, activations and KV cache: auto = the checkpoint's dtype
     opset: int = GRAPH_OPSETS[0]  # 24: Attention + in-place TensorScatter; 18: the fallback
     sampling_params: bool = False  # the target step takes per-sequence top_k / top_p inputs
+    logprobs: bool = True  # the target step returns the emitted tokens' log-probabilities
 
 
 def trained_directory(spec: str) -> pathlib.Path | None:
@@ -254,7 +255,8 @@ def build_modules_unchecked(config: ExportConfig) -> Modules:
     elif config.draft == "model":
         draft_lm = load_target(config.draft_model, config.seed + 1, dtype, "draft-model")
         drafter = ModelDrafter(draft_lm, model.config.vocab_size)
-    return Modules(model.eval(), SpeculativeTarget(model).eval(), drafter and drafter.eval())
+    target = SpeculativeTarget(model, logprobs=config.logprobs)
+    return Modules(model.eval(), target.eval(), drafter and drafter.eval())
 
 
 def validate(config: ExportConfig) -> None:

@@ -230,7 +230,8 @@ class SpeculativeTarget(nn.Module):
     Returns
     -------
     emitted : [N, γ + 1] int64 (accepted drafts, the recovered / bonus token, then -1)
-    num_emitted : [N] int64; logprobs : [N, γ + 1] float32
+    num_emitted : [N] int64; logprobs : [N, γ + 1] float32 (only with ``logprobs``: without,
+        the exported verify node leaves its output out, and its body and plugin skip the LSE)
     hidden : [N, γ + 1, H] (what a feature-level drafter consumes)
     k_cache, v_cache : updated; the caller advances ``positions`` by ``num_emitted``
 
@@ -238,11 +239,12 @@ class SpeculativeTarget(nn.Module):
     sits at ``positions + 1``.
     """
 
-    def __init__(self, causal_lm: nn.Module):
+    def __init__(self, causal_lm: nn.Module, logprobs: bool = True):
         super().__init__()
         self.step = TargetStep(causal_lm)
         self.lm_head = causal_lm.lm_head.weight  # [V, H] (shared, not copied)
         self.vocab_size = causal_lm.config.vocab_size
+        self.logprobs = logprobs
 
     def forward(
         self, tokens, positions, k_cache, v_cache, temperature, seed, top_k=None, top_p=None
@@ -259,4 +261,6 @@ class SpeculativeTarget(nn.Module):
             top_p,
             vocab_size=self.vocab_size,
         )
+        if not self.logprobs:
+            return emitted, num_emitted, hidden, k_cache, v_cache
         return emitted, num_emitted, logprobs, hidden, k_cache, v_cache

@@ -96,10 +96,45 @@ def translations(opset: int) -> dict:
     return {**TRANSLATIONS, torch.ops.kvcache.write.default: write}
 
 
+def drop_unread_outputs(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Leave out every optional output of a ``flashspec`` node that nothing reads (no node, no
+    graph output): the torch op always returns it, the node then does not compute it
+    (``functions.output_attributes``: e.g. ``return_logprobs = 0``). Trailing ones are removed,
+    one before a read output is renamed ""."""
+    read = {name for node in model.graph.node for name in node.input}
+    read |= {o.name for o in model.graph.output}
+    dropped = set()
+    for node in model.graph.node:
+        if node.domain != functions.DOMAIN:
+            continue
+        args = specs.BY_OP_TYPE[node.op_type].outputs
+        names = list(node.output)
+        for i, (arg, name) in enumerate(zip(args, names, strict=False)):
+            if arg.optional and name and name not in read:
+                dropped.add(name)
+                names[i] = ""
+        while names and not names[-1]:
+            names.pop()
+        if names == list(node.output):
+            continue
+        del node.output[:]
+        node.output.extend(names)
+        present = functions.present_outputs(node.op_type, names)
+        for attribute, value in functions.output_attributes(node.op_type, present).items():
+            node.attribute.append(onnx.helper.make_attribute(attribute, value))
+    kept = [v for v in model.graph.value_info if v.name not in dropped]
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(kept)
+    return model
+
+
 def attach_functions(model: onnx.ModelProto) -> onnx.ModelProto:
     """Add the function body of every ``flashspec`` op the graph uses (once each: the body of
-    the optional inputs its nodes carry, ``functions.function_for``), importing the model's
-    standard opset (the bodies' ops mean the same from opset 18 to 24)."""
+    the optional inputs its nodes carry and the optional outputs they produce,
+    ``functions.function_for``), importing the model's standard opset (the bodies' ops mean the
+    same from opset 18 to 24). Optional outputs nothing reads are left out first
+    (``drop_unread_outputs``)."""
+    drop_unread_outputs(model)
     used = {}
     for node in model.graph.node:
         if node.domain == functions.DOMAIN:

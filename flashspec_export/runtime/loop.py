@@ -26,8 +26,9 @@ class Target:
 
     prefill(tokens [N, T], positions [N], k, v) -> (hidden [N, T, H], k, v)
     step(tokens [N, γ + 1], positions [N], k, v, temperature [N], seed [N][, top_k [N],
-        top_p [N]]) -> (emitted [N, γ + 1], num_emitted [N], logprobs [N, γ + 1],
-        hidden [N, γ + 1, H], k, v) — top_k / top_p when ``sampling_params``
+        top_p [N]]) -> (emitted [N, γ + 1], num_emitted [N][, logprobs [N, γ + 1]],
+        hidden [N, γ + 1, H], k, v) — top_k / top_p when ``sampling_params``, logprobs when
+        ``logprobs`` (an export with ``--no-logprobs`` has none; the loop does not read them)
     cache_shape: [L, N, KV, S, D] of k and v (N and S are fixed by an export)
 
     A graph may return the k and v it was given, written in place (onnxruntime and TensorRT
@@ -40,6 +41,7 @@ class Target:
     cache_dtype: torch.dtype = torch.float32  # what the graphs take (written in place by some)
     cache_device: str = "cpu"  # TensorRT engines keep their caches on the GPU
     sampling_params: bool = False  # the step takes top_k [N] int64 and top_p [N] float32
+    logprobs: bool = True  # the step returns logprobs after num_emitted
 
     def new_cache(self) -> torch.Tensor:
         """A zeroed cache tensor (k or v) as the graphs take it."""
@@ -202,7 +204,8 @@ def generate(
         clock = time.perf_counter()
         step = target.step(tokens, step_positions, k, v, temperature, seed, *sampling)
         metrics.verify_seconds += time.perf_counter() - clock
-        emitted, num_emitted, _, hidden, k, v = step
+        emitted, num_emitted, *rest = step
+        hidden, k, v = rest[1:] if target.logprobs else rest  # the logprobs are not read
         num_emitted = torch.where(active, num_emitted, 0)
         counts = (torch.minimum(num_emitted, totals - lengths)).tolist()
         kept = [0] * n

@@ -253,6 +253,7 @@ def from_modules(
         torch_graph(modules.target, device, dtype),
         modules.target.step.cache_shape(batch, max_len),
         sampling_params=sampling_params,
+        logprobs=modules.target.logprobs,
     )
     if modules.drafter is None:
         return target, NgramDrafter()
@@ -329,6 +330,11 @@ def device_loop_of(
     return DeviceLoop(model, drafter, manifest.batch, manifest.max_len, manifest.gamma, arms=arms)
 
 
+def step_logprobs(manifest: export_manifest.Manifest) -> bool:
+    """Whether an export's target step returns logprobs (``--no-logprobs``: not)."""
+    return any(o.name == "logprobs" for o in manifest.graphs["target_step"].outputs)
+
+
 def from_export(
     directory: str | pathlib.Path,
     manifest: export_manifest.Manifest,
@@ -350,7 +356,12 @@ def from_export(
     prefill, cache_shape, dtype = load("target_prefill")
     step, _, _ = load("target_step")
     target = Target(
-        prefill, step, cache_shape, dtype, sampling_params=bool(manifest.sampling_params)
+        prefill,
+        step,
+        cache_shape,
+        dtype,
+        sampling_params=bool(manifest.sampling_params),
+        logprobs=step_logprobs(manifest),
     )
     draft = manifest.drafter
     if draft == "ngram":
@@ -386,7 +397,8 @@ def from_engines(directory: str | pathlib.Path, manifest: export_manifest.Manife
     prefill, cache_shape, dtype = load("target_prefill")
     step, _, _ = load("target_step")
     sampling = bool(manifest.sampling_params)
-    target = Target(prefill, step, cache_shape, dtype, "cuda", sampling)  # caches on the GPU
+    # caches on the GPU
+    target = Target(prefill, step, cache_shape, dtype, "cuda", sampling, step_logprobs(manifest))
     if manifest.drafter == "ngram":
         return target, NgramDrafter()
     graph, draft_cache, dtype = load(f"drafter_{manifest.drafter}")
