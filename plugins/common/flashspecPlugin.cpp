@@ -67,18 +67,24 @@ void logLaunchError(char const* op, cudaError_t status) noexcept
     logError("%s: %s", op, cudaGetErrorString(status));
 }
 
-FlashspecPlugin::FlashspecPlugin(int32_t vocabSize, int32_t numSplits)
+FlashspecPlugin::FlashspecPlugin(int32_t vocabSize, int32_t numSplits, char const* returnField, int32_t returnLast)
     : mVocabSize(vocabSize)
     , mNumSplits(numSplits)
+    , mReturnField(returnField)
+    , mReturnLast(returnField != nullptr ? returnLast : 1)
 {
     mFields.emplace_back("vocab_size", &mVocabSize, nvinfer1::PluginFieldType::kINT32, 1);
     mFields.emplace_back("num_splits", &mNumSplits, nvinfer1::PluginFieldType::kINT32, 1);
+    if (mReturnField != nullptr)
+    {
+        mFields.emplace_back(mReturnField, &mReturnLast, nvinfer1::PluginFieldType::kINT32, 1);
+    }
     mFieldCollection.nbFields = static_cast<int32_t>(mFields.size());
     mFieldCollection.fields = mFields.data();
 }
 
 FlashspecPlugin::FlashspecPlugin(FlashspecPlugin const& other)
-    : FlashspecPlugin(other.mVocabSize, other.mNumSplits)
+    : FlashspecPlugin(other.mVocabSize, other.mNumSplits, other.mReturnField, other.mReturnLast)
 {
 }
 

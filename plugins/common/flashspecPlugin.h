@@ -1,7 +1,8 @@
 /*
  * The shared part of the FlashSpec TensorRT plugins (IPluginV3, "one" capability set): the
  * namespace / version, the fields (`vocab_size` from the ONNX node, `num_splits` fixed at build
- * time and serialized), serialization and the creator. Each op's plugin adds only its I/O
+ * time and serialized, and for an op whose last output is optional its `return_<output>` switch,
+ * from the ONNX node, default 1), serialization and the creator. Each op's plugin adds only its I/O
  * contract and its enqueue (a call to invoke<Op>). The creator list is api/flashspecCreators.cpp.
  * Built only where TensorRT headers exist (CMake option TENSORRT_INCLUDE_DIR).
  */
@@ -60,7 +61,9 @@ class FlashspecPlugin : public nvinfer1::IPluginV3,
                         public nvinfer1::IPluginV3OneRuntime
 {
 public:
-    FlashspecPlugin(int32_t vocabSize, int32_t numSplits);
+    //! returnField: the name of the 0/1 field that switches the last output off ("return_logprobs"),
+    //! or nullptr for an op whose outputs are all required; returnLast: its value.
+    FlashspecPlugin(int32_t vocabSize, int32_t numSplits, char const* returnField = nullptr, int32_t returnLast = 1);
     FlashspecPlugin(FlashspecPlugin const& other);
     FlashspecPlugin& operator=(FlashspecPlugin const&) = delete;
     ~FlashspecPlugin() override = default;
@@ -94,6 +97,8 @@ protected:
 
     int32_t mVocabSize;
     int32_t mNumSplits; // 0 until configurePlugin resolves it (then serialized)
+    char const* mReturnField; // nullptr: every output is required
+    int32_t mReturnLast;      // 0: the optional last output is not produced (nor computed)
 
 private:
     std::vector<nvinfer1::PluginField> mFields;
@@ -101,7 +106,8 @@ private:
 };
 
 //! What every op's plugin P derives from: the clone / name / output count / kernel op TensorRT
-//! and the launch table ask for, from P::kName, P::kNbOutputs and P::kOp.
+//! and the launch table ask for, from P::kName, P::kNbOutputs (with the optional last output),
+//! P::kReturnField (the field that switches that output off, or nullptr) and P::kOp.
 template <typename P>
 class FlashspecOpPlugin : public FlashspecPlugin
 {
@@ -118,7 +124,7 @@ public:
     }
     int32_t getNbOutputs() const noexcept override
     {
-        return P::kNbOutputs;
+        return mReturnLast != 0 ? P::kNbOutputs : P::kNbOutputs - 1;
     }
 
 protected:
@@ -128,9 +134,6 @@ protected:
     }
 };
 
-//! Creator of a plugin class P (P::kName, P(int32_t vocabSize, int32_t numSplits)): reads
-//! `vocab_size` and the optional `num_splits` (INT32 or INT64, as the ONNX parser or a serialized
-//! engine hands them over).
 //! The integer field `name` (INT32 or INT64, one element) of fc, or `fallback` when absent.
 inline int64_t intField(nvinfer1::PluginFieldCollection const* fc, char const* name, int64_t fallback) noexcept
 {
@@ -153,6 +156,11 @@ inline int64_t intField(nvinfer1::PluginFieldCollection const* fc, char const* n
     return fallback;
 }
 
+//! Creator of a plugin class P (P::kName, P(int32_t vocabSize, int32_t numSplits), and with a
+//! P::kReturnField P(vocabSize, numSplits, returnLast)): reads `vocab_size`, the optional
+//! `num_splits` and the optional P::kReturnField (0 or 1, default 1: an engine serialized before
+//! the field existed keeps every output), INT32 or INT64, as the ONNX parser or a serialized
+//! engine hands them over.
 template <typename P>
 class FlashspecPluginCreator : public nvinfer1::IPluginCreatorV3One
 {
@@ -161,6 +169,10 @@ public:
     {
         mFields.emplace_back("vocab_size", nullptr, nvinfer1::PluginFieldType::kINT32, 1);
         mFields.emplace_back("num_splits", nullptr, nvinfer1::PluginFieldType::kINT32, 1);
+        if constexpr (P::kReturnField != nullptr)
+        {
+            mFields.emplace_back(P::kReturnField, nullptr, nvinfer1::PluginFieldType::kINT32, 1);
+        }
         mFieldCollection.nbFields = static_cast<int32_t>(mFields.size());
         mFieldCollection.fields = mFields.data();
     }
@@ -184,8 +196,25 @@ public:
         }
         (void) name;
         (void) phase;
-        return guarded<nvinfer1::IPluginV3*>(P::kName, nullptr,
-            [&] { return new P(static_cast<int32_t>(vocabSize), static_cast<int32_t>(numSplits)); });
+        if constexpr (P::kReturnField != nullptr)
+        {
+            int64_t const returnLast = intField(fc, P::kReturnField, 1);
+            if (returnLast != 0 && returnLast != 1)
+            {
+                logError("%s: attribute %s must be 0 or 1, got %lld", P::kName, P::kReturnField,
+                    static_cast<long long>(returnLast));
+                return nullptr;
+            }
+            return guarded<nvinfer1::IPluginV3*>(P::kName, nullptr, [&] {
+                return new P(static_cast<int32_t>(vocabSize), static_cast<int32_t>(numSplits),
+                    static_cast<int32_t>(returnLast));
+            });
+        }
+        else
+        {
+            return guarded<nvinfer1::IPluginV3*>(P::kName, nullptr,
+                [&] { return new P(static_cast<int32_t>(vocabSize), static_cast<int32_t>(numSplits)); });
+        }
     }
 
     nvinfer1::PluginFieldCollection const* getFieldNames() noexcept override

@@ -54,6 +54,16 @@ IPluginV3* create(IPluginCreatorV3One* c, int64_t vocab, PluginFieldType type)
     return c->createPlugin("node", &fc, TensorRTPhase::kBUILD);
 }
 
+//! A VerifyResample as the ONNX parser creates it from a node with `return_logprobs` (INT64).
+IPluginV3* createVerify(int64_t returnLogprobs)
+{
+    int32_t const vocab = 1000;
+    PluginField fields[2] = {PluginField("vocab_size", &vocab, PluginFieldType::kINT32, 1),
+        PluginField("return_logprobs", &returnLogprobs, PluginFieldType::kINT64, 1)};
+    PluginFieldCollection fc{2, fields};
+    return creator("VerifyResample")->createPlugin("node", &fc, TensorRTPhase::kBUILD);
+}
+
 DynamicPluginTensorDesc desc(DataType type)
 {
     DynamicPluginTensorDesc d{};
@@ -106,12 +116,15 @@ void checkCommon(char const* name, int32_t op, int32_t nbOutputs)
     check(std::strcmp(core->getPluginName(), name) == 0, std::string(name) + ": core capability names it");
     auto intAt = [](PluginFieldCollection const* fc, int32_t i) { return *static_cast<int32_t const*>(fc->fields[i].data); };
     PluginFieldCollection const* fields = runtime->getFieldsToSerialize();
-    check(fields->nbFields == 2 && std::strcmp(fields->fields[0].name, "vocab_size") == 0 && intAt(fields, 0) == 1000
-            && std::strcmp(fields->fields[1].name, "num_splits") == 0 && intAt(fields, 1) == 0,
-        std::string(name) + ": serializes vocab_size = 1000 and num_splits = 0 (unresolved) before the build");
+    bool const verify = op == FLASHSPEC_OP_VERIFY_RESAMPLE;
+    check(fields->nbFields == (verify ? 3 : 2) && std::strcmp(fields->fields[0].name, "vocab_size") == 0
+            && intAt(fields, 0) == 1000 && std::strcmp(fields->fields[1].name, "num_splits") == 0
+            && intAt(fields, 1) == 0
+            && (!verify || (std::strcmp(fields->fields[2].name, "return_logprobs") == 0 && intAt(fields, 2) == 1)),
+        std::string(name) + ": serializes vocab_size = 1000 and num_splits = 0 (unresolved) before the build"
+            + (verify ? ", return_logprobs = 1 by default" : ""));
     // configurePlugin (build time) fixes the split count for the largest shape (64 rows of H = 256:
     // TiledArgmax [64, 256], VerifyResample [16, 4, 256]); it is serialized.
-    bool const verify = op == FLASHSPEC_OP_VERIFY_RESAMPLE;
     std::vector<DynamicPluginTensorDesc> inputs;
     auto input = [&](DataType type, std::initializer_list<int64_t> dims) {
         DynamicPluginTensorDesc d = desc(type);
@@ -213,11 +226,13 @@ std::vector<DynamicPluginTensorDesc> dynamic(std::vector<PluginTensorDesc> const
     return out;
 }
 
-//! Run a plugin's enqueue the way TensorRT does; returns its status.
+//! Run a plugin's enqueue the way TensorRT does (`plugin`, taken over, or one created from
+//! vocab_size alone); returns its status.
 int32_t enqueue(char const* name, int32_t vocab, std::vector<PluginTensorDesc> const& in,
-    std::vector<PluginTensorDesc> const& out, std::vector<void const*> const& inputs, std::vector<void*> const& outputs)
+    std::vector<PluginTensorDesc> const& out, std::vector<void const*> const& inputs, std::vector<void*> const& outputs,
+    IPluginV3* plugin = nullptr)
 {
-    IPluginV3* plugin = create(creator(name), vocab, PluginFieldType::kINT32);
+    plugin = plugin != nullptr ? plugin : create(creator(name), vocab, PluginFieldType::kINT32);
     auto* build = static_cast<IPluginV3OneBuild*>(plugin->getCapabilityInterface(PluginCapabilityType::kBUILD));
     auto* runtime = static_cast<IPluginV3OneRuntime*>(plugin->getCapabilityInterface(PluginCapabilityType::kRUNTIME));
     auto dynIn = dynamic(in);
@@ -292,6 +307,19 @@ void gpuChecks()
         valid = valid && e1[i] >= 1 && e1[i] <= rows && t1[i * rows + e1[i] - 1] >= 0 && t1[i * rows + e1[i] - 1] < vocab;
     }
     check(valid, "VerifyResample: num_emitted in 1..R, last emitted token in the vocabulary");
+    // ... and without logprobs (return_logprobs = 0: two outputs, the kernels skip the LSE).
+    int64_t* tokens3 = toDevice(zeros);
+    int64_t* emitted3 = toDevice(std::vector<int64_t>(n, 0));
+    check(enqueue("VerifyResample", vocab,
+              {tensor(DataType::kFLOAT, {n, rows, hidden}), tensor(DataType::kFLOAT, {padded, hidden}),
+                  tensor(DataType::kINT64, {n, rows - 1}), tensor(DataType::kFLOAT, {n}),
+                  tensor(DataType::kINT64, {n}), tensor(DataType::kINT64, {n})},
+              {tensor(DataType::kINT64, {n, rows}), tensor(DataType::kINT64, {n})}, {dh, dw, dd, dt, ds, dp},
+              {tokens3, emitted3}, createVerify(0))
+            == 0,
+        "VerifyResample: enqueue without logprobs succeeds");
+    check(toHost(tokens3, n * rows) == t1 && toHost(emitted3, n) == e1,
+        "VerifyResample: without logprobs, the tokens and counts of the plugin with them");
 
     // TiledArgmax on the first row of each sequence.
     int64_t* token = toDevice(std::vector<int64_t>(n, -2));
@@ -328,6 +356,50 @@ void gpuChecks()
         argmaxOk = argmaxOk && tok[i] == arg;
     }
     check(argmaxOk, "TiledArgmax: plugin tokens equal a host fp32 argmax");
+}
+//! return_logprobs = 0 (a node that leaves logprobs out): two outputs, typed and shaped, the field
+//! serialized and restored; absent (an engine serialized before the field): three; 2 refused.
+void checkWithoutLogprobs()
+{
+    IPluginV3* plugin = createVerify(0);
+    check(plugin != nullptr, "VerifyResample: created with return_logprobs = 0");
+    if (plugin == nullptr)
+    {
+        return;
+    }
+    auto* build = static_cast<IPluginV3OneBuild*>(plugin->getCapabilityInterface(PluginCapabilityType::kBUILD));
+    auto* runtime = static_cast<IPluginV3OneRuntime*>(plugin->getCapabilityInterface(PluginCapabilityType::kRUNTIME));
+    check(build->getNbOutputs() == 2, "VerifyResample: return_logprobs = 0 reports 2 outputs");
+    DataType types[3] = {DataType::kBOOL, DataType::kBOOL, DataType::kBOOL};
+    DataType const in[6] = {DataType::kBF16, DataType::kBF16, DataType::kINT64, DataType::kFLOAT, DataType::kINT64,
+        DataType::kINT64};
+    check(build->getOutputDataTypes(types, 2, in, 6) == 0 && types[0] == DataType::kINT64
+            && types[1] == DataType::kINT64 && types[2] == DataType::kBOOL,
+        "VerifyResample: return_logprobs = 0 outputs int64 tokens, int64 num_emitted, nothing more");
+    check(build->getOutputDataTypes(types, 3, in, 6) != 0, "VerifyResample: return_logprobs = 0 refuses 3 outputs");
+    check(accepts(build,
+              {DataType::kHALF, DataType::kHALF, DataType::kINT64, DataType::kFLOAT, DataType::kINT64, DataType::kINT64,
+                  DataType::kINT64, DataType::kINT64},
+              6),
+        "VerifyResample: return_logprobs = 0 accepts the I/O types without logprobs");
+    PluginFieldCollection const* fields = runtime->getFieldsToSerialize();
+    check(fields->nbFields == 3 && std::strcmp(fields->fields[2].name, "return_logprobs") == 0
+            && *static_cast<int32_t const*>(fields->fields[2].data) == 0,
+        "VerifyResample: serializes return_logprobs = 0");
+    IPluginV3* restored = creator("VerifyResample")->createPlugin("node", fields, TensorRTPhase::kRUNTIME);
+    IPluginV3* copy = plugin->clone();
+    auto nbOutputs = [](IPluginV3* p) {
+        return static_cast<IPluginV3OneBuild*>(p->getCapabilityInterface(PluginCapabilityType::kBUILD))->getNbOutputs();
+    };
+    check(restored != nullptr && nbOutputs(restored) == 2 && copy != nullptr && nbOutputs(copy) == 2,
+        "VerifyResample: return_logprobs = 0 survives a round trip and a clone");
+    IPluginV3* old = createVerify(1);
+    check(old != nullptr && nbOutputs(old) == 3, "VerifyResample: return_logprobs = 1 reports 3 outputs");
+    check(createVerify(2) == nullptr, "VerifyResample: return_logprobs = 2 is refused");
+    delete old;
+    delete copy;
+    delete restored;
+    delete plugin;
 }
 } // namespace
 
@@ -373,6 +445,7 @@ int main()
                   DataType::kINT64, DataType::kINT64, DataType::kFLOAT},
               6),
         "VerifyResample: refuses a half temperature");
+    checkWithoutLogprobs();
     std::printf("%d failure(s)\n", gFailures);
     return gFailures == 0 ? 0 : 1;
 }

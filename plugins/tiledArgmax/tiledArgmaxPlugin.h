@@ -16,6 +16,7 @@ class TiledArgmaxPlugin : public FlashspecOpPlugin<TiledArgmaxPlugin>
 public:
     static constexpr char const* kName = "TiledArgmax";
     static constexpr int32_t kNbOutputs = 2;
+    static constexpr char const* kReturnField = nullptr; // both outputs required
     static constexpr int32_t kOp = FLASHSPEC_OP_TILED_ARGMAX;
 
     TiledArgmaxPlugin(int32_t vocabSize, int32_t numSplits);

@@ -10,7 +10,7 @@ namespace
 {
 // inputs: hidden [N, R, H], lm_head [V, H], draft_tokens [N, R - 1] int64, temperature [N] float,
 // seed [N] int64, positions [N] int64; outputs: tokens [N, R] int64, num_emitted [N] int64,
-// logprobs [N, R] float
+// logprobs [N, R] float (only with return_logprobs = 1)
 constexpr int32_t kHidden = 0;
 constexpr int32_t kLmHead = 1;
 constexpr int32_t kDrafts = 2;
@@ -20,21 +20,24 @@ constexpr int32_t kPositions = 5;
 constexpr int32_t kNbInputs = 6;
 } // namespace
 
-VerifyResamplePlugin::VerifyResamplePlugin(int32_t vocabSize, int32_t numSplits)
-    : FlashspecOpPlugin(vocabSize, numSplits)
+VerifyResamplePlugin::VerifyResamplePlugin(int32_t vocabSize, int32_t numSplits, int32_t returnLogprobs)
+    : FlashspecOpPlugin(vocabSize, numSplits, kReturnField, returnLogprobs)
 {
 }
 
 int32_t VerifyResamplePlugin::getOutputDataTypes(
     nvinfer1::DataType* outputTypes, int32_t nbOutputs, nvinfer1::DataType const* /* inputTypes */, int32_t nbInputs) const noexcept
 {
-    if (nbInputs != kNbInputs || nbOutputs != kNbOutputs)
+    if (nbInputs != kNbInputs || nbOutputs != getNbOutputs())
     {
         return -1;
     }
     outputTypes[0] = nvinfer1::DataType::kINT64;
     outputTypes[1] = nvinfer1::DataType::kINT64;
-    outputTypes[2] = nvinfer1::DataType::kFLOAT;
+    if (mReturnLast != 0)
+    {
+        outputTypes[2] = nvinfer1::DataType::kFLOAT;
+    }
     return 0;
 }
 
@@ -42,7 +45,7 @@ int32_t VerifyResamplePlugin::getOutputShapes(DimsExprs const* inputs, int32_t n
     DimsExprs const* /* shapeInputs */, int32_t /* nbShapeInputs */, DimsExprs* outputs, int32_t nbOutputs,
     IExprBuilder& /* exprBuilder */) noexcept
 {
-    if (nbInputs != kNbInputs || nbOutputs != kNbOutputs || inputs[kHidden].nbDims != 3
+    if (nbInputs != kNbInputs || nbOutputs != getNbOutputs() || inputs[kHidden].nbDims != 3
         || inputs[kLmHead].nbDims != 2 || inputs[kDrafts].nbDims != 2)
     {
         logError("VerifyResample: expected hidden [N, R, H], lm_head [V, H], draft_tokens [N, R - 1]");
@@ -55,7 +58,10 @@ int32_t VerifyResamplePlugin::getOutputShapes(DimsExprs const* inputs, int32_t n
     outputs[0].d[1] = rows;
     outputs[1].nbDims = 1; // num_emitted [N]
     outputs[1].d[0] = n;
-    outputs[2] = outputs[0]; // logprobs [N, R]
+    if (mReturnLast != 0)
+    {
+        outputs[2] = outputs[0]; // logprobs [N, R]
+    }
     return 0;
 }
 
@@ -78,7 +84,7 @@ bool VerifyResamplePlugin::supportsFormatCombination(
     case kNbInputs + 0: // tokens
     case kNbInputs + 1: // num_emitted
         return desc.type == nvinfer1::DataType::kINT64;
-    case kNbInputs + 2: return desc.type == nvinfer1::DataType::kFLOAT; // logprobs
+    case kNbInputs + 2: return mReturnLast != 0 && desc.type == nvinfer1::DataType::kFLOAT; // logprobs
     default: return false;
     }
 }
@@ -114,7 +120,9 @@ int32_t VerifyResamplePlugin::enqueue(PluginTensorDesc const* inputDesc, PluginT
     params.positions = static_cast<int64_t const*>(inputs[kPositions]);
     params.tokens = static_cast<int64_t*>(outputs[0]);
     params.numEmitted = static_cast<int64_t*>(outputs[1]);
-    params.logprobs = static_cast<float*>(outputs[2]);
+    // Without logprobs the kernels skip the LSE (no max / sum-exp / l(y) per tile, a finalizer
+    // without them: nullptr is the library's "not asked for").
+    params.logprobs = mReturnLast != 0 ? static_cast<float*>(outputs[2]) : nullptr;
     params.workspace = workspace;
     params.batch = static_cast<int32_t>(hidden.d[0]);
     params.gamma = static_cast<int32_t>(hidden.d[1] - 1);

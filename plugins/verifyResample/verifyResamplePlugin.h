@@ -15,10 +15,13 @@ class VerifyResamplePlugin : public FlashspecOpPlugin<VerifyResamplePlugin>
 {
 public:
     static constexpr char const* kName = "VerifyResample";
-    static constexpr int32_t kNbOutputs = 3;
+    static constexpr int32_t kNbOutputs = 3; // with logprobs
+    //! 0: no logprobs output, and the kernels skip the log-sum-exp (the ONNX node's attribute,
+    //! set when the node leaves logprobs out; absent: 1)
+    static constexpr char const* kReturnField = "return_logprobs";
     static constexpr int32_t kOp = FLASHSPEC_OP_VERIFY_RESAMPLE;
 
-    VerifyResamplePlugin(int32_t vocabSize, int32_t numSplits);
+    VerifyResamplePlugin(int32_t vocabSize, int32_t numSplits, int32_t returnLogprobs = 1);
 
     int32_t getOutputDataTypes(nvinfer1::DataType* outputTypes, int32_t nbOutputs,
         nvinfer1::DataType const* inputTypes, int32_t nbInputs) const noexcept override;

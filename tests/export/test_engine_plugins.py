@@ -68,6 +68,53 @@ def test_a_node_that_falls_back_to_its_body_fails_the_build(exported_mtp, tmp_pa
     assert "1 flashspec node(s) but 0 plugin layer(s)" in result.stderr
 
 
+# One VerifyResample node without logprobs, parsed with the plugin library and built (its own
+# process: the registry is global); prints the plugin layer's outputs and the network's.
+_LEAN_VERIFY = """
+import tensorrt_rtx as trt
+from onnx import TensorProto
+from flashspec_export.engine import plugins
+from flashspec_export.onnx import functions
+
+plugins.register(trt, plugins.library_path())
+log = trt.Logger(trt.Logger.ERROR)
+builder = trt.Builder(log)
+network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
+parser = trt.OnnxParser(network, log)
+model = functions.single_op_model("VerifyResample", TensorProto.FLOAT, 1000, outputs=())
+assert parser.parse(model.SerializeToString()), parser.get_error(0)
+layers = [network.get_layer(i) for i in range(network.num_layers)]
+print("layers", *[f"{layer.type.name}:{layer.num_outputs}" for layer in layers])
+print("outputs", *[network.get_output(i).name for i in range(network.num_outputs)])
+config = builder.create_builder_config()
+profile = builder.create_optimization_profile()
+shapes = dict(hidden=(4, 4, 64), lm_head=(1024, 64), draft_tokens=(4, 3))
+shapes |= dict(temperature=(4,), seed=(4,), positions=(4,))
+for name, shape in shapes.items():
+    profile.set_shape(name, shape, shape, shape)
+config.add_optimization_profile(profile)
+engine = builder.build_serialized_network(network, config)
+print("engine", engine is not None and b"return_logprobs" in bytes(engine))
+"""
+
+
+def test_a_verify_node_without_logprobs_builds_a_two_output_plugin_engine():
+    """The node's return_logprobs = 0 reaches the plugin (a plugin that ignored it reports three
+    outputs, which the parser refuses for a node of two: "Node has more output tensors than TRT
+    expected"), the engine builds on the CPU and serializes the field. TensorRT-RTX engines do
+    not run here (no RTX GPU): the kernels' skipped LSE is tested through the C ABI."""
+    pytest.importorskip("tensorrt_rtx", reason="needs TensorRT-RTX (pip install tensorrt-rtx)")
+    if plugins.library_path() is None:
+        pytest.skip(f"needs the plugin library: {HOW}")
+    command = [sys.executable, "-c", _LEAN_VERIFY]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = dict(line.split(" ", 1) for line in result.stdout.splitlines())
+    assert lines["layers"] == "PLUGIN_V3:2"
+    assert lines["outputs"] == "tokens num_emitted"
+    assert lines["engine"] == "True"
+
+
 def test_full_tensorrt_without_the_library_is_refused(monkeypatch, tiny_ngram_export):
     """Full TensorRT would silently inline the bodies: without the library the build stops
     before anything is written, and says how to get the library or ask for the bodies."""
