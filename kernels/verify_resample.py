@@ -657,29 +657,37 @@ def top_sorted(x, K: tl.constexpr, RUN: tl.constexpr = 1):
 
 
 @triton.jit
-def _kth_largest(x, on, need):
-    """The ``need``-th largest key of each row of ``x [ROWS, B]`` among the entries ``on`` (``need
-    >= 1`` and at most their count; rows with none: unspecified): the largest v with at least
-    ``need`` of them >= v. Bisection on the high word (the logit's order: ~25-31 steps of one
-    compare and one add-reduction over the row), then, among the keys tied on it, on the low word
-    (the id: only when a tied logit straddles the boundary)."""
+def _selection_cut(x, on, need, most):
+    """A cut of each row of ``x [ROWS, B]`` among its keys ``on`` (more than ``need`` of them;
+    rows with none: unspecified) above which lie their ``need`` largest: ``(cut, exact)``. Not
+    exact: ``need`` to ``most`` of them are above the cut. Exact (more than ``most`` keys tied on
+    the high word at the boundary): the cut is their ``need``-th largest, fewer lie above it.
+    Bisection on the high word (the logit's order; one compare and one add-reduction over the
+    row a step) until at most ``most`` keys are above — a few steps when ``most`` is twice
+    ``need`` — then, only when exact, on the low word (the id) among the keys tied on it."""
     high = (x >> 32).to(tl.int32)
     lo = tl.min(tl.where(on, high, 2**31 - 1), 1)  # count(high >= lo) = all >= need
     hi = tl.max(tl.where(on, high, -(2**31)), 1)
-    while tl.max((lo < hi).to(tl.int32), 0) > 0:
+    count = tl.sum(on.to(tl.int32), 1)  # [ROWS]: the keys with high >= lo
+    while tl.max(((lo < hi) & (count > most)).to(tl.int32), 0) > 0:
+        go = (lo < hi) & (count > most)
         mid = ((lo.to(tl.int64) + hi.to(tl.int64) + 1) >> 1).to(tl.int32)
-        ok = tl.sum((on & (high >= mid[:, None])).to(tl.int32), 1) >= need
-        lo, hi = tl.where(ok, mid, lo), tl.where(ok, hi, mid - 1)
-    tie = on & (high == lo[:, None])
+        c = tl.sum((on & (high >= mid[:, None])).to(tl.int32), 1)
+        up = go & (c >= need)
+        lo, count = tl.where(up, mid, lo), tl.where(up, c, count)
+        hi = tl.where(go & (c < need), mid - 1, hi)
+    exact = count > most
+    tie = on & exact[:, None] & (high == lo[:, None])
     need = need - tl.sum((on & (high > lo[:, None])).to(tl.int32), 1)  # of the tied keys
     low = x - (high.to(tl.int64) << 32)  # the low word, unsigned: [0, 2**32)
     lo_w = tl.min(tl.where(tie, low, 2**32), 1)
-    hi_w = tl.where(tl.sum(tie.to(tl.int32), 1) == need, lo_w, tl.max(tl.where(tie, low, -1), 1))
+    hi_w = tl.max(tl.where(tie, low, -1), 1)
     while tl.max((lo_w < hi_w).to(tl.int32), 0) > 0:
         mid = (lo_w + hi_w + 1) >> 1
         ok = tl.sum((tie & (low >= mid[:, None])).to(tl.int32), 1) >= need
         lo_w, hi_w = tl.where(ok, mid, lo_w), tl.where(ok, hi_w, mid - 1)
-    return (lo.to(tl.int64) << 32) | lo_w
+    cut = tl.where(exact, (lo.to(tl.int64) << 32) | lo_w, (lo.to(tl.int64) << 32) - 1)
+    return cut, exact
 
 
 @triton.jit
@@ -711,7 +719,7 @@ def _truncated_summaries_kernel(
     seed_ptr,  # [N] int64
     positions_ptr,  # [N] int64
     unsettled_ptr,  # [R] int8 out: 1 where a truncated row is not settled
-    sel_ptr,  # [R, BLOCK_KEPT] int64 scratch: the selected keys (when BLOCK_HANDED > BLOCK_KEPT)
+    sel_ptr,  # [R, 2 · BLOCK_KEPT] int64 scratch: the selected keys (past 2 · BLOCK_KEPT keys)
     num_rows,  # R = N · (γ + 1)
     width,  # γ + 1
     num_splits,  # S
@@ -728,12 +736,12 @@ def _truncated_summaries_kernel(
 ):
     """Stage 2 of ``ROWS`` truncated rows (``_truncated_summaries``): per row, tau from the S
     floors, the L largest of the S · C handed-in keys in order (``top_sorted``; past
-    ``BLOCK_KEPT`` keys, on the selected keys only), the kept set, softmax and nucleus over them,
-    the Gumbel-max of the nucleus and its LSE, and the rewrite of the row's summaries as one
+    ``2 · BLOCK_KEPT`` keys, on the selected keys only), the kept set, softmax and nucleus over
+    them, the Gumbel-max of the nucleus and its LSE, and the rewrite of the row's summaries as one
     split. Memory traffic per truncated row: its candidates (8 · S · (C + 1) bytes), its max /
     sum_exp (8 · S), the five rewritten fields (20 · S) and one flag, plus the selected keys
-    through the scratch (8 · L written and read, L2); an untruncated row reads one flag and
-    writes one."""
+    through the scratch (up to 16 · BLOCK_KEPT bytes written and read, L2); an untruncated row
+    reads one flag and writes one."""
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     row_ok = r < num_rows
     n = r // width
@@ -752,11 +760,12 @@ def _truncated_summaries_kernel(
         tau = tl.max(tl.where(hidden_finite, floor, EMPTY_KEY), 1)  # [ROWS]
 
         # ---- the L largest handed-in keys, largest first (one read of the row's candidates,
-        # 8 · S · (C + 1) bytes). Up to BLOCK_KEPT keys: a bitonic top-k over them in registers.
-        # A split hands in its keys largest first (``select_candidates``): with RUN = C they are
-        # loaded as the sorted runs ``top_sorted`` starts from (even splits reversed, unless one
-        # split is all), and its first log C stages are skipped. More keys: selected first, then
-        # sorted (below; the top-k of 8448 keys at 264 splits was ~175 µs on an H200).
+        # 8 · S · (C + 1) bytes). Up to 2 · BLOCK_KEPT keys: a bitonic top-k over them, in
+        # registers. A split hands in its keys largest first (``select_candidates``): with RUN = C
+        # they are loaded as the sorted runs ``top_sorted`` starts from (even splits reversed,
+        # unless one split is all), and its first log C stages are skipped. More keys: selected
+        # first, then sorted (below; the top-k of 8448 keys at 264 splits took ~175 µs on an
+        # H200).
         t = tl.arange(0, BLOCK_HANDED)
         slot = t % C
         if RUN > 1 and RUN < BLOCK_HANDED:
@@ -769,23 +778,25 @@ def _truncated_summaries_kernel(
         known_all = tl.sum(((handed > tau[:, None]) & (handed > _NEG_INF_LAST)).to(tl.int32), 1)
         # every finite logit of the row was handed in, and lies among the L keys
         complete = (tau == EMPTY_KEY) & (known_all <= num_kept)
-        if BLOCK_HANDED > BLOCK_KEPT:
+        if BLOCK_HANDED > 2 * BLOCK_KEPT:
             # Only keys above max(tau, -inf) may be known, and only the L largest of them: those
-            # are selected (the L-th largest found by bisection when more are above), compacted
-            # through this row's scratch (8 · L bytes, L2) and sorted alone — ranks past them
-            # hold EMPTY_KEY, never known, where the full top-k held keys that were not known.
+            # are selected — all of them, or (more than L) L to 2 · BLOCK_KEPT keys above a cut
+            # found by bisection (or the L-th largest: then L - a copies of it) — compacted
+            # through this row's scratch (16 · BLOCK_KEPT bytes, L2), and their top BLOCK_KEPT
+            # sorted alone. Ranks past the known keys may hold other keys than the full top-k's
+            # (or EMPTY_KEY), never known.
+            BLOCK_SEL: tl.constexpr = 2 * BLOCK_KEPT
             above = handed > tl.maximum(tau, _NEG_INF_LAST)[:, None]
             over = known_all > num_kept  # [ROWS]
-            cut = tl.where(over, _kth_largest(handed, above & over[:, None], num_kept), tau)
-            cut = tl.maximum(cut, _NEG_INF_LAST)
-            chosen = handed > cut[:, None]  # a < L keys (all of them when not over), then
-            a = tl.sum(chosen.to(tl.int32), 1)  # L - a copies of the L-th (one: keys differ)
-            filled = tl.where(over, num_kept, a)
+            cut, exact = _selection_cut(handed, above & over[:, None], num_kept, BLOCK_SEL)
+            chosen = above & (handed > tl.where(over, cut, tau)[:, None])
+            a = tl.sum(chosen.to(tl.int32), 1)
+            filled = tl.where(over & exact, num_kept, a)
             spot = tl.cumsum(chosen.to(tl.int32), 1) - 1
-            row_sel = sel_ptr + r.to(tl.int64)[:, None] * BLOCK_KEPT
+            row_sel = sel_ptr + r.to(tl.int64)[:, None] * BLOCK_SEL
             tl.store(row_sel + spot, handed, mask=chosen & on[:, None])
             tl.debug_barrier()  # the stores seen by every thread of the program
-            j = tl.arange(0, BLOCK_KEPT)[None, :]
+            j = tl.arange(0, BLOCK_SEL)[None, :]
             chosen = tl.load(row_sel + j, mask=on[:, None] & (j < a[:, None]), other=EMPTY_KEY)
             chosen = tl.where((j >= a[:, None]) & (j < filled[:, None]), cut[:, None], chosen)
             keys = top_sorted(chosen, BLOCK_KEPT)  # [ROWS, BLOCK_KEPT] descending
@@ -925,10 +936,10 @@ def _truncated_summaries(
     block_handed = triton.next_power_of_2(handed)
     block_kept = max(2, triton.next_power_of_2(kept))
     unsettled = torch.empty(rows, dtype=torch.int8, device=candidates.device)
-    selected = unsettled  # placeholder pointer, never read (BLOCK_HANDED <= BLOCK_KEPT)
-    if block_handed > block_kept:
+    selected = unsettled  # placeholder pointer, never read (BLOCK_HANDED <= 2 · BLOCK_KEPT)
+    if block_handed > 2 * block_kept:
         (selected,) = launch_workspace(
-            candidates.device, "truncation_selected", ((rows, block_kept), torch.int64)
+            candidates.device, "truncation_selected", ((rows, 2 * block_kept), torch.int64)
         )
     placeholder = truncated  # never read without TOP_K / TOP_P
     top_k, top_p = (None if t is None else t.contiguous() for t in (top_k, top_p))

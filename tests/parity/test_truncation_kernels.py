@@ -399,12 +399,14 @@ def _stage2_case(name, g):
         top_p = torch.tensor([1.0, 1.0, 1.0, 1.0])
         truncated = torch.ones(n, dtype=torch.int32)
         max_kept = 48
-    elif name == "selected":  # more keys than the cap's block, most rows with more known keys
-        # than the cap (every key handed in): the cap-th largest by bisection — on distinct
-        # logits, on logits tied across it (then on the ids), and rows under the cap
-        logits = torch.randn(n * width, 4, 30, generator=g) * 3
-        logits[:width, :, 10:] = float("-inf")  # 40 finite logits: under the cap
-        logits[width : 2 * width] = torch.randint(-2, 2, (width, 4, 30), generator=g).float()
+    elif name == "selected":  # more keys than twice the cap's block, most rows with more known
+        # keys than that (every key handed in): a cut by bisection — on distinct logits, on a
+        # logit tied across the cap (200 keys: then the cap-th largest, on the ids) — and rows
+        # under the cap
+        logits = torch.randn(n * width, 8, 30, generator=g) * 3
+        logits[:width, :, 5:] = float("-inf")  # 40 finite logits: under the cap
+        logits[width : 2 * width] = 1.0
+        logits[width : 2 * width, :, :5] = torch.randint(2, 6, (width, 8, 5), generator=g).float()
         top_k = torch.tensor([0, 48, 20, 47])
         top_p = torch.tensor([0.9, 0.8, 1.0, 0.5])
         max_kept = 48
@@ -522,12 +524,12 @@ print(len(compiled.asm["cubin"]))
 """
 
 
-@pytest.mark.parametrize("splits", [1, 2, 3, 64])
+@pytest.mark.parametrize("splits", [1, 2, 3, 128])
 def test_stage2_compiles_for_sm90(splits):
     """The stage-2 kernel compiles for sm_90 without a GPU at the launch's small blocks, where the
     hypercube has no more keys than the program has threads: 32, 64 and 128 handed-in keys in 4
     warps (Triton 3.6 failed to lay out the 64-key sort of the max_kept case above), and past
-    MAX_KEPT's block (2048 keys: the selection before the sort)."""
+    twice MAX_KEPT's block (4096 keys: the selection before the sort)."""
     import os
     import subprocess
     import sys
