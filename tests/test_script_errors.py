@@ -275,10 +275,9 @@ def test_select_on_an_export_without_drafts_is_refused_by_name(tiny_ngram_export
 
     from flashspec_export.config import ConfigError
     from flashspec_export.export import manifest
-    from flashspec_export.models.ngram import NgramDrafter
-    from flashspec_export.runtime.run import RunConfig, _selecting
+    from flashspec_export.runtime.run import RunConfig, _check_select
 
     no_drafts = dataclasses.replace(manifest.read(tiny_ngram_export), gamma=0)
     config = RunConfig(str(tiny_ngram_export), select="ucb1")
     with pytest.raises(ConfigError, match=r"select: the export drafts nothing \(gamma 0\)"):
-        _selecting(NgramDrafter(), no_drafts, config)
+        _check_select(no_drafts, config)
