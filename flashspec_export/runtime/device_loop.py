@@ -47,7 +47,7 @@ from flashspec_export.models.target import TargetStep, select_rows
 from flashspec_export.ops import registry
 from flashspec_export.runtime.loop import Stream, as_prompts, check_request
 from flashspec_export.runtime.metrics import Metrics
-from flashspec_export.runtime.selection import Arm
+from flashspec_export.runtime.selection import Arm, NgramHindsight
 
 # With a stream, the most steps between two reads of the host: a stop (EOS, a stop string) is
 # seen at most this many steps late, and the text streams in pieces of at most this many steps.
@@ -457,6 +457,11 @@ class DeviceLoop:
         done = [0] * n  # per sequence: tokens the device generated (before a stop's cut)
         live = [True] * n  # per sequence: neither finished nor stopped by the stream
         in_flight = None  # the round on the device whose record the host has not read
+        self._hindsight = None  # n-gram drafts scored on the steps other arms ran (a policy's)
+        if policy is not None and {"ngram"} < {a.drafter for a in policy.arms if a.gamma}:
+            longest = max(a.gamma for a in policy.arms if a.drafter == "ngram")
+            self._hindsight = NgramHindsight(longest, self.max_ngram)
+            self._sequences = [list(p) for p in prompts]  # each sequence's tokens so far
         while True:
             # The next round is enqueued before the host reads the one in flight, so its
             # choices and the reading overlap the device's work. No sequence emits more than
@@ -524,6 +529,9 @@ class DeviceLoop:
         if round_.ready is not None:
             round_.ready.synchronize()
         stopped, kept = self._take_round(round_, new_tokens, tokens, done, live, stream, metrics)
+        if self._hindsight is not None:
+            for accepted, drafted in self._scored:
+                policy.observe("ngram", accepted, drafted)
         if policy is not None:  # the round's events are done too
             steps = marks[round_.steps.start : round_.steps.stop]
             for index, step_arm, step, step_kept in zip(
@@ -552,8 +560,9 @@ class DeviceLoop:
         high = min(max(done) + len(steps) * (round_.widest + 1), self.out.shape[1] - 1)
         written = round_.out[:, low:high].tolist()  # [N, high - low]
         stopped, kept = [], []
+        hindsight, self._scored = self._hindsight, []
         # per step: [N] tokens kept, [N] unfinished, [N] real drafts
-        for kept_now, unfinished, drafted_now in record:
+        for step_arm, (kept_now, unfinished, drafted_now) in zip(round_.arms, record, strict=True):
             counted = []  # tokens kept per sequence unfinished at this step (the host loop's)
             drafted = []  # and its real drafts
             for row, (count, was_active) in enumerate(zip(kept_now, unfinished, strict=True)):
@@ -570,6 +579,12 @@ class DeviceLoop:
                 tokens[row].extend(new)
                 counted.append(len(new))
                 live[row] = live[row] and done[row] < new_tokens
+                if hindsight is not None:  # what the lookup would have drafted, scored later
+                    sequence = self._sequences[row]
+                    if step_arm.drafter != "ngram":
+                        hindsight.before(row, sequence)
+                    sequence.extend(new)
+                    self._scored += hindsight.scored(row, sequence, finished=not live[row])
             if counted:
                 metrics.add_step(counted, drafted)
             kept.append(counted)

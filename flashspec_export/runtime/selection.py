@@ -43,6 +43,7 @@ from typing import NamedTuple
 import torch
 
 from flashspec_export.config import ConfigError
+from flashspec_export.models.ngram import NgramDrafter
 
 
 class Arm(NamedTuple):
@@ -92,6 +93,16 @@ class _Policy:
         self.steps[arm] += 1.0
         self.tried[arm] = True
         self.pending[arm] = max(self.pending[arm] - 1, 0)
+
+    def observe(self, drafter: str, accepted: int, drafted: int) -> None:
+        """``drafter``'s acceptance on a step it did not run (``NgramHindsight``): of its
+        ``drafted`` positions scored, drafts 0 .. ``accepted`` - 1 would have been accepted."""
+        if not 0 <= accepted <= drafted:
+            raise ValueError(f"accepted: expected 0 .. drafted {drafted}, got {accepted}")
+        table = self.drafted[drafter]
+        for i in range(min(drafted, len(table))):
+            table[i] += 1.0
+            self.accepted[drafter][i] += float(accepted > i)
 
     def _chose(self, arm: int) -> int:
         self.pending[arm] += 1
@@ -177,6 +188,45 @@ class Thompson(_Policy):
 
 
 POLICIES = {"ucb1": Ucb1, "thompson": Thompson}
+
+
+class NgramHindsight:
+    """The n-gram lookup's acceptance on the steps another drafter ran, scored in hindsight.
+
+    Under the coupled rule a draft is accepted iff it equals the target's sample at its
+    position, and that sample does not depend on the drafts: the realised text decides how many
+    of any proposal would have been accepted. The lookup costs nothing on the host, so before
+    each such step the loop asks it what it would have drafted (``before``, on the sequence's
+    tokens so far) and, once the text has ``gamma`` more tokens (or the sequence ended), scores
+    it (``scored``): the policy learns the n-gram drafter's acceptance on every step, so its arms
+    need no exploration and their estimates follow the text (``_Policy.observe``).
+    """
+
+    def __init__(self, gamma: int, max_ngram: int = 3):
+        self.gamma = gamma
+        self.lookup = NgramDrafter(max_ngram)
+        self.pending: dict[int, list[tuple[int, list[int]]]] = {}  # row -> (start, drafts)
+
+    def before(self, row: int, sequence: list[int]) -> None:
+        """What the lookup would draft after ``sequence`` (a list the loop extends in place)."""
+        drafts = self.lookup.propose_one(sequence, self.gamma, row)
+        self.pending.setdefault(row, []).append((len(sequence), drafts))
+
+    def scored(self, row: int, sequence: list[int], finished: bool) -> list[tuple[int, int]]:
+        """(drafts accepted, positions scored) of the row's proposals whose continuation is now
+        known: ``gamma`` tokens, or what the sequence had when it ``finished``."""
+        done, waiting = [], []
+        for start, drafts in self.pending.get(row, []):
+            truth = sequence[start : start + self.gamma]
+            if len(truth) < self.gamma and not finished:
+                waiting.append((start, drafts))
+                continue
+            run = 0
+            while run < len(truth) and drafts[run] == truth[run]:  # a -1 matches no token
+                run += 1
+            done.append((run, len(truth)))
+        self.pending[row] = waiting
+        return done
 
 
 def make_policy(name: str, arms, seed: int = 0, discount: float = 0.98):

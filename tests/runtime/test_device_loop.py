@@ -274,7 +274,7 @@ class _Scripted:
 
     def __init__(self, arms, schedule):
         self.arms, self.schedule, self.turn = arms, schedule, 0
-        self.updates, self.seconds = [], []
+        self.updates, self.seconds, self.observed = [], [], []
 
     def choose(self) -> int:
         self.turn += 1
@@ -283,6 +283,9 @@ class _Scripted:
     def update(self, arm: int, accepted, seconds: float) -> None:
         self.updates.append((arm, list(accepted)))
         self.seconds.append(seconds)
+
+    def observe(self, drafter: str, accepted: int, drafted: int) -> None:
+        self.observed.append((drafter, accepted, drafted))
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
@@ -322,6 +325,11 @@ def test_arms_switched_every_step_as_the_host_loop(device, stdlib_tiny):
         # each step's accepted drafts per unfinished sequence, as the host loop reports them
         assert policy.updates == host_policy.updates and len(policy.updates) == metrics.steps
         assert min(policy.seconds) > 0
+        # the n-gram lookup scored in hindsight on every sequence-step an MTP arm ran
+        mtp_steps = sum(len(a) for i, a in policy.updates if arms[i].drafter == "mtp")
+        assert len(policy.observed) == mtp_steps
+        assert all(d == "ngram" and 0 <= a <= n <= 3 for d, a, n in policy.observed)
+        assert any(a > 0 for _, a, _ in policy.observed)
     assert metrics.accepted_at[0] >= 10, metrics.summary()  # drafts accepted (15 here)
     plain = DeviceLoop(modules.model, None, 3, STDLIB_LEN, 0)
     assert plain.generate(prompts, STDLIB_TOKENS, temps, seeds)[0] == tokens

@@ -13,7 +13,7 @@ from collections import Counter
 
 import pytest
 
-from flashspec_export.runtime.selection import POLICIES, Arm, arms_for
+from flashspec_export.runtime.selection import POLICIES, Arm, NgramHindsight, arms_for
 
 ARMS = arms_for("mtp", 5)  # mtp:1 .. mtp:5, ngram:1 .. ngram:5
 # per drafter: the probability that draft i is accepted given drafts 0 .. i - 1 were
@@ -177,3 +177,24 @@ def test_bad_outcomes_are_refused():
         policy.update(0, [0], float("nan"))
     with pytest.raises(ValueError, match=r"accepted: expected drafts in 0 .. 1 per sequence"):
         policy.update(0, [2], 1e-3)
+
+
+def test_ngram_drafts_scored_in_hindsight():
+    """Golden: the lookup's drafts before a step, scored once the text has γ more tokens (a
+    placeholder matches nothing; a finished sequence scores what it has), and the policy
+    learns them as n-gram acceptance without a step of its own."""
+    hindsight = NgramHindsight(3)
+    sequence = [5, 6, 7, 5, 6]
+    hindsight.before(0, sequence)  # "5 6" was followed by 7 5 6: drafts [7, 5, 6]
+    sequence += [7, 5]
+    assert hindsight.scored(0, sequence, finished=False) == []  # 2 of 3 tokens known
+    sequence += [9]
+    assert hindsight.scored(0, sequence, finished=False) == [(2, 3)]  # 7 5 accepted, not 6
+    hindsight.before(1, [1, 2, 3])  # no match: [-1, -1, -1]
+    assert hindsight.scored(1, [1, 2, 3, 4], finished=True) == [(0, 1)]
+    policy = POLICIES["ucb1"](ARMS)
+    policy.observe("ngram", 2, 3)
+    assert policy.drafted["ngram"] == [1.0, 1.0, 1.0, 0.0, 0.0]
+    assert policy.accepted["ngram"] == [1.0, 1.0, 0.0, 0.0, 0.0]
+    with pytest.raises(ValueError, match=r"accepted: expected 0 \.\. drafted 1, got 2"):
+        policy.observe("ngram", 2, 1)
