@@ -46,11 +46,9 @@ def _mask(n: int, rows: int, vocab: int, seed: int) -> torch.Tensor:
     return words.to(torch.int32)
 
 
-def _case(seed: int = 3):
-    hidden, lm_head, drafts, temps, seeds, positions, vocab = make_case(
-        N, GAMMA, 40, VOCAB, torch.float32, padded_vocab=1024, temperature=TEMPERATURES, seed=seed
-    )
-    verify = dict(
+def _verify_inputs(hidden, lm_head, drafts, temps, seeds, positions) -> dict:
+    """``make_case``'s tensors as the op's keyword inputs."""
+    return dict(
         hidden=hidden,
         lm_head=lm_head,
         draft_tokens=drafts,
@@ -58,6 +56,13 @@ def _case(seed: int = 3):
         seed=seeds,
         positions=positions,
     )
+
+
+def _case(seed: int = 3):
+    hidden, lm_head, drafts, temps, seeds, positions, vocab = make_case(
+        N, GAMMA, 40, VOCAB, torch.float32, padded_vocab=1024, temperature=TEMPERATURES, seed=seed
+    )
+    verify = _verify_inputs(hidden, lm_head, drafts, temps, seeds, positions)
     options = dict(top_k=TOP_K, top_p=TOP_P, allowed_tokens=_mask(N, GAMMA + 1, vocab, seed))
     return verify, options, vocab
 
@@ -349,14 +354,7 @@ def test_the_truncating_body_at_32000_tokens_emits_the_reference_tokens():
     hidden, lm_head, drafts, temps, seeds, positions, vocab = make_case(
         2, 2, 32, 32000, torch.float32, temperature=torch.tensor([1.0, 0.0]), seed=13
     )
-    verify = dict(
-        hidden=hidden,
-        lm_head=lm_head,
-        draft_tokens=drafts,
-        temperature=temps,
-        seed=seeds,
-        positions=positions,
-    )
+    verify = _verify_inputs(hidden, lm_head, drafts, temps, seeds, positions)
     options = dict(
         top_k=torch.tensor([50, 3]),
         top_p=torch.tensor([0.8, 0.9]),
