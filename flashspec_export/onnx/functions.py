@@ -46,14 +46,20 @@ _BIG = 2**31 - 1  # "to the end" for Slice (TensorRT wants int32-range bounds)
 OPSET_IMPORTS = [helper.make_opsetid("", OPSET), helper.make_opsetid(DOMAIN, DOMAIN_VERSION)]
 
 
-def _check_present(op_type: str, present: Collection[str]) -> None:
-    optional = [a.name for a in specs.BY_OP_TYPE[op_type].inputs if a.optional]
-    unknown = sorted(set(present) - set(optional))
-    if unknown:
-        raise ValueError(
-            f"present: {op_type} has no optional input {', '.join(unknown)}; it takes "
-            f"{', '.join(optional) or 'none'}"
-        )
+def _check_optional(op_type: str, present: Collection[str], outputs: Collection[str]) -> None:
+    """Refuse an optional input (``present``) or output (``outputs``) the spec lacks, naming it."""
+    spec = specs.BY_OP_TYPE[op_type]
+    for argument, names, args, kind, verb in (
+        ("present", present, spec.inputs, "input", "takes"),
+        ("outputs", outputs, spec.outputs, "output", "has"),
+    ):
+        optional = [a.name for a in args if a.optional]
+        unknown = sorted(set(names) - set(optional))
+        if unknown:
+            raise ValueError(
+                f"{argument}: {op_type} has no optional {kind} {', '.join(unknown)}; it {verb} "
+                f"{', '.join(optional) or 'none'}"
+            )
 
 
 def formal_inputs(op_type: str, present: Collection[str]) -> list[str]:
@@ -80,16 +86,6 @@ def skipped_inputs(op_type: str, inputs: Sequence[str]) -> list[str]:
     before a given one), which TensorRT's parser refuses."""
     pairs = zip(specs.BY_OP_TYPE[op_type].inputs, inputs, strict=False)  # trailing ones left out
     return [a.name for a, name in pairs if a.optional and not name]
-
-
-def _check_outputs(op_type: str, outputs: Collection[str]) -> None:
-    optional = [a.name for a in specs.BY_OP_TYPE[op_type].outputs if a.optional]
-    unknown = sorted(set(outputs) - set(optional))
-    if unknown:
-        raise ValueError(
-            f"outputs: {op_type} has no optional output {', '.join(unknown)}; it has "
-            f"{', '.join(optional) or 'none'}"
-        )
 
 
 def present_outputs(op_type: str, outputs: Sequence[str]) -> frozenset[str]:
@@ -206,8 +202,7 @@ def tiled_argmax_function(
     present: Collection[str] = (), outputs: Collection[str] = ()
 ) -> onnx.FunctionProto:
     """``TiledArgmax(hidden [N, H], lm_head [V, H]) -> token [N] int64, max_logit [N] float``."""
-    _check_present("TiledArgmax", present)
-    _check_outputs("TiledArgmax", outputs)
+    _check_optional("TiledArgmax", present, outputs)
     b = Body("ta")
     logits = _logits(b, "hidden", "lm_head", b.attr_int("vocab_size"))  # [N, V]
     token = b.op("ArgMax", logits, axis=1, keepdims=0, select_last_index=0)
@@ -366,8 +361,7 @@ def verify_resample_function(
     ``outputs``: the optional outputs the nodes produce; without ``logprobs`` the body has no
     LSE (no Exp over the vocabulary, no ``l(y)`` gather) and two outputs.
     """
-    _check_present("VerifyResample", present)
-    _check_outputs("VerifyResample", outputs)
+    _check_optional("VerifyResample", present, outputs)
     b = Body("vr")
     one_f, zero_f = b.const(1.0, F32), b.const(0.0, F32)
     vocab_size = b.attr_int("vocab_size")  # scalar
@@ -482,9 +476,8 @@ def single_op_model(
         VerifyResample without ``logprobs``)
     """
     spec = specs.BY_OP_TYPE[op_type]
-    _check_present(op_type, optional)
     outputs = all_outputs(op_type) if outputs is None else frozenset(outputs)
-    _check_outputs(op_type, outputs)
+    _check_optional(op_type, optional, outputs)
     produced = [a for a in spec.outputs if not a.optional or a.name in outputs]
     given = [a for a in spec.inputs if not a.optional or a.name in optional]
 

@@ -528,10 +528,11 @@ class DeviceLoop:
         and the policy, and idle the sequences the stream stopped."""
         if round_.ready is not None:
             round_.ready.synchronize()
-        stopped, kept = self._take_round(round_, new_tokens, tokens, done, live, stream, metrics)
-        if self._hindsight is not None:
-            for accepted, drafted in self._scored:
-                policy.observe("ngram", accepted, drafted)
+        stopped, kept, scored = self._take_round(
+            round_, new_tokens, tokens, done, live, stream, metrics
+        )
+        for accepted, drafted in scored:  # the n-gram lookup in hindsight (a policy's)
+            policy.observe("ngram", accepted, drafted)
         if policy is not None:  # the round's events are done too
             steps = marks[round_.steps.start : round_.steps.stop]
             for index, step_arm, step, step_kept in zip(
@@ -553,14 +554,15 @@ class DeviceLoop:
         handed to ``stream`` and ``metrics`` step by step as ``loop.generate`` does. Updates
         the per-sequence ``tokens`` (kept), ``done`` (generated on the device) and ``live``;
         returns the sequences the stream stopped and per step the tokens it kept per
-        unfinished sequence (none for a step the metrics do not count)."""
+        unfinished sequence (none for a step the metrics do not count), and the n-gram
+        lookup's hindsight scores (``NgramHindsight.scored``) of the proposals it settled."""
         steps = round_.steps
         record = self._host[0][steps.start : steps.stop].tolist()  # [S, 3, N]
         low = min(done)
         high = min(max(done) + len(steps) * (round_.widest + 1), self.out.shape[1] - 1)
         written = round_.out[:, low:high].tolist()  # [N, high - low]
         stopped, kept = [], []
-        hindsight, self._scored = self._hindsight, []
+        hindsight, scored = self._hindsight, []
         # per step: [N] tokens kept, [N] unfinished, [N] real drafts
         for step_arm, (kept_now, unfinished, drafted_now) in zip(round_.arms, record, strict=True):
             counted = []  # tokens kept per sequence unfinished at this step (the host loop's)
@@ -584,11 +586,11 @@ class DeviceLoop:
                     if step_arm.drafter != "ngram":
                         hindsight.before(row, sequence)
                     sequence.extend(new)
-                    self._scored += hindsight.scored(row, sequence, finished=not live[row])
+                    scored += hindsight.scored(row, sequence, finished=not live[row])
             if counted:
                 metrics.add_step(counted, drafted)
             kept.append(counted)
-        return stopped, kept
+        return stopped, kept, scored
 
     def _prefill(self, prompt: torch.Tensor, lengths: torch.Tensor) -> None:
         """The target over the right-padded ``prompt [N, T0]`` but its last column, then the
