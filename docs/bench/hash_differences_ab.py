@@ -6,7 +6,7 @@ per-(row, tile) summaries are checked equal to the old kernel's, bit for bit.
 
     python docs/bench/hash_differences_ab.py 64,128,256,512 llama3-8b,qwen3-8b,gemma3-12b 16:192
 
-Logs: docs/bench/hash_differences_ab_{h100,h200}.log, hash_differences_regs_h200.log.
+Logs: docs/bench/hash_differences_ab_{h100,h200}.log.
 """
 
 from __future__ import annotations

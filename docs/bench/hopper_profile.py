@@ -11,7 +11,7 @@ Nsight Compute (Llama-3 head, bf16, γ = 3, T = 1).
         ncu --set full -k regex:hopper_tiles --launch-skip 2 --launch-count 1 -o ncu_VARIANT \
             python docs/bench/hopper_profile.py once VARIANT 512
 
-Results: docs/bench/hopper_clocks_{h100,h200}.log, docs/bench/hopper_ncu_h100.txt and the
+Results: docs/bench/hopper_clocks_{h100,h200}.log and the
 section "Kernel ops — what bounds them" of docs/BENCHMARKS.md.
 """
 

@@ -2,11 +2,12 @@
 Gemma-3 heads, bf16):
 
     python docs/bench/small_rows_verify.py noise   # T = 1 (noise per logit) against T = 0 (a
-        # greedy block skips it) and the argmax, same tiles: docs/bench/small_rows_noise_h200.log
+        # greedy block skips it) and the argmax, same tiles
     python docs/bench/small_rows_verify.py epi     # scoring only the launched rows
         # (KernelConfig.epi_rows) against the whole 16-row block, and whether the tokens and
-        # log-probabilities are equal (they must be, bit for bit):
-        # docs/bench/small_rows_epi_h200.log
+        # log-probabilities are equal (they must be, bit for bit)
+
+Its operands() also serves docs/bench/kernel_times.py.
 """
 
 import statistics
