@@ -181,6 +181,57 @@ def test_every_verify_input_dimension_is_checked(input_index, shape, named):
     assert status == -1 and message.startswith("VerifyResample: ") and named in message, message
 
 
+@pytest.mark.parametrize(
+    ("optional", "named"),
+    [
+        ([[4]], None),  # top_k (or top_p: the plugin tells them apart by type)
+        ([[4], [4]], None),  # top_k, top_p
+        ([[4], [4], [4, 4, 32]], None),  # and allowed_tokens [N, R, ceil(1000 / 32)]
+        ([[4, 4, 32]], None),  # a mask alone
+        ([[-1], [-1], [-1, -1, 32]], None),  # dynamic N and R
+        ([[3]], "top_k / top_p must be [N 4], got [3]"),
+        ([[4], [4, 1]], "allowed_tokens [N 4, R 4, ceil(vocab_size / 32) 32], got [4, 1]"),
+        ([[4], [4], [4]], "then allowed_tokens [N 4, R 4, ceil(vocab_size / 32) 32], got [4]"),
+        ([[4, 4, 31]], "allowed_tokens [N 4, R 4, ceil(vocab_size / 32) 32], got [4, 4, 31]"),
+        ([[4, 3, 32]], "allowed_tokens [N 4, R 4, ceil(vocab_size / 32) 32], got [4, 3, 32]"),
+        (
+            [[4, 4, 32], [4]],
+            "then allowed_tokens [N 4, R 4, ceil(vocab_size / 32) 32], got [4, 4, 32]",
+        ),
+        ([[4], [4], [4, 4, 32], [4]], "expected 6 to 9 inputs, got 10"),
+    ],
+)
+def test_the_optional_verify_inputs_are_checked(optional, named):
+    """top_k and top_p [N] (either may be left out), then allowed_tokens [N, R, ceil(V / 32)]:
+    the plugin checks them with the other inputs before the kernels read them (issue 35)."""
+    status, message = _check_shapes("verify_resample", VERIFY + optional)
+    if named is None:
+        assert (status, message) == (0, "")
+    else:
+        assert status == -1 and message.startswith("VerifyResample: ") and named in message, message
+
+
+def test_the_truncated_workspace_holds_the_candidates_and_the_exact_recompute():
+    """With top_k / top_p a call's workspace adds, after the plain one, 32 candidate keys and a
+    floor per (row, split), a flag per row and the exact recompute's [rows, V] fp32 logits, each
+    part 256-byte aligned (plugins/verifyResample/truncation.cuh)."""
+    lib = cuda.library()
+
+    def up(x):
+        return -(-x // 256) * 256
+
+    for rows, splits, hidden, vocab in (
+        (20, 7, 64, 1000),
+        (3, 1, 64, 128_256),
+        (512, 132, 4096, 32),
+    ):
+        plain = lib.flashspecVerifyResampleWorkspaceSize(rows, splits, hidden)
+        extra = up(rows * splits * 32 * 8) + up(rows * splits * 8) + up(rows * 4)
+        extra += up(rows * vocab * 4)
+        got = lib.flashspecVerifyResampleTruncatedWorkspaceSize(rows, splits, hidden, vocab)
+        assert got == up(plain) + extra
+
+
 def test_dynamic_dimensions_match_and_argmax_inputs_are_checked():
     """At build time a dynamic dimension is -1 and matches any size; the argmax's hidden and
     lm_head are checked the same way."""

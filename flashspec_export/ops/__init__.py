@@ -11,8 +11,8 @@ import torch
 from flashspec_export.ops import registry, validation
 from flashspec_export.ops.registry import backends
 
-# The backends that take top_k / top_p / allowed_tokens (the CUDA kernels: next).
-TRUNCATING_BACKENDS = ("reference", "standard", "triton")
+# The backends that take top_k / top_p / allowed_tokens.
+TRUNCATING_BACKENDS = ("reference", "standard", "triton", "cuda")
 
 
 def verify_resample(
@@ -52,7 +52,7 @@ def verify_resample(
     allowed_tokens : [N, γ + 1, ceil(vocab_size / 32)] int32 bit masks (bit j of word w allows
         token 32·w + j), applied first; every row must allow a token. Drafts may end early:
         ``draft_tokens[i, j:] = -1``. The law is the truncated target's, the coupled rule holds
-        on the kept tokens (``reference/truncation.py``); every backend but "cuda" takes these
+        on the kept tokens (``reference/truncation.py``); every backend takes these
 
     Returns
     -------

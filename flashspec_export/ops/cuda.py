@@ -28,7 +28,7 @@ from flashspec_export.reference.verify_resample import VerifyResult
 
 # The ABI this mirror of the params structs is written for (FLASHSPEC_ABI_VERSION in
 # plugins/common/flashspecAbi.h, checked when the library loads; the dtype codes are read from it).
-ABI_VERSION = 6
+ABI_VERSION = 7
 # FlashspecOp and FlashspecKernelPath codes (plugins/common/flashspecAbi.h).
 OPS = {"tiled_argmax": 0, "verify_resample": 1, "noise": 2}
 PATHS = {0: "native", 1: "triton_aot", 2: "triton_aot_hopper"}
@@ -72,6 +72,10 @@ class _VerifyResampleParams(ctypes.Structure):  # flashspec::VerifyResampleParam
         ("vocab_size", ctypes.c_int32),
         ("dtype", ctypes.c_int32),
         ("num_splits", ctypes.c_int32),
+        ("top_k", ctypes.c_void_p),
+        ("top_p", ctypes.c_void_p),
+        ("allowed_tokens", ctypes.c_void_p),
+        ("unsettled", ctypes.c_void_p),
     ]
 
 
@@ -103,7 +107,11 @@ def library() -> ctypes.CDLL:
         )
     lib = ctypes.CDLL(str(path))
     lib.flashspecErrorString.restype = ctypes.c_char_p
-    for name in ("flashspecTiledArgmaxWorkspaceSize", "flashspecVerifyResampleWorkspaceSize"):
+    for name in (
+        "flashspecTiledArgmaxWorkspaceSize",
+        "flashspecVerifyResampleWorkspaceSize",
+        "flashspecVerifyResampleTruncatedWorkspaceSize",
+    ):
         getattr(lib, name).restype = ctypes.c_size_t
     lib.flashspecKernelPath.argtypes = [ctypes.c_int32, ctypes.c_void_p]
     if lib.flashspecAbiVersion() != ABI_VERSION:
@@ -217,17 +225,39 @@ def verify_resample(
     *,
     return_logprobs: bool = False,
     num_splits: int = 0,
+    top_k: int | torch.Tensor | None = None,
+    top_p: float | torch.Tensor | None = None,
+    allowed_tokens: torch.Tensor | None = None,
+    unsettled: torch.Tensor | None = None,
 ) -> VerifyResult:
     """Verify γ greedy drafts and emit the next tokens (CUDA). Shapes as the reference: hidden
-    [N, γ + 1, H], lm_head [V, H], draft_tokens [N, γ], temperature / seed / positions [N]."""
+    [N, γ + 1, H], lm_head [V, H], draft_tokens [N, γ], temperature / seed / positions [N].
+
+    The truncation (``reference/truncation.py``; validated by ``ops.verify_resample``), each None
+    for off: ``top_k`` int or [N] int64 (0: off), ``top_p`` float or [N] float32 in (0, 1] (1:
+    off), ``allowed_tokens`` [N, γ + 1, ceil(vocab_size / 32)] int32. It runs the native kernels:
+    the mask read in the tile pass, top-k / top-p settled from per-split candidates in a second
+    stage, and the rows they do not settle recomputed exactly (``plugins/verifyResample/
+    truncation.cuh``). ``unsettled``: an [N · (γ + 1)] int32 CUDA tensor that receives 1 for the
+    rows so recomputed (for tests), or None."""
     stream = _device_and_stream(hidden)
     with torch.cuda.device(hidden.device):
         _prepare_outside_capture()
         args = (hidden, lm_head, draft_tokens, temperature, seed, positions, vocab_size)
-        params, result, _inputs = _verify_call(*args, return_logprobs, num_splits)
+        truncation = (top_k, top_p, allowed_tokens, unsettled)
+        params, result, _inputs = _verify_call(*args, return_logprobs, num_splits, *truncation)
         status = library().flashspecVerifyResample(ctypes.byref(params), ctypes.c_void_p(stream))
         _check(status, "verify_resample")
     return result
+
+
+def _per_sequence(value, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
+    """A scalar or [N] tensor as a contiguous [N] tensor of ``dtype`` on ``device`` (None: None)."""
+    if value is None:
+        return None
+    if not isinstance(value, torch.Tensor):
+        return torch.full((n,), value, dtype=dtype, device=device)
+    return value.to(device=device, dtype=dtype).expand(n).contiguous()
 
 
 def _verify_call(
@@ -240,6 +270,10 @@ def _verify_call(
     vocab_size,
     return_logprobs,
     num_splits,
+    top_k=None,
+    top_p=None,
+    allowed_tokens=None,
+    unsettled=None,
 ):
     """The params of a VerifyResample call, its outputs, and the converted inputs the params
     point into (kept alive until the launch), on hidden's device."""
@@ -254,7 +288,24 @@ def _verify_call(
     seeds, starts = seed.to(torch.int64).contiguous(), positions.to(torch.int64).contiguous()
     op = OPS["verify_resample"]
     splits = lib.flashspecResolveNumSplits(op, rows, hidden_size, vocab_size, dtype, num_splits)
-    nbytes = lib.flashspecVerifyResampleWorkspaceSize(rows, splits, hidden_size)
+    top_k = _per_sequence(top_k, n, torch.int64, device)
+    top_p = _per_sequence(top_p, n, torch.float32, device)
+    if allowed_tokens is not None:
+        allowed_tokens = allowed_tokens.to(device=device, dtype=torch.int32).contiguous()
+        words = -(-vocab_size // 32)
+        if allowed_tokens.shape != (n, width, words):
+            got = list(allowed_tokens.shape)
+            raise ValueError(f"allowed_tokens: expected [{n}, {width}, {words}], got {got}")
+    if unsettled is not None and (
+        unsettled.dtype != torch.int32 or unsettled.numel() != rows or not unsettled.is_contiguous()
+    ):
+        raise ValueError(f"unsettled: expected a contiguous int32 tensor of {rows} elements")
+    if top_k is not None or top_p is not None:  # the candidates and the exact recompute's logits
+        nbytes = lib.flashspecVerifyResampleTruncatedWorkspaceSize(
+            rows, splits, hidden_size, vocab_size
+        )
+    else:
+        nbytes = lib.flashspecVerifyResampleWorkspaceSize(rows, splits, hidden_size)
     workspace = _workspace(device, nbytes)
     tokens = torch.empty(n, width, dtype=torch.int64, device=device)
     num_emitted = torch.empty(n, dtype=torch.int64, device=device)
@@ -278,25 +329,34 @@ def _verify_call(
         vocab_size,
         dtype,
         splits,
+        *(t.data_ptr() if t is not None else None for t in (top_k, top_p, allowed_tokens)),
+        unsettled.data_ptr() if unsettled is not None else None,
     )
-    inputs = (hidden, lm_head, drafts, temps, seeds, starts)
+    inputs = (hidden, lm_head, drafts, temps, seeds, starts, top_k, top_p, allowed_tokens)
     return params, VerifyResult(tokens, num_emitted, logprobs), inputs
 
 
-def kernel_path(op: str, *args, return_logprobs: bool = False, num_splits: int = 0) -> str:
+def kernel_path(
+    op: str, *args, return_logprobs: bool = False, num_splits: int = 0, **truncation
+) -> str:
     """Which kernels ``op``'s call with these arguments (those of ``tiled_argmax`` /
-    ``verify_resample`` here) runs on the current device: ``"triton_aot"`` (the Triton kernels
-    compiled into the library) or ``"native"`` (the CUDA kernels of ``plugins/``). Launches
-    nothing."""
+    ``verify_resample`` here, ``truncation`` its top_k / top_p / allowed_tokens) runs on the
+    current device: ``"triton_aot"`` (the Triton kernels compiled into the library) or
+    ``"native"`` (the CUDA kernels of ``plugins/``; every truncating call). Launches nothing."""
     if op not in ("tiled_argmax", "verify_resample"):
         raise ValueError(f"op: expected 'tiled_argmax' or 'verify_resample', got {op!r}")
+    takes = {"top_k", "top_p", "allowed_tokens"} if op == "verify_resample" else set()
+    unknown = set(truncation) - takes
+    if unknown:
+        raise ValueError(f"kernel_path: {op} takes no {', '.join(sorted(unknown))}")
     hidden = args[0]
     _device_and_stream(hidden)
     with torch.cuda.device(hidden.device):
         if op == "tiled_argmax":
             params, _, _inputs = _argmax_call(*args, num_splits)
         else:
-            params, _, _inputs = _verify_call(*args, return_logprobs, num_splits)
+            truncating = (truncation.get(k) for k in ("top_k", "top_p", "allowed_tokens"))
+            params, _, _inputs = _verify_call(*args, return_logprobs, num_splits, *truncating)
         code = library().flashspecKernelPath(OPS[op], ctypes.byref(params))
     return PATHS[code]
 

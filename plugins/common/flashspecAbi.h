@@ -7,7 +7,7 @@
 #pragma once
 
 //! Bumped on any change of the params structs or the entry points' signatures.
-#define FLASHSPEC_ABI_VERSION 6
+#define FLASHSPEC_ABI_VERSION 7
 
 //! Element type of hidden / lm_head.
 enum FlashspecDtype

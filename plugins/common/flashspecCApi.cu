@@ -61,12 +61,13 @@ int32_t flashspecTableSplits(int32_t row, int32_t numRows, int32_t vocabSize, in
 int32_t flashspecCheckShapes(int32_t op, int32_t const* nbDims, int64_t const* dims, int32_t nbInputs,
     int32_t vocabSize, char* message, size_t capacity)
 {
-    TensorShape shapes[8]{};
-    if (nbInputs < 0 || nbInputs > 8)
+    TensorShape shapes[kMaxOpInputs]{};
+    if (nbInputs < 0)
     {
         return -1;
     }
-    for (int32_t i = 0; i < nbInputs; ++i)
+    // checkShapes refuses a count outside the op's before it reads a shape: it names it
+    for (int32_t i = 0; i < std::min(nbInputs, kMaxOpInputs); ++i)
     {
         shapes[i].nbDims = std::min(nbDims[i], 8);
         for (int32_t j = 0; j < shapes[i].nbDims; ++j)
@@ -117,6 +118,11 @@ size_t flashspecVerifyResampleWorkspaceSize(int32_t numRows, int32_t numSplits, 
     return getVerifyResampleWorkspaceSize(numRows, numSplits, hiddenSize);
 }
 
+size_t flashspecVerifyResampleTruncatedWorkspaceSize(int32_t numRows, int32_t numSplits, int32_t hiddenSize, int32_t vocabSize)
+{
+    return getVerifyResampleTruncatedWorkspaceSize(numRows, numSplits, hiddenSize, vocabSize);
+}
+
 int32_t flashspecTiledArgmax(void const* params, void* stream)
 {
     return static_cast<int32_t>(
@@ -161,7 +167,8 @@ int32_t flashspecParamsLayout(int32_t op, size_t* offsets, int32_t capacity)
         return write({offsetof(V, hidden), offsetof(V, lmHead), offsetof(V, draftTokens), offsetof(V, temperature),
             offsetof(V, seed), offsetof(V, positions), offsetof(V, tokens), offsetof(V, numEmitted),
             offsetof(V, logprobs), offsetof(V, workspace), offsetof(V, batch), offsetof(V, gamma),
-            offsetof(V, hiddenSize), offsetof(V, vocabSize), offsetof(V, dtype), offsetof(V, numSplits), sizeof(V)});
+            offsetof(V, hiddenSize), offsetof(V, vocabSize), offsetof(V, dtype), offsetof(V, numSplits),
+            offsetof(V, topK), offsetof(V, topP), offsetof(V, allowedTokens), offsetof(V, unsettled), sizeof(V)});
     case FLASHSPEC_OP_NOISE:
         return write({offsetof(N, seed), offsetof(N, position), offsetof(N, token), offsetof(N, bits),
             offsetof(N, uniform), offsetof(N, gumbel), offsetof(N, count), offsetof(N, stream), sizeof(N)});

@@ -69,7 +69,18 @@ struct VerifyResampleParams
     int32_t vocabSize;
     int32_t dtype;
     int32_t numSplits;           // 0 = chosen from the SM count
+    // The truncation a request asks for (reference/truncation.py), each nullptr for off. With
+    // topK or topP the workspace is getVerifyResampleTruncatedWorkspaceSize(...) bytes.
+    int64_t const* topK;          // [batch], >= 0 (0: off): the k largest logits, ties to the lower id
+    float const* topP;            // [batch], in (0, 1] (1: off): then the nucleus of mass p
+    int32_t const* allowedTokens; // [batch, gamma + 1, ceil(vocabSize / 32)]: bit j of word w allows
+                                  // token 32 w + j; applied first; every row allows some token
+    int32_t* unsettled;           // [batch * (gamma + 1)] out, or nullptr: 1 where the per-split
+                                  // candidates did not settle the kept set (the exact recompute ran)
 };
+
+//! The most inputs an op takes (VerifyResample: 6, then top_k, top_p, allowed_tokens).
+constexpr int32_t kMaxOpInputs = 9;
 
 //! An input's shape as a plugin sees it (TensorRT's Dims without its header); d[i] < 0: not known
 //! yet (a dynamic dimension at build time), which matches any size.
@@ -81,7 +92,9 @@ struct TensorShape
 
 //! Checks the inputs of op (FlashspecOp) against its contract — TiledArgmax: hidden [N, H],
 //! lm_head [>= vocabSize, H]; VerifyResample: hidden [N, R, H] (R >= 1), lm_head [>= vocabSize, H],
-//! draft_tokens [N, R - 1], temperature, seed, positions [N] — before any device memory is read.
+//! draft_tokens [N, R - 1], temperature, seed, positions [N], then optionally (in this order, any
+//! of them left out) top_k, top_p [N] and allowed_tokens [N, R, ceil(vocabSize / 32)] — before
+//! any device memory is read.
 //! Returns 0, or -1 with a message naming the input, the expected shape and the one given.
 int32_t checkShapes(int32_t op, TensorShape const* inputs, int32_t nbInputs, int32_t vocabSize,
     char* message, size_t capacity);
@@ -105,6 +118,10 @@ int32_t verifyResamplePath(VerifyResampleParams const& params);
 
 size_t getTiledArgmaxWorkspaceSize(int32_t numRows, int32_t numSplits, int32_t hiddenSize);
 size_t getVerifyResampleWorkspaceSize(int32_t numRows, int32_t numSplits, int32_t hiddenSize);
+//! The workspace of a VerifyResample call with topK or topP: getVerifyResampleWorkspaceSize's, then
+//! the per-split candidates and the exact recompute's [numRows, vocabSize] fp32 logits. (A mask
+//! alone needs nothing more.)
+size_t getVerifyResampleTruncatedWorkspaceSize(int32_t numRows, int32_t numSplits, int32_t hiddenSize, int32_t vocabSize);
 
 //! Loads the kernels invoke<Op> launches through the driver (the compiled Triton kernels:
 //! aot::prepare, tritonAot.h) into the current CUDA context, once per context. Call it outside

@@ -67,11 +67,14 @@ void logLaunchError(char const* op, cudaError_t status) noexcept
     logError("%s: %s", op, cudaGetErrorString(status));
 }
 
-FlashspecPlugin::FlashspecPlugin(int32_t vocabSize, int32_t numSplits, char const* returnField, int32_t returnLast)
+FlashspecPlugin::FlashspecPlugin(int32_t vocabSize, int32_t numSplits, char const* returnField, int32_t returnLast,
+    char const* inputsField, int32_t optionalInputs)
     : mVocabSize(vocabSize)
     , mNumSplits(numSplits)
     , mReturnField(returnField)
     , mReturnLast(returnField != nullptr ? returnLast : 1)
+    , mInputsField(inputsField)
+    , mOptionalInputs(inputsField != nullptr ? optionalInputs : 0)
 {
     mFields.emplace_back("vocab_size", &mVocabSize, nvinfer1::PluginFieldType::kINT32, 1);
     mFields.emplace_back("num_splits", &mNumSplits, nvinfer1::PluginFieldType::kINT32, 1);
@@ -79,12 +82,17 @@ FlashspecPlugin::FlashspecPlugin(int32_t vocabSize, int32_t numSplits, char cons
     {
         mFields.emplace_back(mReturnField, &mReturnLast, nvinfer1::PluginFieldType::kINT32, 1);
     }
+    if (mInputsField != nullptr)
+    {
+        mFields.emplace_back(mInputsField, &mOptionalInputs, nvinfer1::PluginFieldType::kINT32, 1);
+    }
     mFieldCollection.nbFields = static_cast<int32_t>(mFields.size());
     mFieldCollection.fields = mFields.data();
 }
 
 FlashspecPlugin::FlashspecPlugin(FlashspecPlugin const& other)
-    : FlashspecPlugin(other.mVocabSize, other.mNumSplits, other.mReturnField, other.mReturnLast)
+    : FlashspecPlugin(other.mVocabSize, other.mNumSplits, other.mReturnField, other.mReturnLast, other.mInputsField,
+        other.mOptionalInputs)
 {
 }
 
@@ -111,8 +119,8 @@ char const* FlashspecPlugin::getPluginNamespace() const noexcept
 
 bool FlashspecPlugin::shapesFit(nvinfer1::Dims const* const* dims, int32_t nbInputs) const noexcept
 {
-    TensorShape shapes[8]{};
-    for (int32_t i = 0; i < nbInputs && i < 8; ++i)
+    TensorShape shapes[kMaxOpInputs]{};
+    for (int32_t i = 0; i < nbInputs && i < kMaxOpInputs; ++i)
     {
         shapes[i].nbDims = std::min(dims[i]->nbDims, 8);
         for (int32_t j = 0; j < shapes[i].nbDims; ++j)
@@ -121,7 +129,7 @@ bool FlashspecPlugin::shapesFit(nvinfer1::Dims const* const* dims, int32_t nbInp
         }
     }
     char message[256] = "";
-    if (checkShapes(kernelOp(), shapes, std::min(nbInputs, 8), mVocabSize, message, sizeof(message)) != 0)
+    if (checkShapes(kernelOp(), shapes, std::min(nbInputs, kMaxOpInputs + 1), mVocabSize, message, sizeof(message)) != 0)
     {
         logError("%s", message);
         return false;
@@ -132,8 +140,8 @@ bool FlashspecPlugin::shapesFit(nvinfer1::Dims const* const* dims, int32_t nbInp
 int32_t FlashspecPlugin::configurePlugin(nvinfer1::DynamicPluginTensorDesc const* in, int32_t nbInputs,
     nvinfer1::DynamicPluginTensorDesc const* /* out */, int32_t /* nbOutputs */) noexcept
 {
-    nvinfer1::Dims const* dims[8]{};
-    for (int32_t i = 0; i < nbInputs && i < 8; ++i)
+    nvinfer1::Dims const* dims[kMaxOpInputs]{};
+    for (int32_t i = 0; i < nbInputs && i < kMaxOpInputs; ++i)
     {
         dims[i] = &in[i].desc.dims;
     }

@@ -62,8 +62,11 @@ class FlashspecPlugin : public nvinfer1::IPluginV3,
 {
 public:
     //! returnField: the name of the 0/1 field that switches the last output off ("return_logprobs"),
-    //! or nullptr for an op whose outputs are all required; returnLast: its value.
-    FlashspecPlugin(int32_t vocabSize, int32_t numSplits, char const* returnField = nullptr, int32_t returnLast = 1);
+    //! or nullptr for an op whose outputs are all required; returnLast: its value. inputsField: the
+    //! name of the field that says which optional inputs the node has ("optional_inputs", a bit
+    //! mask; -1 until the inputs are seen), or nullptr for an op without optional inputs.
+    FlashspecPlugin(int32_t vocabSize, int32_t numSplits, char const* returnField = nullptr, int32_t returnLast = 1,
+        char const* inputsField = nullptr, int32_t optionalInputs = -1);
     FlashspecPlugin(FlashspecPlugin const& other);
     FlashspecPlugin& operator=(FlashspecPlugin const&) = delete;
     ~FlashspecPlugin() override = default;
@@ -99,6 +102,8 @@ protected:
     int32_t mNumSplits; // 0 until configurePlugin resolves it (then serialized)
     char const* mReturnField; // nullptr: every output is required
     int32_t mReturnLast;      // 0: the optional last output is not produced (nor computed)
+    char const* mInputsField; // nullptr: every input is required
+    int32_t mOptionalInputs;  // the optional inputs present (the op's bit mask); -1: not known yet
 
 private:
     std::vector<nvinfer1::PluginField> mFields;
@@ -157,10 +162,11 @@ inline int64_t intField(nvinfer1::PluginFieldCollection const* fc, char const* n
 }
 
 //! Creator of a plugin class P (P::kName, P(int32_t vocabSize, int32_t numSplits), and with a
-//! P::kReturnField P(vocabSize, numSplits, returnLast)): reads `vocab_size`, the optional
-//! `num_splits` and the optional P::kReturnField (0 or 1, default 1: an engine serialized before
-//! the field existed keeps every output), INT32 or INT64, as the ONNX parser or a serialized
-//! engine hands them over.
+//! P::kReturnField P(vocabSize, numSplits, returnLast, optionalInputs)): reads `vocab_size`, the
+//! optional `num_splits`, the optional P::kReturnField (0 or 1, default 1: an engine serialized
+//! before the field existed keeps every output) and the optional P::kInputsField (a mask of
+//! P::kOptionalInputsMask, or -1 / absent: taken from the inputs TensorRT describes), INT32 or
+//! INT64, as the ONNX parser or a serialized engine hands them over.
 template <typename P>
 class FlashspecPluginCreator : public nvinfer1::IPluginCreatorV3One
 {
@@ -172,6 +178,7 @@ public:
         if constexpr (P::kReturnField != nullptr)
         {
             mFields.emplace_back(P::kReturnField, nullptr, nvinfer1::PluginFieldType::kINT32, 1);
+            mFields.emplace_back(P::kInputsField, nullptr, nvinfer1::PluginFieldType::kINT32, 1);
         }
         mFieldCollection.nbFields = static_cast<int32_t>(mFields.size());
         mFieldCollection.fields = mFields.data();
@@ -205,9 +212,16 @@ public:
                     static_cast<long long>(returnLast));
                 return nullptr;
             }
+            int64_t const optionalInputs = intField(fc, P::kInputsField, -1);
+            if (optionalInputs < -1 || optionalInputs > P::kOptionalInputsMask)
+            {
+                logError("%s: field %s must be a mask in [0, %d] or -1 (from the inputs), got %lld", P::kName,
+                    P::kInputsField, P::kOptionalInputsMask, static_cast<long long>(optionalInputs));
+                return nullptr;
+            }
             return guarded<nvinfer1::IPluginV3*>(P::kName, nullptr, [&] {
                 return new P(static_cast<int32_t>(vocabSize), static_cast<int32_t>(numSplits),
-                    static_cast<int32_t>(returnLast));
+                    static_cast<int32_t>(returnLast), static_cast<int32_t>(optionalInputs));
             });
         }
         else

@@ -58,11 +58,19 @@ int32_t checkShapes(int32_t op, TensorShape const* in, int32_t nbInputs, int32_t
     bool const verify = op == FLASHSPEC_OP_VERIFY_RESAMPLE;
     char const* name = verify ? "VerifyResample" : "TiledArgmax";
     int32_t const expected = verify ? 6 : 2;
-    if ((op != FLASHSPEC_OP_TILED_ARGMAX && !verify) || nbInputs != expected)
+    int32_t const most = verify ? 9 : 2; // VerifyResample: then top_k, top_p, allowed_tokens, each optional
+    if ((op != FLASHSPEC_OP_TILED_ARGMAX && !verify) || nbInputs < expected || nbInputs > most)
     {
         if (message != nullptr && capacity > 0)
         {
-            std::snprintf(message, capacity, "%s: expected %d inputs, got %d", name, expected, nbInputs);
+            if (expected == most)
+            {
+                std::snprintf(message, capacity, "%s: expected %d inputs, got %d", name, expected, nbInputs);
+            }
+            else
+            {
+                std::snprintf(message, capacity, "%s: expected %d to %d inputs, got %d", name, expected, most, nbInputs);
+            }
         }
         return -1;
     }
@@ -98,6 +106,31 @@ int32_t checkShapes(int32_t op, TensorShape const* in, int32_t nbInputs, int32_t
         {
             std::string const want = "[N " + std::to_string(n) + "]";
             return fail(message, capacity, name, perSequence[i], want.c_str(), shape);
+        }
+    }
+    // The optional inputs present, in their order: top_k and top_p [N] (either may be left out),
+    // then allowed_tokens [N, R, ceil(V / 32)].
+    int32_t perRow = 0;
+    for (int32_t i = expected; i < nbInputs; ++i)
+    {
+        TensorShape const& shape = in[i];
+        if (shape.nbDims == 1 && perRow < 2)
+        {
+            ++perRow;
+            if (!same(shape.d[0], n))
+            {
+                std::string const want = "[N " + std::to_string(n) + "]";
+                return fail(message, capacity, name, "top_k / top_p", want.c_str(), shape);
+            }
+            continue;
+        }
+        int64_t const words = (static_cast<int64_t>(vocabSize) + 31) / 32;
+        if (i + 1 != nbInputs || shape.nbDims != 3 || !same(shape.d[0], n) || !same(shape.d[1], hidden.d[1])
+            || !same(shape.d[2], words))
+        {
+            std::string const want = "top_k [N], top_p [N], then allowed_tokens [N " + std::to_string(n) + ", R "
+                + std::to_string(hidden.d[1]) + ", ceil(vocab_size / 32) " + std::to_string(words) + "]";
+            return fail(message, capacity, name, "the optional inputs", want.c_str(), shape);
         }
     }
     return 0;

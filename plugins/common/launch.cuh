@@ -169,16 +169,19 @@ cudaError_t allowSmem(Kernel kernel, size_t bytes)
 namespace flashspec
 {
 
-//! Launch a stage-1 kernel instance: the dynamic shared memory of its path, grid (row blocks,
-//! splits) with the row blocks fastest.
+//! Launch a stage-1 kernel instance: the dynamic shared memory of its path (at least minSmem,
+//! which the kernel reuses once its stream is done), grid (row blocks, splits) with the row
+//! blocks fastest.
 template <typename T, int ROWS, bool MMA, typename Kernel, typename... Args>
-cudaError_t launchTiles(Kernel kernel, int32_t numRows, int32_t hiddenSize, int32_t splits, cudaStream_t stream, Args... args)
+cudaError_t launchTilesSmem(Kernel kernel, size_t minSmem, int32_t numRows, int32_t hiddenSize, int32_t splits,
+    cudaStream_t stream, Args... args)
 {
     size_t smem = static_cast<size_t>(ROWS) * hiddenSize * sizeof(T);
     if constexpr (MMA)
     {
         smem = gemmSmemBytes<T, ROWS>();
     }
+    smem = std::max(smem, minSmem);
     cudaError_t const attr = allowSmem(kernel, smem);
     if (attr != cudaSuccess)
     {
@@ -187,6 +190,12 @@ cudaError_t launchTiles(Kernel kernel, int32_t numRows, int32_t hiddenSize, int3
     dim3 const grid((numRows + ROWS - 1) / ROWS, splits);
     kernel<<<grid, kThreads, smem, stream>>>(args...);
     return cudaGetLastError();
+}
+
+template <typename T, int ROWS, bool MMA, typename Kernel, typename... Args>
+cudaError_t launchTiles(Kernel kernel, int32_t numRows, int32_t hiddenSize, int32_t splits, cudaStream_t stream, Args... args)
+{
+    return launchTilesSmem<T, ROWS, MMA>(kernel, 0, numRows, hiddenSize, splits, stream, args...);
 }
 
 } // namespace flashspec

@@ -8,9 +8,11 @@
  * Prints one line per check; exit status 0 when all pass.
  */
 #include "../common/flashspecPlugin.h"
+#include "../verifyResample/verifyResamplePlugin.h"
 
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -117,12 +119,14 @@ void checkCommon(char const* name, int32_t op, int32_t nbOutputs)
     auto intAt = [](PluginFieldCollection const* fc, int32_t i) { return *static_cast<int32_t const*>(fc->fields[i].data); };
     PluginFieldCollection const* fields = runtime->getFieldsToSerialize();
     bool const verify = op == FLASHSPEC_OP_VERIFY_RESAMPLE;
-    check(fields->nbFields == (verify ? 3 : 2) && std::strcmp(fields->fields[0].name, "vocab_size") == 0
+    check(fields->nbFields == (verify ? 4 : 2) && std::strcmp(fields->fields[0].name, "vocab_size") == 0
             && intAt(fields, 0) == 1000 && std::strcmp(fields->fields[1].name, "num_splits") == 0
             && intAt(fields, 1) == 0
-            && (!verify || (std::strcmp(fields->fields[2].name, "return_logprobs") == 0 && intAt(fields, 2) == 1)),
+            && (!verify
+                || (std::strcmp(fields->fields[2].name, "return_logprobs") == 0 && intAt(fields, 2) == 1
+                    && std::strcmp(fields->fields[3].name, "optional_inputs") == 0 && intAt(fields, 3) == -1)),
         std::string(name) + ": serializes vocab_size = 1000 and num_splits = 0 (unresolved) before the build"
-            + (verify ? ", return_logprobs = 1 by default" : ""));
+            + (verify ? ", return_logprobs = 1 by default, optional_inputs = -1 (from the inputs)" : ""));
     // configurePlugin (build time) fixes the split count for the largest shape (64 rows of H = 256:
     // TiledArgmax [64, 256], VerifyResample [16, 4, 256]); it is serialized.
     std::vector<DynamicPluginTensorDesc> inputs;
@@ -237,6 +241,15 @@ int32_t enqueue(char const* name, int32_t vocab, std::vector<PluginTensorDesc> c
     auto* runtime = static_cast<IPluginV3OneRuntime*>(plugin->getCapabilityInterface(PluginCapabilityType::kRUNTIME));
     auto dynIn = dynamic(in);
     auto dynOut = dynamic(out);
+    // As TensorRT before a run with new shapes (and the only place an engine's plugin sees its
+    // inputs' count at run time)
+    int32_t const shaped = runtime->onShapeChange(
+        in.data(), static_cast<int32_t>(in.size()), out.data(), static_cast<int32_t>(out.size()));
+    if (shaped != 0)
+    {
+        delete plugin;
+        return shaped;
+    }
     size_t const bytes = build->getWorkspaceSize(dynIn.data(), static_cast<int32_t>(in.size()), dynOut.data(),
         static_cast<int32_t>(out.size()));
     void* workspace = nullptr;
@@ -321,6 +334,73 @@ void gpuChecks()
     check(toHost(tokens3, n * rows) == t1 && toHost(emitted3, n) == e1,
         "VerifyResample: without logprobs, the tokens and counts of the plugin with them");
 
+    // ... with top_k, top_p and allowed_tokens (the ONNX node's optional inputs 7 to 9): the
+    // plugin's outputs equal a direct call's with the same truncation, and a top-k 1 row emits the
+    // largest allowed logit (greedy).
+    int64_t const words = (vocab + 31) / 32;
+    std::vector<int64_t> topK = {1, 5, 0};
+    std::vector<float> topP = {1.0f, 0.5f, 0.9f};
+    std::vector<int32_t> allowed(n * rows * words, -1);
+    for (size_t i = 0; i < allowed.size(); i += 3)
+    {
+        allowed[i] = static_cast<int32_t>(0x5A5A5A5Au); // every third word allows half its tokens
+    }
+    int64_t* dk = toDevice(topK);
+    float* dpp = toDevice(topP);
+    int32_t* da = toDevice(allowed);
+    int64_t* tokens4 = toDevice(zeros);
+    int64_t* emitted4 = toDevice(std::vector<int64_t>(n, 0));
+    float* logprobs4 = toDevice(fzeros);
+    check(enqueue("VerifyResample", vocab,
+              {tensor(DataType::kFLOAT, {n, rows, hidden}), tensor(DataType::kFLOAT, {padded, hidden}),
+                  tensor(DataType::kINT64, {n, rows - 1}), tensor(DataType::kFLOAT, {n}),
+                  tensor(DataType::kINT64, {n}), tensor(DataType::kINT64, {n}), tensor(DataType::kINT64, {n}),
+                  tensor(DataType::kFLOAT, {n}), tensor(DataType::kINT32, {n, rows, words})},
+              {tensor(DataType::kINT64, {n, rows}), tensor(DataType::kINT64, {n}), tensor(DataType::kFLOAT, {n, rows})},
+              {dh, dw, dd, dt, ds, dp, dk, dpp, da}, {tokens4, emitted4, logprobs4})
+            == 0,
+        "VerifyResample: enqueue with top_k, top_p and allowed_tokens succeeds");
+    int64_t* tokens5 = toDevice(zeros);
+    int64_t* emitted5 = toDevice(std::vector<int64_t>(n, 0));
+    float* logprobs5 = toDevice(fzeros);
+    void* ws5 = nullptr;
+    cudaMalloc(&ws5, flashspec::getVerifyResampleTruncatedWorkspaceSize(n * rows, splits, hidden, vocab));
+    flashspec::VerifyResampleParams truncated = params;
+    truncated.tokens = tokens5;
+    truncated.numEmitted = emitted5;
+    truncated.logprobs = logprobs5;
+    truncated.workspace = ws5;
+    truncated.topK = dk;
+    truncated.topP = dpp;
+    truncated.allowedTokens = da;
+    check(flashspec::invokeVerifyResample(truncated, nullptr) == cudaSuccess,
+        "VerifyResample: direct invoke with truncation succeeds");
+    cudaDeviceSynchronize();
+    auto t4 = toHost(tokens4, n * rows), t5 = toHost(tokens5, n * rows);
+    check(t4 == t5 && toHost(emitted4, n) == toHost(emitted5, n)
+            && toHost(logprobs4, n * rows) == toHost(logprobs5, n * rows),
+        "VerifyResample: plugin outputs with truncation equal the direct call's");
+    float best = -INFINITY; // sequence 0, row 0 (top_k 1): the largest allowed logit, lowest id
+    int64_t arg = -1;
+    for (int64_t v = 0; v < vocab; ++v)
+    {
+        if (((static_cast<uint32_t>(allowed[v / 32]) >> (v % 32)) & 1u) == 0)
+        {
+            continue;
+        }
+        float dot = 0.0f;
+        for (int64_t k = 0; k < hidden; ++k)
+        {
+            dot += h[k] * w[v * hidden + k];
+        }
+        if (dot > best)
+        {
+            best = dot;
+            arg = v;
+        }
+    }
+    check(t4[0] == arg, "VerifyResample: top_k 1 emits the largest allowed logit");
+
     // TiledArgmax on the first row of each sequence.
     int64_t* token = toDevice(std::vector<int64_t>(n, -2));
     float* maxLogit = toDevice(std::vector<float>(n, 0.0f));
@@ -383,7 +463,7 @@ void checkWithoutLogprobs()
               6),
         "VerifyResample: return_logprobs = 0 accepts the I/O types without logprobs");
     PluginFieldCollection const* fields = runtime->getFieldsToSerialize();
-    check(fields->nbFields == 3 && std::strcmp(fields->fields[2].name, "return_logprobs") == 0
+    check(fields->nbFields == 4 && std::strcmp(fields->fields[2].name, "return_logprobs") == 0
             && *static_cast<int32_t const*>(fields->fields[2].data) == 0,
         "VerifyResample: serializes return_logprobs = 0");
     IPluginV3* restored = creator("VerifyResample")->createPlugin("node", fields, TensorRTPhase::kRUNTIME);
@@ -397,6 +477,116 @@ void checkWithoutLogprobs()
     check(old != nullptr && nbOutputs(old) == 3, "VerifyResample: return_logprobs = 1 reports 3 outputs");
     check(createVerify(2) == nullptr, "VerifyResample: return_logprobs = 2 is refused");
     delete old;
+    delete copy;
+    delete restored;
+    delete plugin;
+}
+//! The optional inputs top_k, top_p, allowed_tokens (inputs 7 to 9, in this order; any subset in
+//! order, told apart by type): types, formats, the mask fixed at configure and serialized, a field
+//! that disagrees refused, the workspace of the exact recompute, and their shapes checked.
+void checkOptionalInputs()
+{
+    using V = flashspec::plugin::VerifyResamplePlugin;
+    DataType const h = DataType::kHALF;
+    DataType const i64 = DataType::kINT64;
+    DataType const f32 = DataType::kFLOAT;
+    DataType const i32 = DataType::kINT32;
+    auto mask = [&](std::initializer_list<DataType> extra) {
+        std::vector<DataType> types = {h, h, i64, f32, i64, i64};
+        types.insert(types.end(), extra);
+        return V::optionalInputsOf(types.data(), static_cast<int32_t>(types.size()));
+    };
+    check(mask({}) == 0 && mask({i64}) == V::kTopK && mask({i64, f32}) == (V::kTopK | V::kTopP)
+            && mask({i64, f32, i32}) == V::kOptionalInputsMask && mask({f32}) == V::kTopP
+            && mask({i32}) == V::kAllowedTokens && mask({i64, i32}) == (V::kTopK | V::kAllowedTokens),
+        "VerifyResample: optional inputs told apart by type (a prefix, as the ONNX parser hands them, or any "
+        "subset in order)");
+    check(mask({f32, i64}) < 0 && mask({i64, i64}) < 0 && mask({i32, f32}) < 0 && mask({i64, f32, i32, i32}) < 0
+            && mask({DataType::kBOOL}) < 0,
+        "VerifyResample: refuses optional inputs out of order, repeated, of another type, or a tenth input");
+
+    IPluginV3* plugin = createVerify(1);
+    auto* build = static_cast<IPluginV3OneBuild*>(plugin->getCapabilityInterface(PluginCapabilityType::kBUILD));
+    auto* runtime = static_cast<IPluginV3OneRuntime*>(plugin->getCapabilityInterface(PluginCapabilityType::kRUNTIME));
+    DataType outTypes[3];
+    DataType const nine[9] = {h, h, i64, f32, i64, i64, i64, f32, i32};
+    check(build->getOutputDataTypes(outTypes, 3, nine, 9) == 0 && outTypes[2] == f32,
+        "VerifyResample: outputs with 9 inputs");
+    check(accepts(build, {h, h, i64, f32, i64, i64, i64, f32, i32, i64, i64, f32}, 9),
+        "VerifyResample: accepts top_k int64, top_p float, allowed_tokens int32 and the outputs after them");
+    check(accepts(build, {h, h, i64, f32, i64, i64, i64, i64, i64, f32}, 7),
+        "VerifyResample: accepts top_k alone (7 inputs)");
+    check(!accepts(build, {h, h, i64, f32, i64, i64, i32, f32, i64, i64, i64, f32}, 9),
+        "VerifyResample: refuses allowed_tokens before top_p");
+    int64_t const n = 16, r = 4, hs = 256, vocab = 1000, words = (vocab + 31) / 32;
+    std::vector<DynamicPluginTensorDesc> in;
+    auto input = [&](DataType type, std::initializer_list<int64_t> dims) {
+        DynamicPluginTensorDesc d = desc(type);
+        d.desc.dims.nbDims = d.min.nbDims = d.max.nbDims = static_cast<int32_t>(dims.size());
+        int32_t i = 0;
+        for (int64_t x : dims)
+        {
+            d.desc.dims.d[i] = d.min.d[i] = d.max.d[i] = x;
+            ++i;
+        }
+        in.push_back(d);
+    };
+    input(h, {n, r, hs});
+    input(h, {1024, hs});
+    input(i64, {n, r - 1});
+    input(f32, {n});
+    input(i64, {n});
+    input(i64, {n});
+    input(i64, {n});
+    input(f32, {n});
+    input(i32, {n, r, words});
+    check(build->configurePlugin(in.data(), 9, nullptr, 0) == 0, "VerifyResample: configures with 9 inputs");
+    PluginFieldCollection const* fields = runtime->getFieldsToSerialize();
+    check(fields->nbFields == 4 && std::strcmp(fields->fields[3].name, "optional_inputs") == 0
+            && *static_cast<int32_t const*>(fields->fields[3].data) == V::kOptionalInputsMask,
+        "VerifyResample: serializes optional_inputs = 7 after configuring with top_k, top_p, allowed_tokens");
+    IPluginV3* restored = creator("VerifyResample")->createPlugin("node", fields, TensorRTPhase::kRUNTIME);
+    IPluginV3* copy = plugin->clone();
+    auto maskOf = [](IPluginV3* p) {
+        auto* rt = static_cast<IPluginV3OneRuntime*>(p->getCapabilityInterface(PluginCapabilityType::kRUNTIME));
+        return *static_cast<int32_t const*>(rt->getFieldsToSerialize()->fields[3].data);
+    };
+    check(restored != nullptr && maskOf(restored) == V::kOptionalInputsMask && copy != nullptr
+            && maskOf(copy) == V::kOptionalInputsMask,
+        "VerifyResample: optional_inputs survives a round trip and a clone");
+    auto* restoredBuild
+        = static_cast<IPluginV3OneBuild*>(restored->getCapabilityInterface(PluginCapabilityType::kBUILD));
+    check(restoredBuild->getOutputDataTypes(outTypes, 3, nine, 7) != 0,
+        "VerifyResample: a plugin of 3 optional inputs refuses 7 inputs");
+    size_t const plain = build->getWorkspaceSize(in.data(), 6, nullptr, 0); // the splits resolved at configure
+    size_t const truncating = build->getWorkspaceSize(in.data(), 9, nullptr, 0);
+    check(truncating >= plain + static_cast<size_t>(n * r * vocab) * sizeof(float),
+        "VerifyResample: with top_k / top_p the workspace holds the exact recompute's [rows, V] logits");
+    check(build->getWorkspaceSize(in.data(), 7, nullptr, 0) == truncating
+            && build->getWorkspaceSize(in.data(), 6, nullptr, 0) < truncating,
+        "VerifyResample: top_k alone needs it too; without top_k / top_p, the plain workspace");
+    in[8].desc.dims.d[2] = in[8].min.d[2] = in[8].max.d[2] = words + 1;
+    check(build->configurePlugin(in.data(), 9, nullptr, 0) != 0,
+        "VerifyResample: refuses allowed_tokens of ceil(V / 32) + 1 words");
+    int32_t const vocab32 = 1000;
+    int64_t const badMask = 8;
+    PluginField bad[2] = {PluginField("vocab_size", &vocab32, PluginFieldType::kINT32, 1),
+        PluginField("optional_inputs", &badMask, PluginFieldType::kINT64, 1)};
+    PluginFieldCollection badFc{2, bad};
+    check(creator("VerifyResample")->createPlugin("node", &badFc, TensorRTPhase::kRUNTIME) == nullptr,
+        "VerifyResample: optional_inputs 8 is refused");
+    int64_t const topKOnly = V::kTopK;
+    PluginField one[2] = {PluginField("vocab_size", &vocab32, PluginFieldType::kINT32, 1),
+        PluginField("optional_inputs", &topKOnly, PluginFieldType::kINT64, 1)};
+    PluginFieldCollection oneFc{2, one};
+    IPluginV3* fixed = creator("VerifyResample")->createPlugin("node", &oneFc, TensorRTPhase::kBUILD);
+    in[8].desc.dims.d[2] = in[8].min.d[2] = in[8].max.d[2] = words;
+    check(fixed != nullptr
+            && static_cast<IPluginV3OneBuild*>(fixed->getCapabilityInterface(PluginCapabilityType::kBUILD))
+                    ->configurePlugin(in.data(), 9, nullptr, 0)
+                != 0,
+        "VerifyResample: a node whose optional_inputs (top_k) disagrees with its 9 inputs is refused");
+    delete fixed;
     delete copy;
     delete restored;
     delete plugin;
@@ -446,6 +636,7 @@ int main()
               6),
         "VerifyResample: refuses a half temperature");
     checkWithoutLogprobs();
+    checkOptionalInputs();
     std::printf("%d failure(s)\n", gFailures);
     return gFailures == 0 ? 0 : 1;
 }

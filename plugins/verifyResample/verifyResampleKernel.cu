@@ -16,6 +16,7 @@
 #include "../common/flashspecNoise.cuh"
 #include "../common/launch.cuh"
 #include "../common/tritonAot.h"
+#include "truncation.cuh"
 
 #include <cmath>
 
@@ -97,16 +98,121 @@ VerifyWorkspace verifyWorkspace(void* workspace, int32_t numRows, int32_t numSpl
 
 struct RowInputs
 {
-    int64_t const* draftTokens; // [batch, gamma]
-    float const* temperature;   // [batch]
-    int64_t const* seed;        // [batch]
-    int64_t const* positions;   // [batch]
+    int64_t const* draftTokens;   // [batch, gamma]
+    float const* temperature;     // [batch]
+    int64_t const* seed;          // [batch]
+    int64_t const* positions;     // [batch]
+    int64_t const* topK;          // [batch] or nullptr
+    float const* topP;            // [batch] or nullptr
+    uint32_t const* allowed;      // [batch * (gamma + 1), words] or nullptr
     int32_t gamma;
+    int32_t words;                // ceil(vocabSize / 32)
 };
 
-template <typename T, int ROWS, int VEC, bool MMA, bool LOGPROBS>
+//! The row truncates by top-k or top-p (a mask alone is applied in the tile pass as -inf logits).
+__device__ __forceinline__ bool truncatesRow(RowInputs const& in, int n)
+{
+    return (in.topK != nullptr && in.topK[n] > 0) || (in.topP != nullptr && in.topP[n] < 1.0f);
+}
+
+//! The logit of id v in row `row`: dot / T (IEEE division, as the reference), NaN as -inf
+//! (reference no_nan), and -inf where the row's mask does not allow v.
+__device__ __forceinline__ float rowLogit(RowInputs const& in, int row, float scale, int v, float dot)
+{
+    float logit = __fdiv_rn(isnan(dot) ? -INFINITY : dot, scale);
+    if (in.allowed != nullptr)
+    {
+        uint32_t const word = __ldg(in.allowed + static_cast<size_t>(row) * in.words + (v >> 5));
+        logit = (word >> (v & 31)) & 1u ? logit : -INFINITY;
+    }
+    return logit;
+}
+
+//! Dynamic shared memory the hand-in reuses once the stream is done: every lane's keys and floor.
+constexpr size_t kHandInSmemBytes = static_cast<size_t>(kThreads) * (trunc::kLaneKeys + 1) * sizeof(int64_t);
+
+//! The end of a truncating tile pass: the kCandidates largest keys of each row of the block over
+//! the lanes that served it, in descending order, and the split's floor (the largest lane floor
+//! and the largest key not handed in). keys: kHandInSmemBytes of shared memory no warp reads any
+//! more (the caller synchronised after the stream).
+template <int ROWS, bool MMA>
+__device__ __forceinline__ void handInCandidates(
+    trunc::LaneKeys const& mine, int64_t* keys, trunc::Workspace tw, int row0, int numRows)
+{
+    using trunc::kCandidates;
+    using trunc::kEmptyKey;
+    using trunc::kLaneKeys;
+    constexpr int kStride = laneStride<ROWS, MMA>();  // lanes of one row in a warp: r, r + kStride, ...
+    constexpr int kPerWarp = 32 / kStride;
+    constexpr int kGathered = kWarps * kPerWarp * kLaneKeys; // 64 or 128 keys per row
+    static_assert(kGathered >= kCandidates, "the hand-in takes kCandidates keys of the lanes'");
+    __shared__ int64_t extra[32]; // the largest key a row's hand-in left out
+    int64_t* floors = keys + kThreads * kLaneKeys;
+#pragma unroll
+    for (int j = 0; j < kLaneKeys; ++j)
+    {
+        keys[threadIdx.x * kLaneKeys + j] = mine.key[j];
+    }
+    floors[threadIdx.x] = mine.floor;
+    if (threadIdx.x < 32)
+    {
+        extra[threadIdx.x] = kEmptyKey;
+    }
+    __syncthreads();
+    auto gathered = [&](int r, int g) {
+        int const warp = g / (kPerWarp * kLaneKeys);
+        int const rest = g - warp * kPerWarp * kLaneKeys;
+        int const lane = r + (rest / kLaneKeys) * kStride;
+        return keys[(warp * 32 + lane) * kLaneKeys + rest % kLaneKeys];
+    };
+    int const splits = gridDim.y;
+    for (int idx = threadIdx.x; idx < ROWS * kGathered; idx += kThreads)
+    {
+        int const r = idx / kGathered;
+        int const g = idx - r * kGathered;
+        if (row0 + r >= numRows)
+        {
+            continue;
+        }
+        int64_t const x = gathered(r, g);
+        int rank = 0; // keys are distinct but for kEmptyKey: the gathered index breaks ties
+        for (int h = 0; h < kGathered; ++h)
+        {
+            int64_t const y = gathered(r, h);
+            rank += y > x || (y == x && h < g);
+        }
+        size_t const slot = static_cast<size_t>(row0 + r) * splits + blockIdx.y;
+        if (rank < kCandidates)
+        {
+            tw.candidates[slot * kCandidates + rank] = x;
+        }
+        else if (rank == kCandidates)
+        {
+            extra[r] = x;
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x < ROWS && row0 + static_cast<int>(threadIdx.x) < numRows)
+    {
+        int const r = threadIdx.x;
+        int64_t floor = extra[r];
+        for (int w = 0; w < kWarps; ++w)
+        {
+            for (int l = 0; l < kPerWarp; ++l)
+            {
+                int64_t const f = floors[w * 32 + r + l * kStride];
+                floor = f > floor ? f : floor;
+            }
+        }
+        tw.floors[static_cast<size_t>(row0 + r) * splits + blockIdx.y] = floor;
+    }
+}
+
+//! Stage 1. TRUNC: rows that truncate (top-k / top-p) skip the noise, keep their order keys and
+//! hand in kCandidates of them per split with a floor (truncation.cuh).
+template <typename T, int ROWS, int VEC, bool MMA, bool LOGPROBS, bool TRUNC>
 __global__ void __launch_bounds__(kThreads) verifyTilesKernel(T const* hidden, T const* lmHead, RowInputs in,
-    VerifyWorkspace ws, int numRows, int hiddenSize, int vocabSize)
+    VerifyWorkspace ws, trunc::Workspace tw, int numRows, int hiddenSize, int vocabSize)
 {
     extern __shared__ __align__(128) unsigned char smemRaw[];
     __shared__ Summary warpSummary[kWarps][32];
@@ -131,15 +237,33 @@ __global__ void __launch_bounds__(kThreads) verifyTilesKernel(T const* hidden, T
     float const scale = greedy ? 1.0f : temperature;
     RowKeys const keys = rowKeys(in.seed[n], in.positions[n] + i, kStreamGumbel);
 
+    bool const truncated = TRUNC && truncatesRow(in, n);
+    trunc::LaneKeys lane_keys;
+    if constexpr (TRUNC)
+    {
+        lane_keys.init();
+    }
+
     int begin, end;
     splitRange(vocabSize, gridDim.y, blockIdx.y, begin, end);
     Summary sum;
     streamVocab<T, ROWS, VEC, MMA>(hidden, smemHidden, smemRaw, lmHead, row0, numRows, begin, end, hiddenSize, vocabSize, [&](int v, float dot) {
-        // A NaN logit counts as -inf (reference no_nan); IEEE division, as the reference.
-        float const logit = __fdiv_rn(isnan(dot) ? -INFINITY : dot, scale);
+        float const logit = rowLogit(in, row, scale, v, dot);
         if constexpr (LOGPROBS)
         {
             addLogit(sum.m, sum.s, logit);
+        }
+        if constexpr (TRUNC)
+        {
+            if (truncated) // stage 2 samples the kept keys: no noise here
+            {
+                if (logit != -INFINITY)
+                {
+                    lane_keys.add(trunc::orderKey(logit, v));
+                }
+                mergeBest(sum, logit, v, logit);
+                return;
+            }
         }
         mergeBest(sum, greedy ? logit : logit + gumbelFromBits(tokenBits(keys, v)), v, logit);
     });
@@ -169,6 +293,10 @@ __global__ void __launch_bounds__(kThreads) verifyTilesKernel(T const* hidden, T
             ws.m[slot] = total.m;
             ws.s[slot] = total.s;
         }
+    }
+    if constexpr (TRUNC)
+    {
+        handInCandidates<ROWS, MMA>(lane_keys, reinterpret_cast<int64_t*>(smemRaw), tw, row0, numRows);
     }
 }
 
@@ -232,6 +360,398 @@ __global__ void verifyFinalizeKernel(VerifyWorkspace ws, RowInputs in, int64_t* 
     numEmitted[n] = k + 1;
 }
 
+//! Rewrites row `row`'s summaries as one split: its sample y = (score, id, logit) over the kept
+//! tokens and their (max, sum-exp) for the log-probability.
+__device__ __forceinline__ void writeKept(
+    VerifyWorkspace ws, int row, int numSplits, float score, int32_t id, float logit, float m, float s)
+{
+    size_t const base = static_cast<size_t>(row) * numSplits;
+    for (int t = threadIdx.x; t < numSplits; t += blockDim.x)
+    {
+        ws.bestScore[base + t] = t == 0 ? score : -INFINITY;
+        ws.bestIndex[base + t] = t == 0 ? id : -1;
+        ws.bestLogit[base + t] = t == 0 ? logit : 0.0f;
+        ws.m[base + t] = t == 0 ? m : -INFINITY;
+        ws.s[base + t] = t == 0 ? s : 0.0f;
+    }
+}
+
+//! The per-row truncation request.
+struct RowRequest
+{
+    int n;
+    int i;
+    int64_t k;  // > 0: top-k on
+    float p;    // < 1: top-p on
+    bool on;
+};
+
+__device__ __forceinline__ RowRequest rowRequest(RowInputs const& in, int row)
+{
+    RowRequest r;
+    r.n = row / (in.gamma + 1);
+    r.i = row - r.n * (in.gamma + 1);
+    r.k = in.topK != nullptr ? in.topK[r.n] : 0;
+    r.p = in.topP != nullptr ? in.topP[r.n] : 1.0f;
+    r.on = r.k > 0 || r.p < 1.0f;
+    return r;
+}
+
+//! The noisy score of a kept token (greedy rows: its logit).
+__device__ __forceinline__ float keptScore(RowInputs const& in, RowRequest const& r, float logit, int32_t id)
+{
+    float const temperature = in.temperature[r.n];
+    if (temperature < kGreedyBelow)
+    {
+        return logit;
+    }
+    RowKeys const keys = rowKeys(in.seed[r.n], in.positions[r.n] + r.i, kStreamGumbel);
+    return logit + gumbelFromBits(tokenBits(keys, id));
+}
+
+//! Stage 2 of a truncating call, one CTA per row (trunc::kSelectThreads threads): the kept set
+//! from the handed-in keys when they settle it (truncation.cuh), the sample over it, the row's
+//! summaries rewritten; else the row is flagged for the exact recompute.
+__global__ void __launch_bounds__(trunc::kSelectThreads) settleKernel(
+    VerifyWorkspace ws, trunc::Workspace tw, RowInputs in, int numSplits, int32_t* unsettledOut)
+{
+    using namespace trunc;
+    int const row = blockIdx.x;
+    RowRequest const req = rowRequest(in, row);
+    auto flag = [&](int32_t value) {
+        if (threadIdx.x == 0)
+        {
+            tw.unsettled[row] = value;
+            if (unsettledOut != nullptr)
+            {
+                unsettledOut[row] = value;
+            }
+        }
+    };
+    if (!req.on)
+    {
+        flag(0);
+        return;
+    }
+    __shared__ int64_t known[kKnownCap];
+    __shared__ float weight[kKnownCap];
+    __shared__ float scanA[kKnownCap];
+    __shared__ float scanB[kKnownCap];
+    __shared__ int64_t scratch64[32];
+    __shared__ float scratchF[32];
+    __shared__ int32_t scratchI[32];
+    __shared__ int32_t count;
+
+    size_t const numKeys = static_cast<size_t>(numSplits) * kCandidates;
+    int64_t const* keys = tw.candidates + static_cast<size_t>(row) * numKeys;
+    int64_t const* floors = tw.floors + static_cast<size_t>(row) * numSplits;
+
+    // tau: every key above it was handed in
+    int64_t tau = kEmptyKey;
+    for (int t = threadIdx.x; t < numSplits; t += blockDim.x)
+    {
+        tau = floors[t] > tau ? floors[t] : tau;
+    }
+    tau = blockReduce(tau, Max{}, scratch64);
+    int64_t top = kEmptyKey;
+    int32_t above = 0;
+    for (size_t j = threadIdx.x; j < numKeys; j += blockDim.x)
+    {
+        above += keys[j] > tau;
+        top = keys[j] > top ? keys[j] : top;
+    }
+    above = blockReduce(above, Sum{}, scratchI);
+    top = blockReduce(top, Max{}, scratch64);
+    int64_t cut = tau; // the known prefix: keys > cut
+    bool const capped = above > kKnownCap;
+    if (capped) // the kKnownCap largest keys are still a prefix of the row's order
+    {
+        auto countAtLeast = [&](int64_t t) {
+            int32_t c = 0;
+            for (size_t j = threadIdx.x; j < numKeys; j += blockDim.x)
+            {
+                c += keys[j] >= t;
+            }
+            return blockReduce(c, Sum{}, scratchI);
+        };
+        cut = largestWithCountAtLeast(tau + 1, top, kKnownCap, countAtLeast) - 1;
+    }
+    bool const everyKey = tau == kEmptyKey && !capped; // every finite logit of the row is known
+    if (threadIdx.x == 0)
+    {
+        count = 0;
+    }
+    __syncthreads();
+    for (size_t j = threadIdx.x; j < numKeys; j += blockDim.x)
+    {
+        if (keys[j] > cut)
+        {
+            known[atomicAdd(&count, 1)] = keys[j];
+        }
+    }
+    __syncthreads();
+    int const numKnown = count;
+    if (numKnown == 0) // no finite logit (a row that allows nothing): stage 1's lowest id stands
+    {
+        flag(0);
+        return;
+    }
+    int size = 32;
+    while (size < numKnown)
+    {
+        size <<= 1;
+    }
+    for (int j = numKnown + threadIdx.x; j < size; j += blockDim.x)
+    {
+        known[j] = kEmptyKey;
+    }
+    __syncthreads();
+    sortDescending(known, size);
+    float const m = keyLogit(known[0]);
+    for (int j = threadIdx.x; j < numKnown; j += blockDim.x)
+    {
+        weight[j] = expf(keyLogit(known[j]) - m);
+    }
+    __syncthreads();
+
+    bool const topK = req.k > 0;
+    int numKept = numKnown; // top-k's prefix, then top-p's
+    if (topK)
+    {
+        if (req.k <= numKnown)
+        {
+            numKept = static_cast<int>(req.k);
+        }
+        else if (!everyKey)
+        {
+            flag(1);
+            return;
+        }
+    }
+    if (req.p < 1.0f)
+    {
+        // The normaliser of the distribution top-p cuts: top-k's prefix, else every allowed token
+        // (stage 1's online softmax, merged over the splits).
+        float z = 0.0f;
+        if (topK)
+        {
+            for (int j = threadIdx.x; j < numKept; j += blockDim.x)
+            {
+                z += weight[j];
+            }
+        }
+        else
+        {
+            size_t const base = static_cast<size_t>(row) * numSplits;
+            for (int t = threadIdx.x; t < numSplits; t += blockDim.x)
+            {
+                float const mt = ws.m[base + t];
+                z += mt == -INFINITY ? 0.0f : ws.s[base + t] * expf(mt - m);
+            }
+        }
+        z = blockReduce(z, Sum{}, scratchF);
+        for (int j = threadIdx.x; j < numKept; j += blockDim.x)
+        {
+            scanA[j] = weight[j] / z; // the probability, as softmax forms it
+        }
+        __syncthreads();
+        float const* inclusive = inclusiveScan(scanA, scanB, numKept);
+        int first = numKept; // the first token whose mass before it reaches p
+        for (int j = threadIdx.x; j < numKept; j += blockDim.x)
+        {
+            float const before = inclusive[j] - weight[j] / z;
+            first = before >= req.p && j < first ? j : first;
+        }
+        first = blockReduce(first, Min{}, scratchI);
+        if (first < numKept)
+        {
+            numKept = max(first, 1); // the top token is always kept
+        }
+        else if (!topK && !everyKey)
+        {
+            flag(1); // the nucleus reaches past the known keys
+            return;
+        }
+    }
+    flag(0);
+    Best best{-INFINITY, -1};
+    float s = 0.0f;
+    for (int j = threadIdx.x; j < numKept; j += blockDim.x)
+    {
+        float const logit = keyLogit(known[j]);
+        int32_t const id = keyId(known[j]);
+        float const score = keptScore(in, req, logit, id);
+        if (beats(score, id, best))
+        {
+            best = {score, id};
+        }
+        s += weight[j];
+    }
+    best = blockBest(best, scratchF, scratchI);
+    s = blockReduce(s, Sum{}, scratchF);
+    float bestLogit = 0.0f;
+    for (int j = threadIdx.x; j < numKept; j += blockDim.x)
+    {
+        if (keyId(known[j]) == best.id)
+        {
+            scanA[0] = keyLogit(known[j]);
+        }
+    }
+    __syncthreads();
+    bestLogit = scanA[0];
+    writeKept(ws, row, numSplits, best.score, best.id, bestLogit, m, s);
+}
+
+//! The exact recompute, pass 1: the tile pass again for the blocks that hold a flagged row,
+//! writing those rows' masked logits ([numRows, vocabSize] fp32, the same values as stage 1's).
+template <typename T, int ROWS, int VEC, bool MMA>
+__global__ void __launch_bounds__(kThreads) verifyLogitsKernel(T const* hidden, T const* lmHead, RowInputs in,
+    trunc::Workspace tw, int numRows, int hiddenSize, int vocabSize)
+{
+    extern __shared__ __align__(128) unsigned char smemRaw[];
+    __shared__ int anyFlagged;
+    int const row0 = blockIdx.x * ROWS;
+    if (threadIdx.x == 0)
+    {
+        anyFlagged = 0;
+        for (int r = 0; r < ROWS && row0 + r < numRows; ++r)
+        {
+            anyFlagged |= tw.unsettled[row0 + r];
+        }
+    }
+    __syncthreads();
+    if (anyFlagged == 0)
+    {
+        return;
+    }
+    T* smemHidden = reinterpret_cast<T*>(smemRaw);
+    if constexpr (!MMA)
+    {
+        stageHidden<T, ROWS>(smemHidden, hidden, row0, numRows, hiddenSize);
+    }
+    int const lane = threadIdx.x & 31;
+    int const blockRow = laneBlockRow<ROWS, MMA>(lane);
+    int const row = min(row0 + max(blockRow, 0), numRows - 1);
+    bool const writes = blockRow >= 0 && row0 + blockRow < numRows && tw.unsettled[row] != 0;
+    int const n = row / (in.gamma + 1);
+    float const temperature = in.temperature[n];
+    float const scale = temperature < kGreedyBelow ? 1.0f : temperature;
+    float* out = tw.logits + static_cast<size_t>(row) * vocabSize;
+    int begin, end;
+    splitRange(vocabSize, gridDim.y, blockIdx.y, begin, end);
+    streamVocab<T, ROWS, VEC, MMA>(hidden, smemHidden, smemRaw, lmHead, row0, numRows, begin, end, hiddenSize,
+        vocabSize, [&](int v, float dot) {
+            if (writes)
+            {
+                out[v] = rowLogit(in, row, scale, v, dot);
+            }
+        });
+}
+
+//! The exact recompute, pass 2, one CTA per flagged row: top-k's k-th key and top-p's cut by
+//! bisection on the key over the row's logits (each step a block-wide count or sum), then the
+//! Gumbel-max over the kept tokens and the row's summaries rewritten.
+__global__ void __launch_bounds__(trunc::kSelectThreads) exactKernel(
+    VerifyWorkspace ws, trunc::Workspace tw, RowInputs in, int numSplits, int vocabSize)
+{
+    using namespace trunc;
+    int const row = blockIdx.x;
+    if (tw.unsettled[row] == 0)
+    {
+        return;
+    }
+    RowRequest const req = rowRequest(in, row);
+    __shared__ int64_t scratch64[32];
+    __shared__ float scratchF[32];
+    __shared__ int32_t scratchI[32];
+    float const* logits = tw.logits + static_cast<size_t>(row) * vocabSize;
+
+    int64_t top = kEmptyKey;
+    int32_t finite = 0;
+    for (int v = threadIdx.x; v < vocabSize; v += blockDim.x)
+    {
+        float const l = logits[v];
+        if (l != -INFINITY)
+        {
+            ++finite;
+            int64_t const key = orderKey(l, v);
+            top = key > top ? key : top;
+        }
+    }
+    top = blockReduce(top, Max{}, scratch64);
+    finite = blockReduce(finite, Sum{}, scratchI);
+    float const m = keyLogit(top); // the row's largest logit (stage 2 flags only rows with one)
+    auto sumAbove = [&](int64_t lowest, int64_t above) { // sum of exp(l - m) over lowest <= key, key > above
+        float z = 0.0f;
+        for (int v = threadIdx.x; v < vocabSize; v += blockDim.x)
+        {
+            float const l = logits[v];
+            if (l != -INFINITY)
+            {
+                int64_t const key = orderKey(l, v);
+                z += key >= lowest && key > above ? expf(l - m) : 0.0f;
+            }
+        }
+        return blockReduce(z, Sum{}, scratchF);
+    };
+    int64_t last = kEmptyKey; // the kept tokens: finite, key >= last
+    if (req.k > 0 && req.k < finite)
+    {
+        auto countAtLeast = [&](int64_t t) {
+            int32_t c = 0;
+            for (int v = threadIdx.x; v < vocabSize; v += blockDim.x)
+            {
+                float const l = logits[v];
+                c += l != -INFINITY && orderKey(l, v) >= t;
+            }
+            return blockReduce(c, Sum{}, scratchI);
+        };
+        last = largestWithCountAtLeast(kEmptyKey, top, req.k, countAtLeast);
+    }
+    if (req.p < 1.0f)
+    {
+        int64_t const lowest = last;
+        float const z = sumAbove(lowest, kEmptyKey);
+        // below(t): the mass of the kept keys above t is under p; its smallest t is the last key
+        // kept (the mass strictly before it is under p, and before the next one it is not).
+        auto below = [&](int64_t t) {
+            float mass = 0.0f;
+            for (int v = threadIdx.x; v < vocabSize; v += blockDim.x)
+            {
+                float const l = logits[v];
+                if (l != -INFINITY)
+                {
+                    int64_t const key = orderKey(l, v);
+                    mass += key >= lowest && key > t ? expf(l - m) / z : 0.0f;
+                }
+            }
+            return blockReduce(mass, Sum{}, scratchF) < req.p;
+        };
+        if (!below(lowest))
+        {
+            last = smallestTrue(lowest, top, below);
+        }
+    }
+    Best best{-INFINITY, -1};
+    float s = 0.0f;
+    for (int v = threadIdx.x; v < vocabSize; v += blockDim.x)
+    {
+        float const l = logits[v];
+        if (l != -INFINITY && orderKey(l, v) >= last)
+        {
+            float const score = keptScore(in, req, l, v);
+            if (beats(score, v, best))
+            {
+                best = {score, v};
+            }
+            s += expf(l - m);
+        }
+    }
+    best = blockBest(best, scratchF, scratchI);
+    s = blockReduce(s, Sum{}, scratchF);
+    writeKept(ws, row, numSplits, best.score, best.id, logits[best.id], m, s);
+}
+
 bool validParams(VerifyResampleParams const& p)
 {
     int64_t const numRows = static_cast<int64_t>(p.batch) * (p.gamma + 1);
@@ -239,17 +759,35 @@ bool validParams(VerifyResampleParams const& p)
         && validDtype(p.dtype) && p.numSplits >= 0;
 }
 
+//! A call the compiled Triton kernels cannot take: they have no truncation (the native kernels do).
+bool truncating(VerifyResampleParams const& p)
+{
+    return p.topK != nullptr || p.topP != nullptr || p.allowedTokens != nullptr;
+}
+
+//! Where truncation's state begins in the workspace: after everything a plain call uses.
+size_t truncationOffset(int32_t numRows, int32_t numSplits, int32_t hiddenSize)
+{
+    return trunc::alignUp(getVerifyResampleWorkspaceSize(numRows, numSplits, hiddenSize));
+}
+
 } // namespace
 
 int32_t verifyResamplePath(VerifyResampleParams const& p)
 {
     aot::Plan plan;
-    return validParams(p) && aot::planVerifyResample(p, plan) ? aot::pathOf(plan) : FLASHSPEC_PATH_NATIVE;
+    return validParams(p) && !truncating(p) && aot::planVerifyResample(p, plan) ? aot::pathOf(plan)
+                                                                                 : FLASHSPEC_PATH_NATIVE;
 }
 
 size_t getVerifyResampleWorkspaceSize(int32_t numRows, int32_t numSplits, int32_t hiddenSize)
 {
     return aot::verifyBlockOffset(numRows, numSplits) + aot::wholeBlockBytes(hiddenSize);
+}
+
+size_t getVerifyResampleTruncatedWorkspaceSize(int32_t numRows, int32_t numSplits, int32_t hiddenSize, int32_t vocabSize)
+{
+    return truncationOffset(numRows, numSplits, hiddenSize) + trunc::workspaceBytes(numRows, numSplits, vocabSize);
 }
 
 cudaError_t invokeVerifyResample(VerifyResampleParams const& p, cudaStream_t stream)
@@ -258,11 +796,19 @@ cudaError_t invokeVerifyResample(VerifyResampleParams const& p, cudaStream_t str
     {
         return cudaErrorInvalidValue;
     }
-    if (aot::Plan aotPlan; aot::planVerifyResample(p, aotPlan))
+    if (aot::Plan aotPlan; !truncating(p) && aot::planVerifyResample(p, aotPlan))
     {
-        return aot::launchVerifyResample(p, aotPlan, stream); // the compiled Triton kernels
+        cudaError_t const status = aot::launchVerifyResample(p, aotPlan, stream); // the compiled Triton kernels
+        if (status == cudaSuccess && p.unsettled != nullptr)
+        {
+            return cudaMemsetAsync(p.unsettled, 0, sizeof(int32_t) * p.batch * (p.gamma + 1), stream);
+        }
+        return status;
     }
-    aot::warnNative(FLASHSPEC_OP_VERIFY_RESAMPLE, p.dtype, p.hiddenSize);
+    if (!truncating(p))
+    {
+        aot::warnNative(FLASHSPEC_OP_VERIFY_RESAMPLE, p.dtype, p.hiddenSize);
+    }
     int32_t const numRows = p.batch * (p.gamma + 1);
     LaunchPlan const plan = planLaunch(FLASHSPEC_OP_VERIFY_RESAMPLE, p.hidden, p.lmHead, numRows, p.hiddenSize, p.vocabSize, p.dtype, p.numSplits);
     if (!plan.mma && !hiddenFits(p.hiddenSize, p.dtype, hiddenSmemLimit()))
@@ -271,19 +817,59 @@ cudaError_t invokeVerifyResample(VerifyResampleParams const& p, cudaStream_t str
     }
     int32_t const splits = plan.splits;
     VerifyWorkspace const ws = verifyWorkspace(p.workspace, numRows, splits);
-    RowInputs const in{p.draftTokens, p.temperature, p.seed, p.positions, p.gamma};
-    cudaError_t const status = dispatch(p.dtype, plan, [&]<typename T, int ROWS, int VEC, bool MMA>() {
-        auto launch = [&](auto kernel) {
-            return launchTiles<T, ROWS, MMA>(kernel, numRows, p.hiddenSize, splits, stream,
-                static_cast<T const*>(p.hidden), static_cast<T const*>(p.lmHead), in, ws, static_cast<int>(numRows),
+    RowInputs const in{p.draftTokens, p.temperature, p.seed, p.positions, p.topK, p.topP,
+        reinterpret_cast<uint32_t const*>(p.allowedTokens), p.gamma, (p.vocabSize + 31) / 32};
+    bool const truncates = p.topK != nullptr || p.topP != nullptr;
+    trunc::Workspace tw{};
+    if (truncates)
+    {
+        tw = trunc::workspaceAt(static_cast<char*>(p.workspace) + truncationOffset(numRows, splits, p.hiddenSize), numRows, splits);
+    }
+    // top-p's normaliser is stage 1's online softmax: the log-sum-exp pass also without logprobs
+    bool const lse = p.logprobs != nullptr || p.topP != nullptr;
+    auto const* hidden = p.hidden;
+    auto const* lmHead = p.lmHead;
+    cudaError_t status = dispatch(p.dtype, plan, [&]<typename T, int ROWS, int VEC, bool MMA>() {
+        auto launch = [&](auto kernel, size_t minSmem) {
+            return launchTilesSmem<T, ROWS, MMA>(kernel, minSmem, numRows, p.hiddenSize, splits, stream,
+                static_cast<T const*>(hidden), static_cast<T const*>(lmHead), in, ws, tw, static_cast<int>(numRows),
                 static_cast<int>(p.hiddenSize), static_cast<int>(p.vocabSize));
         };
-        return p.logprobs != nullptr ? launch(verifyTilesKernel<T, ROWS, VEC, MMA, true>)
-                                     : launch(verifyTilesKernel<T, ROWS, VEC, MMA, false>);
+        if (truncates)
+        {
+            return lse ? launch(verifyTilesKernel<T, ROWS, VEC, MMA, true, true>, kHandInSmemBytes)
+                       : launch(verifyTilesKernel<T, ROWS, VEC, MMA, false, true>, kHandInSmemBytes);
+        }
+        return lse ? launch(verifyTilesKernel<T, ROWS, VEC, MMA, true, false>, 0)
+                   : launch(verifyTilesKernel<T, ROWS, VEC, MMA, false, false>, 0);
     });
     if (status != cudaSuccess)
     {
         return status;
+    }
+    if (truncates)
+    {
+        // Stage 2 settles what it can; the exact recompute's two passes launch always (no host
+        // read: CUDA-graph safe) and return at once where no row of theirs is flagged.
+        settleKernel<<<numRows, trunc::kSelectThreads, 0, stream>>>(ws, tw, in, splits, p.unsettled);
+        status = dispatch(p.dtype, plan, [&]<typename T, int ROWS, int VEC, bool MMA>() {
+            return launchTiles<T, ROWS, MMA>(verifyLogitsKernel<T, ROWS, VEC, MMA>, numRows, p.hiddenSize, splits,
+                stream, static_cast<T const*>(hidden), static_cast<T const*>(lmHead), in, tw,
+                static_cast<int>(numRows), static_cast<int>(p.hiddenSize), static_cast<int>(p.vocabSize));
+        });
+        if (status != cudaSuccess)
+        {
+            return status;
+        }
+        exactKernel<<<numRows, trunc::kSelectThreads, 0, stream>>>(ws, tw, in, splits, p.vocabSize);
+    }
+    else if (p.unsettled != nullptr)
+    {
+        status = cudaMemsetAsync(p.unsettled, 0, sizeof(int32_t) * numRows, stream);
+        if (status != cudaSuccess)
+        {
+            return status;
+        }
     }
     verifyFinalizeKernel<<<(p.batch + 63) / 64, 64, 0, stream>>>(
         ws, in, p.tokens, p.numEmitted, p.logprobs, p.batch, splits);

@@ -115,6 +115,83 @@ def test_a_verify_node_without_logprobs_builds_a_two_output_plugin_engine():
     assert lines["engine"] == "True"
 
 
+# One VerifyResample node with the optional inputs argv[1] (comma-separated), parsed with the
+# plugin library and built on the CPU (its own process: the registry is global); prints the
+# plugin layer's inputs, whether the parse succeeded (and the error) and the engine's field.
+_TRUNCATING_VERIFY = """
+import sys
+import tensorrt_rtx as trt
+from onnx import TensorProto
+from flashspec_export.engine import plugins
+from flashspec_export.onnx import functions
+from flashspec_export.reference import truncation
+
+optional = tuple(a for a in sys.argv[1].split(",") if a)
+plugins.register(trt, plugins.library_path())
+log = trt.Logger(trt.Logger.ERROR)
+builder = trt.Builder(log)
+network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
+parser = trt.OnnxParser(network, log)
+model = functions.single_op_model("VerifyResample", TensorProto.FLOAT, 1000, optional)
+parsed = parser.parse(model.SerializeToString())
+errors = [str(parser.get_error(i)).replace(chr(10), " ") for i in range(parser.num_errors)]
+print("parsed", parsed, *errors)
+if not parsed:
+    sys.exit(0)
+layers = [network.get_layer(i) for i in range(network.num_layers)]
+print("layers", *[f"{layer.type.name}:{layer.num_inputs}" for layer in layers])
+config = builder.create_builder_config()
+profile = builder.create_optimization_profile()
+shapes = dict(hidden=(4, 4, 64), lm_head=(1024, 64), draft_tokens=(4, 3))
+shapes |= dict(temperature=(4,), seed=(4,), positions=(4,), top_k=(4,), top_p=(4,))
+shapes |= dict(allowed_tokens=(4, 4, truncation.words_for(1000)))
+for i in range(network.num_inputs):
+    name = network.get_input(i).name
+    profile.set_shape(name, shapes[name], shapes[name], shapes[name])
+config.add_optimization_profile(profile)
+engine = builder.build_serialized_network(network, config)
+print("engine", engine is not None and b"optional_inputs" in bytes(engine))
+"""
+
+
+@pytest.mark.parametrize(
+    "optional",
+    [("top_k",), ("top_k", "top_p"), ("top_k", "top_p", "allowed_tokens")],
+    ids=["top_k", "top_k+top_p", "all"],
+)
+def test_a_verify_node_with_truncation_builds_a_plugin_engine(optional):
+    """A node with a prefix of its optional inputs (top_k, top_p, allowed_tokens) parses to one
+    PLUGIN_V3 layer taking them (the plugin tells them apart by count and type), and the engine
+    builds on the CPU with the plugin's optional_inputs field serialized (enqueue has no input
+    count: the engine must remember it)."""
+    pytest.importorskip("tensorrt_rtx", reason="needs TensorRT-RTX (pip install tensorrt-rtx)")
+    if plugins.library_path() is None:
+        pytest.skip(f"needs the plugin library: {HOW}")
+    command = [sys.executable, "-c", _TRUNCATING_VERIFY, ",".join(optional)]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = dict(line.split(" ", 1) for line in result.stdout.splitlines() if " " in line)
+    assert lines["parsed"] == "True", result.stdout[-3000:]
+    assert lines["layers"] == f"PLUGIN_V3:{6 + len(optional)}"
+    assert lines["engine"] == "True"
+
+
+def test_a_skipped_optional_input_before_a_given_one_does_not_reach_the_plugin():
+    """The TensorRT-RTX parser keeps an empty (skipped) optional input's place and hands the
+    plugin a null tensor there (measured: typed float; were the plugin to take it, addPluginV3
+    refuses it, "(input) != nullptr"): a node for TensorRT gives a prefix of top_k, top_p,
+    allowed_tokens (top_k = 0 and top_p = 1 are off), as for the function body."""
+    pytest.importorskip("tensorrt_rtx", reason="needs TensorRT-RTX (pip install tensorrt-rtx)")
+    if plugins.library_path() is None:
+        pytest.skip(f"needs the plugin library: {HOW}")
+    command = [sys.executable, "-c", _TRUNCATING_VERIFY, "top_p"]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    parsed = next(line for line in result.stdout.splitlines() if line.startswith("parsed "))
+    assert parsed.startswith("parsed False") and "VerifyResample" in parsed, parsed
+    assert "inputs 7 to 9 must be some of top_k (int64), top_p (float)" in result.stdout
+
+
 def test_full_tensorrt_without_the_library_is_refused(monkeypatch, tiny_ngram_export):
     """Full TensorRT would silently inline the bodies: without the library the build stops
     before anything is written, and says how to get the library or ask for the bodies."""

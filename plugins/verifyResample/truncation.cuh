@@ -1,0 +1,328 @@
+/*
+ * VerifyResample's truncation (top-k, top-p; specification: flashspec_export/reference/truncation.py)
+ * in the native kernels: the pieces verifyResampleKernel.cu puts together.
+ *
+ * What is kept is a prefix of one order, descending logit then ascending id, so each (logit, id)
+ * is one int64 order key (orderKey: the float's bits mapped monotonically, the id reversed) and
+ * the kept set is every key at or above the last kept one.
+ *
+ * Stage 1 (the tile kernel): each lane keeps its kLaneKeys largest keys and the largest it let go
+ * (its floor); at the end the CTA hands in the kCandidates largest keys of each (row, split) and a
+ * floor, the largest key of the split it did not hand in. Above the row's largest floor (tau) the
+ * handed-in keys are therefore every key of the row: an exact prefix of its order.
+ *
+ * Stage 2 (settleKernel, one CTA per row): the known prefix sorted (at most kKnownCap keys), then
+ * top-k's k-th key and top-p's cut inside it when they lie there (top-p's normaliser: stage 1's
+ * online softmax of every allowed token, or the top-k prefix's own sum), the Gumbel-max over the
+ * kept keys only, and the row's summaries rewritten as one split for the finalizer. A row whose
+ * kept set reaches past the known prefix is flagged.
+ *
+ * The exact recompute (flagged rows only; may be slow): the tile pass again, writing the flagged
+ * rows' masked logits to the workspace ([rows, V] fp32, sized only when top-k / top-p are
+ * inputs), then one CTA per row finds the k-th key and the nucleus' cut by bisection on the key
+ * (64 block-wide counts / sums over the row each), and samples the kept tokens.
+ */
+#pragma once
+
+#include "../common/flashspecNoise.cuh"
+
+#include <cstdint>
+#include <cstring>
+#include <cuda_runtime.h>
+
+namespace flashspec
+{
+namespace trunc
+{
+
+constexpr int kLaneKeys = 8;        // keys each lane keeps while it streams
+constexpr int kCandidates = 32;     // keys each (row, split) hands in
+constexpr int kKnownCap = 1024;     // stage 2 sorts at most this many known keys
+constexpr int kSelectThreads = 512; // stage 2 and the exact recompute: threads per row
+constexpr int64_t kEmptyKey = INT64_MIN; // no key (below every key of a logit)
+
+//! The order key of (logit, id): larger for a larger logit, and for an equal logit a lower id
+//! (-0 is +0, as the reference's comparisons take them). Never kEmptyKey.
+__host__ __device__ __forceinline__ int64_t orderKey(float logit, int32_t id)
+{
+    float const x = logit == 0.0f ? 0.0f : logit;
+    int32_t bits;
+    memcpy(&bits, &x, sizeof(bits));
+    int32_t const ordered = bits >= 0 ? bits : bits ^ 0x7FFFFFFF;
+    uint64_t const low = 0xFFFFFFFFull - static_cast<uint32_t>(id);
+    return static_cast<int64_t>((static_cast<uint64_t>(static_cast<uint32_t>(ordered)) << 32) | low);
+}
+
+__host__ __device__ __forceinline__ float keyLogit(int64_t key)
+{
+    auto const ordered = static_cast<int32_t>(static_cast<uint64_t>(key) >> 32);
+    int32_t const bits = ordered >= 0 ? ordered : ordered ^ 0x7FFFFFFF;
+    float x;
+    memcpy(&x, &bits, sizeof(x));
+    return x;
+}
+
+__host__ __device__ __forceinline__ int32_t keyId(int64_t key)
+{
+    return static_cast<int32_t>(0xFFFFFFFFull - (static_cast<uint64_t>(key) & 0xFFFFFFFFull));
+}
+
+//! A lane's kLaneKeys largest keys (descending) and the largest key it let go.
+struct LaneKeys
+{
+    int64_t key[kLaneKeys];
+    int64_t floor;
+
+    __device__ __forceinline__ void init()
+    {
+#pragma unroll
+        for (int j = 0; j < kLaneKeys; ++j)
+        {
+            key[j] = kEmptyKey;
+        }
+        floor = kEmptyKey;
+    }
+
+    __device__ __forceinline__ void add(int64_t x)
+    {
+        if (x <= key[kLaneKeys - 1])
+        {
+            floor = x > floor ? x : floor;
+            return;
+        }
+#pragma unroll
+        for (int j = 0; j < kLaneKeys; ++j) // one pass of insertion: x ends as the dropped key
+        {
+            int64_t const hi = key[j] > x ? key[j] : x;
+            x = key[j] > x ? x : key[j];
+            key[j] = hi;
+        }
+        floor = x > floor ? x : floor;
+    }
+};
+
+//! Where truncation keeps its state in the workspace (after the verify summaries).
+struct Workspace
+{
+    int64_t* candidates; // [numRows, numSplits, kCandidates], descending, kEmptyKey padded
+    int64_t* floors;     // [numRows, numSplits]
+    int32_t* unsettled;  // [numRows]: 1 where the candidates did not settle the kept set
+    float* logits;       // [numRows, vocabSize]: the exact recompute's masked logits
+};
+
+inline size_t alignUp(size_t bytes)
+{
+    return (bytes + 255) & ~size_t{255};
+}
+
+//! Bytes of Workspace for numRows rows of numSplits splits (top-k or top-p an input; a mask alone
+//! needs none).
+inline size_t workspaceBytes(int32_t numRows, int32_t numSplits, int32_t vocabSize)
+{
+    size_t const rows = static_cast<size_t>(numRows);
+    size_t const slots = rows * static_cast<size_t>(numSplits);
+    return alignUp(slots * kCandidates * sizeof(int64_t)) + alignUp(slots * sizeof(int64_t))
+        + alignUp(rows * sizeof(int32_t)) + alignUp(rows * static_cast<size_t>(vocabSize) * sizeof(float));
+}
+
+inline Workspace workspaceAt(void* base, int32_t numRows, int32_t numSplits)
+{
+    size_t const rows = static_cast<size_t>(numRows);
+    size_t const slots = rows * static_cast<size_t>(numSplits);
+    auto* p = static_cast<unsigned char*>(base);
+    Workspace w{};
+    w.candidates = reinterpret_cast<int64_t*>(p);
+    p += alignUp(slots * kCandidates * sizeof(int64_t));
+    w.floors = reinterpret_cast<int64_t*>(p);
+    p += alignUp(slots * sizeof(int64_t));
+    w.unsettled = reinterpret_cast<int32_t*>(p);
+    p += alignUp(rows * sizeof(int32_t));
+    w.logits = reinterpret_cast<float*>(p);
+    return w;
+}
+
+// ---- block-wide collectives (every thread of the CTA calls them with the same arguments)
+
+template <typename V, typename Op>
+__device__ __forceinline__ V blockReduce(V x, Op op, V* scratch /* [32] shared */)
+{
+    int const lane = threadIdx.x & 31;
+    int const warp = threadIdx.x >> 5;
+    int const warps = (blockDim.x + 31) >> 5;
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1)
+    {
+        x = op(x, __shfl_xor_sync(0xFFFFFFFFu, x, offset));
+    }
+    __syncthreads(); // scratch may still be read by the previous call
+    if (lane == 0)
+    {
+        scratch[warp] = x;
+    }
+    __syncthreads();
+    V total = scratch[0];
+    for (int w = 1; w < warps; ++w)
+    {
+        total = op(total, scratch[w]);
+    }
+    return total;
+}
+
+struct Max
+{
+    template <typename V>
+    __device__ __forceinline__ V operator()(V a, V b) const
+    {
+        return a > b ? a : b;
+    }
+};
+
+struct Min
+{
+    template <typename V>
+    __device__ __forceinline__ V operator()(V a, V b) const
+    {
+        return a < b ? a : b;
+    }
+};
+
+struct Sum
+{
+    template <typename V>
+    __device__ __forceinline__ V operator()(V a, V b) const
+    {
+        return a + b;
+    }
+};
+
+//! The best (score, id) of a CTA: the higher score, on equal scores the lower id (id < 0: none).
+struct Best
+{
+    float score;
+    int32_t id;
+};
+
+__device__ __forceinline__ bool beats(float score, int32_t id, Best const& b)
+{
+    return id >= 0 && (b.id < 0 || score > b.score || (score == b.score && id < b.id));
+}
+
+__device__ __forceinline__ Best blockBest(Best x, float* scoreScratch, int32_t* idScratch)
+{
+    int const lane = threadIdx.x & 31;
+    int const warp = threadIdx.x >> 5;
+    int const warps = (blockDim.x + 31) >> 5;
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1)
+    {
+        float const s = __shfl_xor_sync(0xFFFFFFFFu, x.score, offset);
+        int32_t const i = __shfl_xor_sync(0xFFFFFFFFu, x.id, offset);
+        if (beats(s, i, x))
+        {
+            x = {s, i};
+        }
+    }
+    __syncthreads();
+    if (lane == 0)
+    {
+        scoreScratch[warp] = x.score;
+        idScratch[warp] = x.id;
+    }
+    __syncthreads();
+    Best total{scoreScratch[0], idScratch[0]};
+    for (int w = 1; w < warps; ++w)
+    {
+        if (beats(scoreScratch[w], idScratch[w], total))
+        {
+            total = {scoreScratch[w], idScratch[w]};
+        }
+    }
+    return total;
+}
+
+//! The largest t in [lo, hi] with count(t) >= k, for count(t) = #{keys >= t} (non-increasing in
+//! t) and count(lo) >= k: the k-th largest key when lo is at or below it. count is block-wide.
+template <typename Count>
+__device__ int64_t largestWithCountAtLeast(int64_t lo, int64_t hi, int64_t k, Count&& count)
+{
+    while (lo < hi)
+    {
+        uint64_t const d = static_cast<uint64_t>(hi) - static_cast<uint64_t>(lo);
+        auto const mid = static_cast<int64_t>(static_cast<uint64_t>(lo) + d / 2 + (d & 1));
+        if (count(mid) >= k)
+        {
+            lo = mid;
+        }
+        else
+        {
+            hi = mid - 1;
+        }
+    }
+    return lo;
+}
+
+//! The smallest t in (lo, hi] with below(t) true, for below monotone (false at lo, true at hi).
+template <typename Pred>
+__device__ int64_t smallestTrue(int64_t lo, int64_t hi, Pred&& below)
+{
+    while (static_cast<uint64_t>(hi) - static_cast<uint64_t>(lo) > 1)
+    {
+        uint64_t const d = static_cast<uint64_t>(hi) - static_cast<uint64_t>(lo);
+        auto const mid = static_cast<int64_t>(static_cast<uint64_t>(lo) + d / 2);
+        if (below(mid))
+        {
+            hi = mid;
+        }
+        else
+        {
+            lo = mid;
+        }
+    }
+    return hi;
+}
+
+//! Sort keys[0, size) descending in shared memory (size a power of two; bitonic).
+__device__ __forceinline__ void sortDescending(int64_t* keys, int size)
+{
+    for (int block = 2; block <= size; block <<= 1)
+    {
+        for (int stride = block >> 1; stride > 0; stride >>= 1)
+        {
+            for (int t = threadIdx.x; t < size / 2; t += blockDim.x)
+            {
+                int const lo = 2 * t - (t & (stride - 1));
+                int const hi = lo + stride;
+                bool const descending = (lo & block) == 0;
+                int64_t const a = keys[lo];
+                int64_t const b = keys[hi];
+                if ((a < b) == descending && a != b)
+                {
+                    keys[lo] = b;
+                    keys[hi] = a;
+                }
+            }
+            __syncthreads();
+        }
+    }
+}
+
+//! Inclusive prefix sums of x[0, count) in shared memory (Hillis-Steele; tmp: as large as x).
+//! Returns the buffer that holds them.
+__device__ __forceinline__ float* inclusiveScan(float* x, float* tmp, int count)
+{
+    for (int offset = 1; offset < count; offset <<= 1)
+    {
+        for (int j = threadIdx.x; j < count; j += blockDim.x)
+        {
+            tmp[j] = j >= offset ? x[j] + x[j - offset] : x[j];
+        }
+        __syncthreads();
+        float* const swap = x;
+        x = tmp;
+        tmp = swap;
+    }
+    return x;
+}
+
+} // namespace trunc
+} // namespace flashspec
