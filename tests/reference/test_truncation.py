@@ -25,8 +25,15 @@ VOCAB = 8
 Z0 = np.array([0.0, 0.5, 2.5, 1.0, 0.0, -1.0, 1.0, 0.3])  # row 0 (the draft: token 2)
 Z1 = np.array([1.0, -1.0, 0.0, 2.0, 0.5, -0.5, 0.0, 1.0])  # row 1 (the bonus row)
 UNIFORM = np.zeros(VOCAB)
-# The Triton kernels take 20 000 rows in minutes under the interpreter: on the GPU machine.
-BACKENDS = ["reference", "standard", pytest.param("triton", marks=pytest.mark.gpu)]
+# The Triton kernels take 20 000 rows in minutes under the interpreter: on the GPU machine, as
+# the CUDA library's.
+BACKENDS = [
+    "reference",
+    "standard",
+    pytest.param("triton", marks=pytest.mark.gpu),
+    pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.cuda_kernels]),
+]
+GPU_BACKENDS = ("triton", "cuda")
 
 
 def truncated(z, temperature, top_k=0, top_p=1.0, allowed=None) -> np.ndarray:
@@ -55,7 +62,7 @@ def mask_of(allowed, rows=2) -> torch.Tensor:
 def step(rows, drafts, temperature, backend, **truncate):
     """N_SAMPLES independent steps of the given logit rows (lm_head = identity; on the GPU for
     Triton)."""
-    device = "cuda" if backend == "triton" else "cpu"
+    device = "cuda" if backend in GPU_BACKENDS else "cpu"
     hidden = torch.tensor(np.stack(rows), dtype=torch.float32)[None].expand(N_SAMPLES, -1, -1)
     tokens, emitted = ops.verify_resample(
         hidden.to(device),
@@ -159,7 +166,7 @@ def test_speculation_keeps_each_positions_own_truncated_sample(backend):
     seed, positions = torch.arange(n) + 5, torch.randint(0, 1000, (n,), generator=g)
     allowed = torch.randint(-(2**31), 2**31 - 1, (n, gamma + 1, 2), generator=g, dtype=torch.int32)
     top_k, top_p = torch.randint(0, 12, (n,), generator=g), torch.rand(n, generator=g) * 0.9 + 0.1
-    device = "cuda" if backend == "triton" else "cpu"
+    device = "cuda" if backend in GPU_BACKENDS else "cpu"
     hidden, lm_head, temperature, seed, positions, allowed, top_k, top_p = (
         t.to(device) for t in (hidden, lm_head, temperature, seed, positions, allowed, top_k, top_p)
     )
