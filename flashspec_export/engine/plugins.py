@@ -67,3 +67,25 @@ def register(trt, library: pathlib.Path) -> list[str]:
     if not names:
         raise RuntimeError(f"{library}: loaded, but no creator of namespace {PLUGIN_NAMESPACE!r}")
     return names
+
+
+# The VerifyResample creator's field that says which optional inputs (top_k, top_p,
+# allowed_tokens) a node has: a library whose creator lists it takes them.
+OPTIONAL_INPUTS_FIELD = "optional_inputs"
+
+
+def creator_fields(trt, op_type: str) -> list[str]:
+    """The field names the registered flashspec creator of ``op_type`` takes (``register``
+    first); a ConfigError when none is registered."""
+    registry = trt.get_plugin_registry()
+    for creator in registry.all_creators:
+        if creator.plugin_namespace == PLUGIN_NAMESPACE and creator.name == op_type:
+            return [field.name for field in creator.field_names]
+    raise ConfigError(f"plugins: no {PLUGIN_NAMESPACE} creator of {op_type} is registered")
+
+
+def takes_optional_inputs(trt) -> bool:
+    """Whether the registered VerifyResample plugin takes its optional inputs (top_k, top_p,
+    allowed_tokens, as a prefix: the TensorRT parser hands the plugin no skipped one). An older
+    library refuses a node with them when the network is parsed."""
+    return OPTIONAL_INPUTS_FIELD in creator_fields(trt, "VerifyResample")

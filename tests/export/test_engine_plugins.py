@@ -136,6 +136,7 @@ model = functions.single_op_model("VerifyResample", TensorProto.FLOAT, 1000, opt
 parsed = parser.parse(model.SerializeToString())
 errors = [str(parser.get_error(i)).replace(chr(10), " ") for i in range(parser.num_errors)]
 print("parsed", parsed, *errors)
+print("takes", plugins.takes_optional_inputs(trt), *plugins.creator_fields(trt, "VerifyResample"))
 if not parsed:
     sys.exit(0)
 layers = [network.get_layer(i) for i in range(network.num_layers)]
@@ -173,6 +174,7 @@ def test_a_verify_node_with_truncation_builds_a_plugin_engine(optional):
     lines = dict(line.split(" ", 1) for line in result.stdout.splitlines() if " " in line)
     assert lines["parsed"] == "True", result.stdout[-3000:]
     assert lines["layers"] == f"PLUGIN_V3:{6 + len(optional)}"
+    assert lines["takes"] == "True vocab_size num_splits return_logprobs optional_inputs"
     assert lines["engine"] == "True"
 
 

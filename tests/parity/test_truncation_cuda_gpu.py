@@ -141,12 +141,21 @@ def test_the_candidates_settle_small_kept_sets(case, num_splits):
                             *args[2:], V, **truncate) == "native"  # fmt: skip
 
 
+def _nucleus_p(hidden, lm_head, temperature, vocab, rank):
+    """[N] float32: per sequence the p whose nucleus is the ``rank + 1`` most likely tokens of
+    row 0, midway between two cumulative masses (so far from any cut summation order moves)."""
+    scale = torch.where(temperature < 1e-5, 1.0, temperature)[:, None]
+    logits = (hidden[:, 0].double() @ lm_head[:vocab].double().T) / scale
+    cum = torch.cumsum(torch.softmax(logits, dim=-1).sort(dim=-1, descending=True).values, dim=-1)
+    return ((cum[:, rank - 1] + cum[:, rank]) / 2).float()
+
+
 @pytest.mark.parametrize(
     ("truncate", "rows"),
     [
         (dict(top_k=[200, 300, 0, 500, 100, 999]), [0, 1, 3, 4, 5]),  # k past 32 candidates
-        (dict(top_p=[0.999] * N), list(range(N))),  # a nucleus of hundreds of tokens
-        (dict(top_k=[5, 400, 3, 0, 1, 40], top_p=[0.5, 1.0, 1.0, 0.999, 1.0, 1.0]), [1, 3, 5]),
+        (dict(top_p="wide"), list(range(N))),  # a nucleus of 301 tokens
+        (dict(top_k=[5, 400, 3, 0, 1, 40], top_p=[0.5, 1.0, 1.0, "wide", 1.0, 1.0]), [1, 3, 5]),
     ],
     ids=["large_k", "wide_nucleus", "mixed"],
 )
@@ -154,9 +163,24 @@ def test_rows_the_candidates_do_not_settle_are_recomputed_exactly(truncate, rows
     """One split hands in 32 candidates (and its floor): a k past them, or a nucleus wider than
     them, cannot be settled there, so those sequences' rows go through the exact recompute (the
     masked logits in the workspace, k-th key and nucleus cut by bisection) and the others do not;
-    every row equals the reference."""
+    every row equals the reference. Each sequence's rows share one hidden state (their noise
+    differs), so one p per sequence lies midway between two cumulative masses of every row."""
     hidden, lm_head, temperature, seed, positions, _ = _inputs(1, scale=0.2)  # flatter logits
-    truncate = _truncate(truncate, None)
+    hidden = hidden[:, :1].expand_as(hidden).contiguous()
+    wide = _nucleus_p(hidden, lm_head, temperature, V, 300)
+    if truncate.get("top_p") == "wide":
+        truncate = dict(truncate, top_p=wide)
+    elif "top_p" in truncate:
+        p = truncate["top_p"]
+        truncate = dict(
+            truncate, top_p=[wide[i].item() if v == "wide" else v for i, v in enumerate(p)]
+        )
+    truncate = {
+        k: v
+        if isinstance(v, torch.Tensor)
+        else _per_row(v, torch.int64 if k == "top_k" else torch.float32)
+        for k, v in truncate.items()
+    }
     recomputed = _compare((hidden, lm_head, temperature, seed, positions), V, 1, **truncate)
     by_sequence = recomputed.view(N, GAMMA + 1).any(dim=1)
     assert by_sequence.nonzero().flatten().tolist() == rows
