@@ -4,6 +4,7 @@ body fails the build. Each build runs in its own process (the plugin registry is
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
 import subprocess
@@ -176,6 +177,45 @@ def test_a_verify_node_with_truncation_builds_a_plugin_engine(optional):
     assert lines["layers"] == f"PLUGIN_V3:{6 + len(optional)}"
     assert lines["takes"] == "True vocab_size num_splits return_logprobs optional_inputs"
     assert lines["engine"] == "True"
+
+
+# Parse an exported graph with the plugin library (its own process); print each plugin layer's
+# type and its inputs' names.
+_PARSE_EXPORT = """
+import sys
+import tensorrt_rtx as trt
+from flashspec_export.engine import plugins
+
+plugins.register(trt, plugins.library_path())
+log = trt.Logger(trt.Logger.ERROR)
+strongly_typed = 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
+network = trt.Builder(log).create_network(strongly_typed)
+parser = trt.OnnxParser(network, log)
+assert parser.parse_from_file(sys.argv[1]), parser.get_error(0)
+for i in range(network.num_layers):
+    layer = network.get_layer(i)
+    if layer.type == trt.LayerType.PLUGIN_V3:
+        print("plugin", *[layer.get_input(j).name for j in range(layer.num_inputs)])
+"""
+
+
+def test_an_exported_target_step_with_sampling_params_parses_to_the_plugin(tmp_path):
+    """scripts/export.py --sampling-params: the target step's VerifyResample node with top_k and
+    top_p becomes one PLUGIN_V3 layer of 8 inputs, the graph's top_k / top_p among them (not
+    its function body, which would leave no plugin layer)."""
+    pytest.importorskip("tensorrt_rtx", reason="needs TensorRT-RTX (pip install tensorrt-rtx)")
+    if plugins.library_path() is None:
+        pytest.skip(f"needs the plugin library: {HOW}")
+    config = ExportConfig(
+        target="tiny-llama", draft="ngram", out=str(tmp_path), batch=2, max_len=32
+    )
+    export(dataclasses.replace(config, sampling_params=True))
+    command = [sys.executable, "-c", _PARSE_EXPORT, str(tmp_path / "target_step.onnx")]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    layers = [line.split()[1:] for line in result.stdout.splitlines() if line.startswith("plugin ")]
+    assert len(layers) == 1 and len(layers[0]) == 8, result.stdout
+    assert layers[0][-2:] == ["top_k", "top_p"]
 
 
 def test_a_skipped_optional_input_before_a_given_one_does_not_reach_the_plugin():
