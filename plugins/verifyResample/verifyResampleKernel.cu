@@ -825,8 +825,10 @@ cudaError_t invokeVerifyResample(VerifyResampleParams const& p, cudaStream_t str
     {
         tw = trunc::workspaceAt(static_cast<char*>(p.workspace) + truncationOffset(numRows, splits, p.hiddenSize), numRows, splits);
     }
-    // top-p's normaliser is stage 1's online softmax: the log-sum-exp pass also without logprobs
-    bool const lse = p.logprobs != nullptr || p.topP != nullptr;
+    // top-p's normaliser is stage 1's online softmax: a truncating call always runs the
+    // log-sum-exp pass (its rows skip the noise's hash, which costs more than the exp; one
+    // instance fewer per launch shape)
+    bool const lse = p.logprobs != nullptr || truncates;
     auto const* hidden = p.hidden;
     auto const* lmHead = p.lmHead;
     cudaError_t status = dispatch(p.dtype, plan, [&]<typename T, int ROWS, int VEC, bool MMA>() {
@@ -837,8 +839,7 @@ cudaError_t invokeVerifyResample(VerifyResampleParams const& p, cudaStream_t str
         };
         if (truncates)
         {
-            return lse ? launch(verifyTilesKernel<T, ROWS, VEC, MMA, true, true>, kHandInSmemBytes)
-                       : launch(verifyTilesKernel<T, ROWS, VEC, MMA, false, true>, kHandInSmemBytes);
+            return launch(verifyTilesKernel<T, ROWS, VEC, MMA, true, true>, kHandInSmemBytes);
         }
         return lse ? launch(verifyTilesKernel<T, ROWS, VEC, MMA, true, false>, 0)
                    : launch(verifyTilesKernel<T, ROWS, VEC, MMA, false, false>, 0);
