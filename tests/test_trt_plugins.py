@@ -165,6 +165,63 @@ def test_verify_plugin_under_a_dynamic_profile_emits_the_reference_tokens(tmp_pa
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.skipif(not RUNNER.is_file(), reason=f"needs TensorRT headers to build it: {HOW}")
+def test_verify_plugin_with_truncation_under_a_dynamic_profile_emits_the_reference_tokens(tmp_path):
+    """The plugin with all three optional inputs (top_k, top_p, allowed_tokens: 9 inputs, the
+    field optional_inputs serialized at configure and restored) under the profile N 1..32,
+    γ 0..8, at six shapes: the reference's truncated tokens and log-probabilities. k up to 3000
+    sends rows through the exact recompute; a sequence whose p lies within 1e-5 of a token's
+    mass-before (where summation order may move the cut) gets p = 1."""
+    from tests.parity.test_truncation_cuda_gpu import _margin
+
+    g, lm_head, lines = _runner_inputs(tmp_path, "VerifyResample", "profile 32 9", seed=2)
+    lines.append("optional 3")
+    cases = {}
+    for n, gamma in PROFILE_CASES:
+        name = f"n{n}_g{gamma}"
+        case = _write_case(tmp_path / name, lm_head, n, gamma, g)
+        top_k = torch.tensor([0, 1, 20, 50, 3000])[torch.arange(n) % 5]
+        top_p = torch.tensor([1.0, 0.9, 0.5, 1.0, 0.95, 0.8, 1.0])[torch.arange(n) % 7]
+        words = torch.randint(-(2**31), 2**31 - 1, (2, n, gamma + 1, 1000), generator=g,
+                              dtype=torch.int32)  # fmt: skip
+        allowed = words[0] | words[1]  # three tokens in four allowed
+        cuda_case = [t.cuda() for t in case]
+        for s in range(n):
+            one = dict(top_k=top_k[s : s + 1].cuda(), top_p=top_p[s : s + 1].cuda())
+            rows = (cuda_case[0][s : s + 1], cuda_case[1], cuda_case[3][s : s + 1], 32000)
+            if _margin(*rows, **one, allowed_tokens=allowed[s : s + 1].cuda()) < 1e-5:
+                top_p[s] = 1.0
+        truncate = dict(top_k=top_k, top_p=top_p, allowed_tokens=allowed)
+        for key, t in truncate.items():
+            t.numpy().tofile(tmp_path / name / f"{key}.bin")
+        cases[name] = (case, truncate)
+        lines.append(f"case {name} {n} {gamma + 1}")
+    (tmp_path / "cases.txt").write_text("\n".join(lines) + "\n")
+    run = subprocess.run([RUNNER, tmp_path], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    for name, (case, truncate) in cases.items():
+        n, width = case[2].shape[0], case[2].shape[1] + 1
+        tokens, emitted, logprobs = ops.verify_resample(
+            *(t.cuda() for t in case),
+            32000,
+            return_logprobs=True,
+            **{k: v.cuda() for k, v in truncate.items()},
+        )
+        got_tokens = torch.from_numpy(np.fromfile(tmp_path / name / "tokens.bin", np.int64))
+        got_emitted = torch.from_numpy(np.fromfile(tmp_path / name / "num_emitted.bin", np.int64))
+        got_logprobs = torch.from_numpy(np.fromfile(tmp_path / name / "logprobs.bin", np.float32))
+        assert torch.equal(got_tokens.reshape(n, width), tokens.cpu()), name
+        assert torch.equal(got_emitted, emitted.cpu()), name
+        torch.testing.assert_close(
+            got_logprobs.reshape(n, width),
+            logprobs.cpu(),
+            atol=LOGPROB_LARGE_H_ATOL,
+            rtol=LOGPROB_RTOL,
+        )
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.skipif(not RUNNER.is_file(), reason=f"needs TensorRT headers to build it: {HOW}")
 def test_argmax_plugin_under_a_dynamic_profile_matches_the_reference(tmp_path):
     """TiledArgmax configured for 1..256 rows and run at 1, 16, 100 and 256 rows (bf16, H 4096)."""
     g, lm_head, lines = _runner_inputs(tmp_path, "TiledArgmax", "profile 256 1", seed=1)

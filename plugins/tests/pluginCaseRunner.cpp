@@ -13,9 +13,12 @@
  *   profile N R                             (the largest shape: N sequences of R = gamma + 1 rows;
  *                                            TiledArgmax: N rows, R = 1)
  *   case NAME N R                           (one per shape, in DIR/NAME/)
+ *   optional K                              (VerifyResample, optional: its first K of top_k, top_p,
+ *                                            allowed_tokens as inputs; default 0)
  * Inputs per case (raw little-endian arrays): hidden.bin [N, R, H] (TiledArgmax [N, H]) and, for
  * VerifyResample, draft_tokens.bin [N, R - 1] int64, temperature.bin [N] float32, seed.bin and
- * positions.bin [N] int64. Outputs: VerifyResample tokens.bin [N, R] int64, num_emitted.bin [N]
+ * positions.bin [N] int64, then top_k.bin [N] int64, top_p.bin [N] float32 and allowed_tokens.bin
+ * [N, R, ceil(V / 32)] int32 as `optional` asks. Outputs: VerifyResample tokens.bin [N, R] int64, num_emitted.bin [N]
  * int64, logprobs.bin [N, R] float32; TiledArgmax token.bin [N] int64, max_logit.bin [N] float32.
  *
  * As TensorRT does: the plugin is created for the build, configured with the profile's ranges
@@ -59,6 +62,7 @@ struct Spec
     int64_t padded = 0;
     int64_t maxN = 0;
     int64_t maxRows = 0;
+    int32_t optional = 0; // VerifyResample: how many of top_k, top_p, allowed_tokens it takes
     std::vector<Case> cases;
 };
 
@@ -105,6 +109,10 @@ Spec readSpec(std::string const& dir)
         {
             words >> spec.maxN >> spec.maxRows;
         }
+        else if (key == "optional")
+        {
+            words >> spec.optional;
+        }
         else if (key == "case")
         {
             Case c;
@@ -112,7 +120,8 @@ Spec readSpec(std::string const& dir)
             spec.cases.push_back(c);
         }
     }
-    if (spec.hidden <= 0 || spec.vocab <= 0 || spec.padded < spec.vocab || spec.maxN <= 0 || spec.cases.empty())
+    if (spec.hidden <= 0 || spec.vocab <= 0 || spec.padded < spec.vocab || spec.maxN <= 0 || spec.cases.empty()
+        || spec.optional < 0 || spec.optional > 3)
     {
         fail(dir + "/cases.txt: needs op, hidden, vocab .. padded .., profile and at least one case");
     }
@@ -185,6 +194,11 @@ size_t elementBytes(DataType type)
     return type == DataType::kFLOAT ? 4 : 2;
 }
 
+size_t typeBytes(DataType type)
+{
+    return type == DataType::kINT64 ? 8 : type == DataType::kFLOAT || type == DataType::kINT32 ? 4 : 2;
+}
+
 //! The op's input and output descriptors at N sequences of R rows.
 void shapes(Spec const& s, int64_t n, int64_t rows, std::vector<Dims>& in, std::vector<Dims>& out)
 {
@@ -195,6 +209,8 @@ void shapes(Spec const& s, int64_t n, int64_t rows, std::vector<Dims>& in, std::
         return;
     }
     in = {dims({n, rows, s.hidden}), dims({s.padded, s.hidden}), dims({n, rows - 1}), dims({n}), dims({n}), dims({n})};
+    std::vector<Dims> const optional = {dims({n}), dims({n}), dims({n, rows, (s.vocab + 31) / 32})};
+    in.insert(in.end(), optional.begin(), optional.begin() + s.optional);
     out = {dims({n, rows}), dims({n}), dims({n, rows})};
 }
 
@@ -204,7 +220,10 @@ std::vector<DataType> inputTypes(Spec const& s)
     {
         return {s.dtype, s.dtype};
     }
-    return {s.dtype, s.dtype, DataType::kINT64, DataType::kFLOAT, DataType::kINT64, DataType::kINT64};
+    std::vector<DataType> types = {s.dtype, s.dtype, DataType::kINT64, DataType::kFLOAT, DataType::kINT64,
+        DataType::kINT64, DataType::kINT64, DataType::kFLOAT, DataType::kINT32};
+    types.resize(6 + s.optional);
+    return types;
 }
 
 std::vector<DataType> outputTypes(Spec const& s)
@@ -271,6 +290,10 @@ int main(int argc, char** argv)
     {
         lowIn[0].d[1] = 1; // R = 1 (gamma 0) ... maxRows
         lowIn[2].d[1] = 0;
+        if (spec.optional == 3)
+        {
+            lowIn[8].d[1] = 1; // allowed_tokens [N, R, words]
+        }
         lowOut[0].d[1] = lowOut[2].d[1] = 1;
     }
     std::vector<DataType> const inTypes = inputTypes(spec), outTypes = outputTypes(spec);
@@ -310,10 +333,11 @@ int main(int argc, char** argv)
         std::vector<void const*> inputs;
         std::vector<std::string> const inNames = spec.op == "TiledArgmax"
             ? std::vector<std::string>{"hidden"}
-            : std::vector<std::string>{"hidden", "", "draft_tokens", "temperature", "seed", "positions"};
+            : std::vector<std::string>{"hidden", "", "draft_tokens", "temperature", "seed", "positions", "top_k",
+                "top_p", "allowed_tokens"};
         for (size_t i = 0; i < in.size(); ++i)
         {
-            size_t const bytes = volume(in[i]) * (i < 2 ? elementBytes(spec.dtype) : inTypes[i] == DataType::kFLOAT ? 4 : 8);
+            size_t const bytes = volume(in[i]) * (i < 2 ? elementBytes(spec.dtype) : typeBytes(inTypes[i]));
             inputs.push_back(i == 1 ? lmHead : deviceFile(at + inNames[i == 1 ? 0 : i] + ".bin", bytes));
         }
         std::vector<void*> outputs;
