@@ -3,7 +3,10 @@ C ABI (``plugins/common/flashspecCApi.h``), called with ctypes on torch tensors.
 
 Where the library was built with the Triton kernels compiled in (CMake ``FLASHSPEC_TRITON_AOT``)
 a call runs them on their GPU architecture for the compiled (dtype, H), else the native CUDA
-kernels; ``kernel_path`` says which.
+kernels; ``kernel_path`` says which. A ``verify_resample`` with ``top_k`` / ``top_p`` /
+``allowed_tokens`` runs the native kernels' truncation (``plugins/verifyResample/
+truncation.cuh``): fused in the tile pass, settled from per-split candidates, the rows those do
+not settle recomputed exactly on the device (no host read: CUDA-graph safe).
 
 The library is ``plugins/build/libflashspec_kernels.so`` (build: ``cmake -S plugins -B
 plugins/build && cmake --build plugins/build -j``) or the path in ``$FLASHSPEC_KERNELS_LIB``.
