@@ -22,12 +22,15 @@ drifts from the oracle at some γ (its tokens per step collapse to ~1.4: the JSO
 so only batch 1 is the default.
 
 python scripts/bench_select.py --json docs/bench/select_h100.json
-python scripts/bench_select.py --shapes llama3.2-1b-shape llama3-8b-shape --gamma 7 \
+python scripts/bench_select.py --drafters mtp --prompts 8 --select-rounds 8 16 \
+    --discounts 0.97 0.98 0.99 0.995 --json docs/bench/select_sweep_h100.json
+python scripts/bench_select.py --shapes llama3.2-1b-shape llama3-8b-shape --gamma 7 --repeats 5 \
     --json docs/bench/select_shapes_h100.json
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import pathlib
@@ -83,8 +86,9 @@ def run_requests(loop, prompts, new_tokens, temperature, repeats, **how):
             seeds = torch.tensor([i])
             policy = how.get("select")
             if policy is not None:
-                how["policy"] = selection.make_policy(policy, loop.arms, seed=i)
-            args = {k: v for k, v in how.items() if k != "select"}
+                discount = how.get("discount", selection.DISCOUNT)
+                how["policy"] = selection.make_policy(policy, loop.arms, seed=i, discount=discount)
+            args = {k: v for k, v in how.items() if k not in ("select", "discount")}
             out, m = loop.generate(
                 [prompt], new_tokens, torch.full((1,), temperature), seeds, **args
             )
@@ -181,6 +185,7 @@ def main() -> None:
     add("--temperature", type=float, default=0.0)
     add("--repeats", type=cli.int_range(1), default=3)
     add("--select-rounds", nargs="+", type=cli.int_range(1), default=[SELECT_ROUND])
+    add("--discounts", nargs="+", type=float, default=[selection.DISCOUNT], help="the policies'")
     add("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: a smoke run")
     add("--shapes", nargs="+", default=None, help="random-weight shapes: choose γ (see above)")
     add("--batches", nargs="+", type=cli.int_range(1), default=[1], help="with --shapes")
@@ -241,7 +246,7 @@ def main() -> None:
                 rates = " ".join(f"{r:.2f}" for r in m.acceptance)
                 print(f"| {row['drafter']} | {gamma} | {kind} | {speed:.0f} | "
                       f"{m.tokens_per_step:.2f} | {rates} |", flush=True)  # fmt: skip
-    if "mtp" in loops and "ngram" in loops:
+    if "mtp" in loops:
         # n-gram arms in the MTP loop (the graph drafter catches up on their steps, as there)
         for gamma in range(1, args.gamma + 1):
             for kind, prompts in kinds.items():
@@ -264,20 +269,21 @@ def main() -> None:
             choices = [r for r in rows if r["kind"] == kind and r["drafter"] in choosable]
             best = max(choices, key=lambda r: r["tokens_per_second"])
             for policy in sorted(selection.POLICIES):
-                for select_round in args.select_rounds:
+                for select_round, discount in itertools.product(args.select_rounds, args.discounts):
                     speed, m, tokens = run_requests(
                         loop, prompts, args.new_tokens, args.temperature, args.repeats,
-                        select=policy, select_round=select_round,
+                        select=policy, select_round=select_round, discount=discount,
                     )  # fmt: skip
                     share = speed / best["tokens_per_second"]
                     bandits.append(dict(
-                        kind=kind, policy=policy, select_round=select_round,
+                        kind=kind, policy=policy, select_round=select_round, discount=discount,
                         tokens_per_second=speed, of_best=share, arms=m.arms,
                         best=f"{best['drafter']}:{best['gamma']}",
                         same_text=tokens == plain[kind],
                     ))  # fmt: skip
                     print(
-                        f"{kind}: {policy} round {select_round}: {speed:.0f} tokens/s = "
+                        f"{kind}: {policy} round {select_round} discount {discount}: "
+                        f"{speed:.0f} tokens/s = "
                         f"{100 * share:.1f}% of the best arm {best['drafter']}:{best['gamma']} "
                         f"({best['tokens_per_second']:.0f}); steps per arm {m.arms}",
                         flush=True,

@@ -229,7 +229,12 @@ class NgramHindsight:
         return done
 
 
-def make_policy(name: str, arms, seed: int = 0, discount: float = 0.98):
+# Each update multiplies the past statistics by it: ~50 steps of memory, so the estimates follow
+# acceptance that changes as the text does (code, then prose)
+DISCOUNT = 0.98
+
+
+def make_policy(name: str, arms, seed: int = 0, discount: float = DISCOUNT):
     """The policy ``name`` (``POLICIES``) over ``arms``; ConfigError for an unknown name."""
     if name not in POLICIES:
         raise ConfigError(f"select: expected one of {', '.join(POLICIES)}, got {name!r}")
