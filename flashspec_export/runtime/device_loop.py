@@ -58,8 +58,9 @@ STREAM_ROUND = 16
 # choices run at most this many steps ahead of what they teach it).
 SELECT_ROUND = 16
 
-# verify(hidden [N, γ+1, H], lm_head, drafts [N, γ], temperature, seed, positions, vocab_size)
-#   -> (tokens [N, γ + 1], num_emitted [N]); argmax(hidden [N, H], lm_head, vocab) -> token [N]
+# verify(hidden [N, γ+1, H], lm_head, drafts [N, γ], temperature, seed, positions, vocab_size
+#   [, top_k=[N], top_p=[N]]) -> (tokens [N, γ + 1], num_emitted [N]);
+# argmax(hidden [N, H], lm_head, vocab) -> token [N]
 Verify = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 Argmax = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
 
@@ -70,8 +71,10 @@ def fused_ops(device: torch.device) -> tuple[Verify, Argmax]:
     verify_impl = registry.resolve("verify_resample", backend)
     argmax_impl = registry.resolve("tiled_argmax", backend)
 
-    def verify(hidden, lm_head, drafts, temperature, seed, positions, vocab_size):
-        result = verify_impl(hidden, lm_head, drafts, temperature, seed, positions, vocab_size)
+    def verify(hidden, lm_head, drafts, temperature, seed, positions, vocab_size, **truncation):
+        result = verify_impl(
+            hidden, lm_head, drafts, temperature, seed, positions, vocab_size, **truncation
+        )
         return result.tokens, result.num_emitted
 
     def argmax(hidden, lm_head, vocab_size):
@@ -177,7 +180,9 @@ class DeviceLoop:
         self.draft_filter = draft_filter
         self.use_graphs = device.type == "cuda" if graphs is None else graphs
         self.split_timing = split_timing
-        self._graphs: dict[Arm, list[torch.cuda.CUDAGraph]] | None = None
+        # per arm, without and with truncation: a graph per piece of its step (with truncation
+        # the verify piece runs eagerly: its graph is None)
+        self._graphs: dict[tuple[Arm, bool], list[torch.cuda.CUDAGraph | None]] = {}
         # per padded prompt length: its tokens' and lengths' buffers and its graph
         self._prefills: dict[int, tuple[torch.Tensor, torch.Tensor, torch.cuda.CUDAGraph]] = {}
         self.target_layers = self.draft_layers = None
@@ -214,6 +219,10 @@ class DeviceLoop:
         self.active = zeros(n, torch.bool)
         self.out = zeros((n, max_len + 1))
         self.temperature, self.seed = zeros(n, torch.float32), zeros(n)
+        # per sequence: top-k (0: off) and top-p (1: off), read by the verify of a request
+        # that truncates (``generate``'s top_k / top_p)
+        self.top_k, self.top_p = zeros(n), zeros(n, torch.float32) + 1.0
+        self._truncating = False
         if self.ngram:  # each sequence's tokens by position, what the lookup reads (a dump slot)
             self.history = zeros((n, max_len + 1))
         # per γ of an arm: the drafts, the target step's output (its hidden states) and the
@@ -311,6 +320,7 @@ class DeviceLoop:
         """Verify the drafts and advance every sequence by its own count."""
         gamma, active = arm.gamma, self.active
         drafts, rows = self.drafts[gamma], self._rows[: gamma + 1]
+        truncation = dict(top_k=self.top_k, top_p=self.top_p) if self._truncating else {}
         emitted, num = self.verify(
             self.hidden[gamma],
             self.lm_head,
@@ -319,6 +329,7 @@ class DeviceLoop:
             self.seed,
             self.step_pos + 1,
             self.vocab_size,
+            **truncation,
         )
         num = torch.where(active, num, 0)
         kept = torch.minimum(num, self.limit - self.count)  # the metrics count what is kept
@@ -349,7 +360,8 @@ class DeviceLoop:
     def _pieces(self, arm: Arm) -> list[tuple[str, Callable[[], None]]]:
         """A step of ``arm``: its drafts, the target's verify of them, then the graph drafter's
         catch-up on the tokens it emitted (as one piece, or a piece each with
-        ``split_timing``, named by what ``piece_seconds`` counts them as)."""
+        ``split_timing`` or while truncating, named by what ``piece_seconds`` counts them
+        as)."""
         pieces = [
             ("draft", functools.partial(self._draft, arm)),
             ("target", functools.partial(self._decode, arm)),
@@ -360,7 +372,7 @@ class DeviceLoop:
             pieces = pieces[:-1]
         if arm.gamma == 0:
             pieces = pieces[1:]
-        if self.split_timing:
+        if self.split_timing or self._truncating:
             return pieces
 
         def step():
@@ -373,7 +385,9 @@ class DeviceLoop:
 
     def _capture(self) -> None:
         """Warm up (compiles the kernels; the state is reset before use) and capture each piece
-        of every arm's step."""
+        of every arm's step, as the request needs them (``self._truncating``). A truncating
+        verify is not captured: it reads back whether its candidates settled every row
+        (``kernels/verify_resample.py``), and recomputes the rows they did not, exactly."""
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
@@ -382,14 +396,17 @@ class DeviceLoop:
                     for _, piece in self._pieces(arm):
                         piece()
         torch.cuda.current_stream(self.device).wait_stream(stream)
-        self._graphs = {}
         for arm in self.arms:
-            self._graphs[arm] = []
-            for _, piece in self._pieces(arm):
+            graphs = []
+            for name, piece in self._pieces(arm):
+                if self._truncating and name == "verify":
+                    graphs.append(None)
+                    continue
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph):
                     piece()
-                self._graphs[arm].append(graph)
+                graphs.append(graph)
+            self._graphs[arm, self._truncating] = graphs
 
     # ---- the loop
 
@@ -406,6 +423,8 @@ class DeviceLoop:
         arm: Arm | None = None,
         policy=None,
         select_round: int = SELECT_ROUND,
+        top_k: torch.Tensor | None = None,
+        top_p: torch.Tensor | None = None,
     ) -> tuple[list[list[int]], Metrics]:
         """Up to ``new_tokens`` per sequence after ``prompt`` ([N, T0] or N lists of token ids
         of any lengths >= 2), as ``loop.generate``: ``stream`` (``runtime.text.TextStream``)
@@ -419,6 +438,10 @@ class DeviceLoop:
             and updated after it with each step's accepted drafts per sequence and that step's
             device time (CUDA events around its graphs, read with the round's record: no
             synchronisation inside a round)
+        top_k : [N] int64 (0: off), top_p : [N] float32 in (0, 1] (1: off): the target samples
+            from its top-k / nucleus (``ops.verify_resample``); the verify then runs outside
+            the step's graphs with one read back per step (an exact recompute of any row its
+            candidates do not settle)
         Returns the generated tokens per sequence and the run's metrics (with a policy,
         ``metrics.arms``: steps per arm).
         """
@@ -430,7 +453,12 @@ class DeviceLoop:
                 raise ConfigError(f"arm: {asked} is none of the loop's arms {self.arms}")
         if select_round < 1:
             raise ConfigError(f"select_round: expected at least 1, got {select_round}")
-        if self.use_graphs and self._graphs is None:
+        truncation = check_truncation(len(prompts), top_k, top_p)
+        self._truncating = truncation is not None
+        if self._truncating:
+            self.top_k[: len(prompts)].copy_(truncation[0])
+            self.top_p[: len(prompts)].copy_(truncation[1])
+        if self.use_graphs and (self.arms[0], self._truncating) not in self._graphs:
             self._capture()
         timed = self.device.type == "cuda"
         metrics = Metrics(self.gamma, self.batch)
@@ -500,8 +528,9 @@ class DeviceLoop:
         for step_arm in arms:
             pieces = self._pieces(step_arm)
             run = [piece for _, piece in pieces]
-            if self._graphs:
-                run = [graph.replay for graph in self._graphs[step_arm]]
+            if self.use_graphs:
+                graphs = self._graphs[step_arm, self._truncating]
+                run = [p if g is None else g.replay for p, g in zip(run, graphs, strict=True)]
             step = []
             for (name, _), piece in zip(pieces, run, strict=True):
                 step.append((name, self._mark()))
@@ -612,7 +641,7 @@ class DeviceLoop:
             elif self.graph_drafter is not None:  # hidden row i pairs with prompt token i + 1
                 self._catch_up(hidden, prompt[:, 1:], zeros + 1, lengths - 2)
 
-        if not self._graphs:
+        if not self.use_graphs:
             return prefill(prompt, lengths)
         length = prompt.shape[1]
         if length not in self._prefills:
@@ -641,12 +670,26 @@ class DeviceLoop:
         for step in marks:
             for (name, before), (_, after) in itertools.pairwise(step):
                 seconds[name] = seconds.get(name, 0.0) + _seconds(before, after)
-        if not self.split_timing:
-            metrics.step_seconds = seconds.get("step", 0.0)
+        if not self.split_timing:  # one piece, or a truncating step's four
+            metrics.step_seconds = sum(seconds.values())
         else:
             self.piece_seconds = {k: seconds.get(k, 0.0) for k in ("target", "verify", "draft")}
             metrics.draft_seconds = self.piece_seconds["draft"]
             metrics.verify_seconds = self.piece_seconds["target"] + self.piece_seconds["verify"]
+
+
+def check_truncation(n: int, top_k, top_p) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``generate``'s top_k / top_p as [N] int64 / float32 on the host with the off values (0, 1)
+    where one is not given; None where neither is; ConfigError naming a bad one."""
+    if top_k is None and top_p is None:
+        return None
+    top_k = torch.zeros(n, dtype=torch.int64) if top_k is None else torch.as_tensor(top_k).cpu()
+    top_p = torch.ones(n) if top_p is None else torch.as_tensor(top_p).cpu()
+    if top_k.shape != (n,) or top_k.is_floating_point() or bool((top_k < 0).any()):
+        raise ConfigError(f"top_k: expected {n} integers >= 0 (0: off), got {top_k.tolist()}")
+    if top_p.shape != (n,) or not bool(((top_p > 0) & (top_p <= 1)).all()):
+        raise ConfigError(f"top_p: expected {n} values in (0, 1] (1: off), got {top_p.tolist()}")
+    return top_k.long(), top_p.float()
 
 
 def _seconds(before, after) -> float:

@@ -17,13 +17,14 @@ import torch
 
 pytest.importorskip("transformers")
 
+from flashspec_export.config import ConfigError
 from flashspec_export.models.build import ExportConfig, build_modules, resolve_trained
 from flashspec_export.models.ngram import NgramDrafter
 from flashspec_export.runtime import sessions, text
 from flashspec_export.runtime.device_loop import SELECT_ROUND, DeviceLoop
 from flashspec_export.runtime.loop import generate
 from flashspec_export.runtime.run import RunConfig, run
-from tests.runtime.tiny import BATCH, MAX_LEN, NEW_TOKENS, SEEDS, TEMPERATURES, config_of
+from tests.runtime.tiny import BATCH, GAMMA, MAX_LEN, NEW_TOKENS, SEEDS, TEMPERATURES, config_of
 
 
 def _modules(checkpoint, device="cpu", dtype=torch.float32, draft="mtp"):
@@ -152,6 +153,61 @@ def test_on_the_gpu_same_tokens_as_the_host_loop(draft, gamma, prompt, target_ch
 @pytest.mark.gpu
 def test_on_the_gpu_ragged_acceptance_keeps_the_text(prompt, target_checkpoint):
     _check_ragged_acceptance(_modules(target_checkpoint, "cuda"), prompt, "cuda")
+
+
+# Per sequence: off; top-k 3; top-k 40 and a nucleus of 0.5 (at TEMPERATURES 0, 0.8, 1)
+TOP_K, TOP_P = torch.tensor([0, 3, 40]), torch.tensor([1.0, 1.0, 0.5])
+
+
+def _check_truncation(draft, device, prompt, target_checkpoint):
+    """top-k / top-p per sequence: the host loop's tokens (its modules' step takes them as a
+    ``--sampling-params`` export's does) over two requests; a plain request between them is
+    the untruncated text, so the truncation changes what the sampled sequences emit."""
+    modules = _modules(target_checkpoint, device, draft=draft)
+    reference = build_modules(config_of(draft, target_checkpoint))
+    runtime = sessions.from_modules(
+        reference, draft, BATCH, MAX_LEN, device=device, sampling_params=True
+    )
+    want = generate(
+        *runtime, prompt, NEW_TOKENS, GAMMA, TEMPERATURES, SEEDS, top_k=TOP_K, top_p=TOP_P
+    )
+    loop = DeviceLoop(modules.model, _drafter(modules), BATCH, MAX_LEN, GAMMA)
+    temperatures = TEMPERATURES.to(device)
+    for _ in range(2):
+        tokens, metrics = loop.generate(
+            prompt, NEW_TOKENS, temperatures, SEEDS, top_k=TOP_K, top_p=TOP_P
+        )
+        assert tokens == want.tokens and metrics.steps == want.steps
+        plain, _ = loop.generate(prompt, NEW_TOKENS, temperatures, SEEDS)
+        assert plain[0] == tokens[0] and plain[1:] != tokens[1:]
+
+
+@pytest.mark.parametrize("draft", ["mtp", "ngram"])
+def test_top_k_top_p_as_the_host_loop(draft, prompt, target_checkpoint):
+    _check_truncation(draft, "cpu", prompt, target_checkpoint)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("draft", ["mtp", "ngram"])
+def test_on_the_gpu_top_k_top_p_as_the_host_loop(draft, prompt, target_checkpoint):
+    """With CUDA graphs: the truncating verify runs between the step's other graphs."""
+    _check_truncation(draft, "cuda", prompt, target_checkpoint)
+
+
+@pytest.mark.parametrize(
+    "top_k, top_p, message",
+    [
+        (torch.tensor([0, -1, 3]), None, r"top_k: expected 3 integers >= 0 \(0: off\)"),
+        (torch.tensor([1, 2]), None, r"top_k: expected 3 integers"),
+        (None, torch.tensor([1.0, 0.0, 0.5]), r"top_p: expected 3 values in \(0, 1\]"),
+        (None, torch.tensor([1.0, 1.5, 0.5]), r"top_p: expected 3 values in \(0, 1\]"),
+    ],
+)
+def test_bad_top_k_top_p_are_refused(top_k, top_p, message, prompt, target_checkpoint):
+    modules = _modules(target_checkpoint)
+    loop = DeviceLoop(modules.model, modules.drafter, BATCH, MAX_LEN, GAMMA)
+    with pytest.raises(ConfigError, match=message):
+        loop.generate(prompt, NEW_TOKENS, TEMPERATURES, SEEDS, top_k=top_k, top_p=top_p)
 
 
 # The trained stdlib-tiny pair, where drafts are accepted: sequences advance by different counts.
