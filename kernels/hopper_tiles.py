@@ -4,10 +4,10 @@ whose epilogue is the op's per-tile reduction, overlapped with the next tile's t
 The portable Triton kernels (``verify_resample``, ``tiled_argmax``) run the matmul and the
 epilogue (a hash, two logs and a compare per logit for VerifyResample) one after the other in
 the same warps, so at GEMM-shaped row counts the tensor cores idle while the epilogue runs
-(docs/BENCHMARKS.md: verify 1.5-2× the cuBLAS matmul at 128-512 rows). Here each CTA (one per
-SM) walks output tiles ``(vocabulary tile, row block)`` — row blocks innermost, so the CTAs
-working at one time share LM-head tiles in L2 and DRAM streams the head about once — with three
-partitions connected by mbarriers:
+(verify 1.5-2× the cuBLAS matmul at 128-512 rows: ``git show 51a3298:docs/BENCHMARKS.md``).
+Here each CTA (one per SM) walks output tiles ``(vocabulary tile, row block)`` — row blocks
+innermost, so the CTAs working at one time share LM-head tiles in L2 and DRAM streams the head
+about once — with three partitions connected by mbarriers:
 
 - load (1 warp): TMA copies of the hidden block ``[BLOCK_N, BLOCK_K]`` and the LM-head tile
   ``[BLOCK_V, BLOCK_K]`` into a ring of ``STAGES`` shared-memory slots;
@@ -39,7 +39,7 @@ it (``_masked_dots``).
 Gluon (Triton 3.6) constraints that shape the code: a worker partition's constexpr arguments
 arrive as runtime values, so the op's flags select one epilogue function per op in the kernel
 body; the epilogue's chunk loop is a runtime loop (unrolled, its code overflowed the
-instruction cache: docs/BENCHMARKS.md).
+instruction cache: ``git show 51a3298:docs/BENCHMARKS.md``).
 """
 
 from __future__ import annotations
@@ -378,7 +378,8 @@ def _mma_argmax_partition(a_desc, a_bufs, b_bufs, ready, empty, params):
     the next tile. The tensor cores pause for the reduction (a few hundred instructions per
     thread, against the tile's 64 wgmma steps of H = 4096); in exchange no accumulator tile
     goes through shared memory, which leaves it to the ring and to two warpgroups of 64 x 256
-    (docs/BENCHMARKS.md, "the argmax reduced in the wgmma warps' registers")."""
+    (``git show 51a3298:docs/BENCHMARKS.md``, "the argmax reduced in the wgmma warps'
+    registers")."""
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = a_bufs.type.shape[1]
     BLOCK_V: gl.constexpr = b_bufs.type.shape[1]
@@ -745,9 +746,9 @@ def _whole_row_block(hidden2d: torch.Tensor, block_n: int) -> torch.Tensor:
 
     TMA fills a box that reaches past the tensor's last row more slowly than a whole one: on an
     H200 verify on the 64 x 128 tile at 32 rows took 289-293 µs on Llama-3 straight from the rows
-    and 273 from the whole block, the copy included (docs/BENCHMARKS.md). The rows past ``R``
-    hold an earlier call's rows or uninitialised memory: each output row is its own row's dot
-    products, and the epilogue never stores rows past ``R``.
+    and 273 from the whole block, the copy included (``git show 51a3298:docs/BENCHMARKS.md``).
+    The rows past ``R`` hold an earlier call's rows or uninitialised memory: each output row is
+    its own row's dot products, and the epilogue never stores rows past ``R``.
     """
     rows, hidden_size = hidden2d.shape
     if rows >= block_n:

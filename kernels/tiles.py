@@ -72,7 +72,7 @@ class KernelConfig(NamedTuple):
 # VerifyResample rows whose bound is below their BLOCK_N score only that many rows per block
 # (``epi_rows_of``): tl.dot needs 16 rows, but the Gumbel noise of the padding is wasted work
 # that shows at tile boundaries (H200, 1-8 rows: 1.01-1.04x the matmul instead of 1.04-1.06x,
-# docs/BENCHMARKS.md).
+# git show 51a3298:docs/BENCHMARKS.md).
 TUNED = {
     "verify_resample": (
         (1, (16, 128, 8, 2, 3)),

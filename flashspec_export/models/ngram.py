@@ -16,7 +16,8 @@ class NgramDrafter:
     "this sequence proposed no more" — the row emits its sample and the sequence stops there
     (issue 35). Padding with a guess (the last token, repeated), as before, was verified like a
     real draft and counted as one, yet almost never accepted: on held-out stdlib code the tokens
-    per step were the same to 0.001 while the acceptance per draft halved (docs/BENCHMARKS.md).
+    per step were the same to 0.001 while the acceptance per draft halved (issue 35's
+    measurement: ``git show 51a3298:docs/BENCHMARKS.md``).
 
     Each sequence keeps an index from every n-gram (n <= max_ngram) to its latest start that a
     token follows, extended by the tokens added since the last proposal: a proposal costs
