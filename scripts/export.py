@@ -54,6 +54,11 @@ def main() -> None:
         help="the target step takes per-sequence top_k / top_p inputs (generate.py --top-k/-p)",
     )
     parser.add_argument(
+        "--allowed-tokens",
+        action="store_true",
+        help="the target step takes per-row allowed-token masks (generate.py --allowed-chars)",
+    )
+    parser.add_argument(
         "--logprobs",
         action=argparse.BooleanOptionalAction,
         default=d.logprobs,
@@ -79,6 +84,7 @@ def main() -> None:
         args.opset,
         args.sampling_params,
         args.logprobs,
+        args.allowed_tokens,
     )
     try:
         manifest = export(config)
@@ -91,6 +97,7 @@ def main() -> None:
         f"{out}/manifest.json: {manifest.architecture}, vocab {manifest.vocab_size}, "
         f"{manifest.dtype}, opset {manifest.opset}, gamma {manifest.gamma}, "
         f"drafter {manifest.drafter}{f', sampling params {sampling}' if sampling else ''}"
+        f"{', allowed-token masks' if args.allowed_tokens else ''}"
         f"{'' if args.logprobs else ', no logprobs'}"
     )
 

@@ -9,6 +9,7 @@ python scripts/generate.py out/tiny-llama-mtp --check     # random ids; PyTorch:
 python scripts/generate.py out/tiny-llama-mtp --engines   # TensorRT (scripts/build_engines.py)
 python scripts/generate.py out/stdlib-tiny-mtp --prompt "def parse_args(" --device cuda
 python scripts/generate.py out/sp --top-k 40 --top-p 0.9  # scripts/export.py --sampling-params
+python scripts/generate.py out/a --prompt "[" --allowed-chars "0123456789, ]"  # --allowed-tokens
 """
 
 from __future__ import annotations
@@ -57,6 +58,12 @@ def main() -> None:
         help="sample among the k likeliest tokens (0: off; needs an export with --sampling-params)",
     )
     add("--top-p", type=float, help="then among the nucleus of mass p in (0, 1] (1: off; ditto)")
+    add(
+        "--allowed-chars",
+        type=cli.unescaped,
+        metavar="CHARS",
+        help="only tokens made of these characters, and EOS (an export with --allowed-tokens)",
+    )
     add("--select", choices=sorted(POLICIES), help="choose drafter and gamma online (bandit)")
     add("--check", action="store_true", help="compare with the PyTorch modules")
     add("--engines", action="store_true", help="run <export>/engines with TensorRT (GPU)")
@@ -90,6 +97,7 @@ def main() -> None:
         echo if live else None,
         top_k=args.top_k,
         top_p=args.top_p,
+        allowed_chars=args.allowed_chars,
         device=args.device,
     )
     if live:

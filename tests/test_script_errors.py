@@ -149,6 +149,16 @@ GENERATE_CASES = {
         "--top-k: this export's target step takes no top_k / top_p; re-export with "
         "scripts/export.py --sampling-params",
     ),
+    "allowed-chars without allowed tokens": (
+        ["--allowed-chars", "0123456789"],
+        "--allowed-chars: this export's target step takes no allowed-token mask; re-export with "
+        "scripts/export.py --allowed-tokens",
+    ),
+    "allowed-chars empty": (["--allowed-chars", ""], "--allowed-chars: expected at least one"),
+    "allowed-chars on the device": (
+        ["--device", "cpu", "--allowed-chars", "0"],
+        "device: the device loop takes no allowed-token mask (--allowed-chars) yet",
+    ),
     "unknown device": (["--device", "gpu"], "argument --device: invalid choice: 'gpu'"),
     "device and engines": (
         ["--device", "cpu", "--engines"],

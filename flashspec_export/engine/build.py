@@ -79,31 +79,40 @@ def _flashspec_nodes(path: pathlib.Path) -> list:
 
 # The off value of each optional input: a skipped one can be given at it instead.
 _OFF_VALUES = {"top_k": "0", "top_p": "1", "allowed_tokens": "every bit set"}
+# The scripts/export.py flag that gives the target step each optional input.
+_EXPORT_FLAGS = {
+    "top_k": "--sampling-params",
+    "top_p": "--sampling-params",
+    "allowed_tokens": "--allowed-tokens",
+}
 
 
 def _refuse_optional_inputs(source: pathlib.Path, nodes, with_plugins: bool) -> None:
     """The plugins take the required inputs only: a node with optional ones (a
-    ``--sampling-params`` export's top_k / top_p) builds from its function body, and that only
-    when they are a prefix: TensorRT's parser refuses a function node with a skipped (empty)
-    input."""
+    ``--sampling-params`` export's top_k / top_p, an ``--allowed-tokens`` export's mask) builds
+    from its function body, and that only when they are a prefix: TensorRT's parser refuses a
+    function node with a skipped (empty) input."""
     from flashspec_export.onnx import functions
 
     for node in nodes:
         present = functions.present_inputs(node.op_type, node.input)
         names = ", ".join(sorted(present))
+        flags = " ".join(sorted({_EXPORT_FLAGS[name] for name in present}))
         if present and with_plugins:
             raise ConfigError(
                 f"{source.name}: {node.op_type} has the optional inputs {names} (export "
-                "--sampling-params), which the TensorRT plugins do not take yet; build the "
-                "function bodies (--function-bodies) or export without --sampling-params"
+                f"{flags}), which the TensorRT plugins do not take yet; build the function "
+                f"bodies (--function-bodies) or export without {flags}"
             )
         skipped = functions.skipped_inputs(node.op_type, node.input)
         if skipped:
             off = ", ".join(f"{s} ({_OFF_VALUES[s]})" for s in skipped)
+            missing = sorted({_EXPORT_FLAGS[s] for s in skipped} - set(flags.split()))
+            also = f" (re-export with {' '.join(missing)} too)" if missing else ""
             raise ConfigError(
                 f"{source.name}: {node.op_type} skips its optional input {', '.join(skipped)} "
                 f"before {names}, and TensorRT's parser refuses a function node with a skipped "
-                f"(empty) input; give it at its off value: {off}"
+                f"(empty) input; give it at its off value: {off}{also}"
             )
 
 

@@ -7,7 +7,8 @@ cache, while the FlashSpec ops sample in fp32:
 - ``target_prefill.onnx``: TargetStep over T prompt tokens → hidden, cache;
 - ``target_step.onnx``: SpeculativeTarget over [last accepted token, γ drafts] → emitted tokens,
   num_emitted, logprobs, hidden (for feature drafters), cache; with ``--sampling-params`` it
-  also takes per-sequence ``top_k`` / ``top_p`` (VerifyResample's optional inputs); with
+  also takes per-sequence ``top_k`` / ``top_p``, and with ``--allowed-tokens`` a per-row
+  ``allowed_tokens`` bit mask (VerifyResample's optional inputs, in that order); with
   ``--no-logprobs`` it has no ``logprobs`` output and its VerifyResample node leaves that
   output out (``return_logprobs = 0``: the body and the plugin skip the log-sum-exp);
 - ``drafter_mtp.onnx`` / ``drafter_eagle.onnx`` (``--draft mtp|eagle``): a feature-drafter call
@@ -47,6 +48,7 @@ from flashspec_export.models.build import (
     weights_sha256,
 )
 from flashspec_export.onnx import functions, translation
+from flashspec_export.reference.truncation import words_for
 
 logger = logging.getLogger(__name__)
 
@@ -149,14 +151,25 @@ def export(config: ExportConfig) -> manifest.Manifest:
     k, v, caches_out = caches(target.step.cache_shape(b, s))
     new = torch.export.Dim("new_tokens", min=1, max=s)  # T of prefill and drafter calls
     example = torch.zeros(b, 2, dtype=torch.int64)
-    # top_k [N] int64, top_p [N] float32 after the seed (manifest.SAMPLING_PARAMS), values off
-    sampling = (zeros.clone(), torch.ones(b)) if config.sampling_params else ()
+    # The target step's optional inputs after the seed, by name (the verify node's, in its
+    # order), at their off values: top_k [N] int64, top_p [N] float32 (manifest.SAMPLING_PARAMS)
+    # and allowed_tokens [N, γ + 1, ceil(V / 32)] int32 (every bit set).
+    optional, optional_dynamic = {}, []
+    if config.sampling_params:
+        optional |= dict(top_k=zeros.clone(), top_p=torch.ones(b))
+        optional_dynamic += [None, None]
+    if config.allowed_tokens:
+        words = words_for(model.config.vocab_size)
+        optional["allowed_tokens"] = torch.full((b, config.gamma + 1, words), -1, dtype=torch.int32)
+        optional_dynamic.append({1: new})  # γ + 1, as the tokens
     # --no-logprobs: no "logprobs" output, and the verify node leaves it out (no LSE)
     logprobs = ["logprobs"] if config.logprobs else []
-    jobs = {  # name -> (module, example inputs, dynamic shapes, output names)
+    # name -> (module, example inputs, example keyword inputs, dynamic shapes, output names)
+    jobs = {
         "target_prefill": (
             target.step,
             (example, zeros, k, v),
+            {},
             ({1: new}, None, None, None),
             ["hidden", *caches_out],
         ),
@@ -169,9 +182,9 @@ def export(config: ExportConfig) -> manifest.Manifest:
                 [c.clone() for c in v],
                 torch.ones(b),
                 zeros.clone(),
-                *sampling,
             ),
-            ({1: new}, None, None, None, None, None, *(None for _ in sampling)),  # γ + 1: any γ
+            optional,
+            ({1: new}, None, None, None, None, None, *optional_dynamic),  # γ + 1: any γ
             ["emitted", "num_emitted", *logprobs, "hidden", *caches_out],
         ),
     }
@@ -187,7 +200,7 @@ def export(config: ExportConfig) -> manifest.Manifest:
             args = (hidden, example, zeros, rows, dk, dv)
             dynamic = ({1: new}, {1: new}, None, None, None, None)
             draft_outputs.insert(2, "hidden_out")
-        jobs[f"drafter_{config.draft}"] = (drafter, args, dynamic, draft_outputs)
+        jobs[f"drafter_{config.draft}"] = (drafter, args, {}, dynamic, draft_outputs)
     # Written whole or not at all: a staging directory beside ``out``, renamed into place.
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
@@ -197,20 +210,21 @@ def export(config: ExportConfig) -> manifest.Manifest:
     try:
         io = {}  # graph name -> (inputs, outputs)
         with WeightsFile(staging) as weights:
-            for name, (module, args, dynamic, names) in tqdm(
+            for name, (module, args, keywords, dynamic, names) in tqdm(
                 jobs.items(), desc="export", unit="graph"
             ):
                 logger.info("exporting %s", name)
                 # per-layer caches are lists: static, one {} per layer
                 dynamic = tuple(
                     [{}] * len(a) if isinstance(a, list) else d
-                    for a, d in zip(args, dynamic, strict=True)
+                    for a, d in zip([*args, *keywords.values()], dynamic, strict=True)
                 )
                 proto = translation.export(
                     module,
                     args,
                     weights,
                     config.opset,
+                    kwargs=keywords,  # given by name: a skipped one is no graph input
                     dynamic_shapes=dynamic,
                     output_names=names,
                 )

@@ -59,6 +59,7 @@ class ExportConfig:
     opset: int = GRAPH_OPSETS[0]  # 24: Attention + in-place TensorScatter; 18: the fallback
     sampling_params: bool = False  # the target step takes per-sequence top_k / top_p inputs
     logprobs: bool = True  # the target step returns the emitted tokens' log-probabilities
+    allowed_tokens: bool = False  # the target step takes per-row allowed-token masks
 
 
 def trained_directory(spec: str) -> pathlib.Path | None:

@@ -226,6 +226,8 @@ class SpeculativeTarget(nn.Module):
     top_k : [N] int64 (0: off), top_p : [N] float32 in (0, 1] (1: off), or None: the
         per-request truncation of ``VerifyResample`` (an export with ``--sampling-params`` has
         them as graph inputs)
+    allowed_tokens : [N, γ + 1, ceil(V / 32)] int32 bit masks, or None: the tokens each row may
+        emit, applied first (a grammar; an export with ``--allowed-tokens`` has it as an input)
 
     Returns
     -------
@@ -247,7 +249,16 @@ class SpeculativeTarget(nn.Module):
         self.logprobs = logprobs
 
     def forward(
-        self, tokens, positions, k_cache, v_cache, temperature, seed, top_k=None, top_p=None
+        self,
+        tokens,
+        positions,
+        k_cache,
+        v_cache,
+        temperature,
+        seed,
+        top_k=None,
+        top_p=None,
+        allowed_tokens=None,
     ):
         hidden, k_cache, v_cache = self.step(tokens, positions, k_cache, v_cache)
         emitted, num_emitted, logprobs = torch.ops.flashspec.verify_resample(
@@ -259,6 +270,7 @@ class SpeculativeTarget(nn.Module):
             positions + 1,
             top_k,
             top_p,
+            allowed_tokens,
             vocab_size=self.vocab_size,
         )
         if not self.logprobs:

@@ -37,6 +37,17 @@ def allowed_ids(allowed_tokens: torch.Tensor, ids: torch.Tensor) -> torch.Tensor
     return ((words >> (ids % WORD_BITS).to(words.dtype)) & 1).bool()
 
 
+def pack_allowed(allowed: torch.Tensor) -> torch.Tensor:
+    """``allowed [..., V]`` bool as the op's mask, ``[..., ceil(V / 32)]`` int32: bit j of word w
+    is ``allowed[32·w + j]`` (the bits past V are clear); ``allowed_ids`` reads it back."""
+    vocab = allowed.shape[-1]
+    padded = torch.zeros(*allowed.shape[:-1], words_for(vocab) * WORD_BITS, dtype=torch.int64)
+    padded[..., :vocab] = allowed.to(torch.int64)
+    bits = padded.unflatten(-1, (-1, WORD_BITS)) << torch.arange(WORD_BITS)  # [..., W, 32]
+    words = bits.sum(dim=-1)  # [..., W] in [0, 2^32): the int32 of the same bits
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+
 def threshold(
     logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:

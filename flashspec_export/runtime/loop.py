@@ -8,16 +8,20 @@ export), so the same loop runs both and their tokens can be compared.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
 from flashspec_export.config import ConfigError
+from flashspec_export.reference.truncation import pack_allowed, words_for
 from flashspec_export.runtime.metrics import Metrics
 
 Graph = Callable[..., tuple[torch.Tensor, ...]]  # positional tensors in, tuple of tensors out
+# A sequence's constraint (a grammar): the tokens it has generated (not the prompt) -> bool [V],
+# True for each token allowed next.
+Allowed = Callable[[list[int]], torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -26,8 +30,9 @@ class Target:
 
     prefill(tokens [N, T], positions [N], k, v) -> (hidden [N, T, H], k, v)
     step(tokens [N, γ + 1], positions [N], k, v, temperature [N], seed [N][, top_k [N],
-        top_p [N]]) -> (emitted [N, γ + 1], num_emitted [N][, logprobs [N, γ + 1]],
-        hidden [N, γ + 1, H], k, v) — top_k / top_p when ``sampling_params``, logprobs when
+        top_p [N]][, allowed_tokens [N, γ + 1, ceil(V / 32)]]) -> (emitted [N, γ + 1],
+        num_emitted [N][, logprobs [N, γ + 1]], hidden [N, γ + 1, H], k, v) — top_k / top_p
+        when ``sampling_params``, allowed_tokens when ``allowed_vocab`` (V), logprobs when
         ``logprobs`` (an export with ``--no-logprobs`` has none; the loop does not read them)
     cache_shape: [L, N, KV, S, D] of k and v (N and S are fixed by an export)
 
@@ -42,6 +47,7 @@ class Target:
     cache_device: str = "cpu"  # TensorRT engines keep their caches on the GPU
     sampling_params: bool = False  # the step takes top_k [N] int64 and top_p [N] float32
     logprobs: bool = True  # the step returns logprobs after num_emitted
+    allowed_vocab: int | None = None  # V: the step takes allowed_tokens masks of V tokens
 
     def new_cache(self) -> torch.Tensor:
         """A zeroed cache tensor (k or v) as the graphs take it."""
@@ -148,6 +154,57 @@ def sampling_inputs(target: Target, n: int, top_k, top_p) -> tuple[torch.Tensor,
     return top_k, top_p
 
 
+def _allowed_row(allowed: Allowed, prefix: list[int], vocab: int, row: int, j: int):
+    """``allowed(prefix)`` of sequence ``row``'s step row ``j``, checked: a bool [V] tensor that
+    allows some token."""
+    mask = allowed(list(prefix))  # a copy: the callable may keep it
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.shape != (vocab,):
+        got = f"{mask.dtype} {list(mask.shape)}" if isinstance(mask, torch.Tensor) else repr(mask)
+        raise ConfigError(
+            f"allowed: sequence {row} returned {got}; expected a bool tensor of shape [{vocab}]"
+        )
+    if not bool(mask.any()):
+        raise ConfigError(
+            f"allowed: sequence {row}, row {j} (after {len(prefix) - j} generated tokens and {j} "
+            "drafts) allows no token; every row needs at least one (e.g. EOS)"
+        )
+    return mask
+
+
+def allowed_inputs(
+    target: Target, allowed, sequences: list[list[int]], starts, drafts: torch.Tensor, active
+) -> tuple[torch.Tensor, ...]:
+    """What the step takes after top_k / top_p: allowed_tokens [N, γ + 1, ceil(V / 32)] int32
+    for a target with ``allowed_vocab``, else nothing.
+
+    Row j of sequence i is ``allowed[i](sequences[i][starts[i]:] + drafts[i, :j])``: the mask
+    after the tokens it generated and the drafts before the row. Rows past a draft that its own
+    row does not allow (never accepted) or past the real drafts (-1 placeholders) cannot be
+    reached: they repeat the last row reached, so the callable sees only prefixes its masks
+    allow and the op no empty row. A finished sequence, or one whose callable is None, allows
+    every token.
+    sequences : prompt and generated tokens; starts : [N] where each one's generated tokens
+    begin; drafts : [N, γ] int64; active : [N] bool
+    """
+    if target.allowed_vocab is None:
+        return ()
+    n, gamma = drafts.shape
+    vocab = target.allowed_vocab
+    words = torch.full((n, gamma + 1, words_for(vocab)), -1, dtype=torch.int32)
+    for row in range(n if allowed is not None else 0):
+        if allowed[row] is None or not active[row]:
+            continue
+        prefix = sequences[row][starts[row] :]
+        for j in range(gamma + 1):
+            mask = _allowed_row(allowed[row], prefix, vocab, row, j)
+            words[row, j:] = pack_allowed(mask)  # the rows after: until their own is known
+            draft = int(drafts[row, j]) if j < gamma else -1
+            if not 0 <= draft < vocab or not mask[draft]:
+                break
+            prefix.append(draft)
+    return (words,)
+
+
 def generate(
     target: Target,
     drafter: Drafter,
@@ -159,6 +216,7 @@ def generate(
     stream: Stream | None = None,
     top_k: torch.Tensor | None = None,
     top_p: torch.Tensor | None = None,
+    allowed: Sequence[Allowed | None] | None = None,
 ) -> GenerationResult:
     """Generate up to ``max_new_tokens`` per sequence after ``prompt`` ([N, T0] or N lists of
     token ids of any lengths >= 2); ``stream`` sees the tokens as they come and may stop a
@@ -172,11 +230,21 @@ def generate(
     temperature : [N] float32 (0: greedy); seed : [N] int64
     top_k : [N] int64 (0: off); top_p : [N] float32 in (0, 1] (1: off) — a target with
         ``sampling_params`` only (``sampling_inputs``)
+    allowed : per sequence, an ``Allowed`` callable or None (unconstrained): ``allowed[i](
+        generated)`` -> bool [V], the tokens allowed after the tokens sequence i generated (its
+        prompt excluded); called for each row of each step, drafts included (``allowed_inputs``)
+        — a target with ``allowed_vocab`` only
     """
     sequences = as_prompts(prompt)
     n = len(sequences)
     check_request(sequences, max_new_tokens, gamma, temperature, target.batch, target.max_len)
     sampling = sampling_inputs(target, n, top_k, top_p)
+    if allowed is not None and target.allowed_vocab is None:
+        raise ConfigError(
+            "allowed: this target step takes no allowed-token masks (export with --allowed-tokens)"
+        )
+    if allowed is not None and len(allowed) != n:
+        raise ConfigError(f"allowed: expected {n} callables or None (one per sequence)")
     metrics = Metrics(gamma, n)
     start = time.perf_counter()
     lengths = torch.tensor([len(s) for s in sequences])
@@ -188,6 +256,7 @@ def generate(
     totals = lengths + max_new_tokens
     stopped = [False] * n
     positions = lengths - 1
+    starts = lengths.tolist()  # where each sequence's generated tokens begin
     while True:
         lengths = torch.tensor([len(s) for s in sequences])
         active = (lengths < totals) & ~torch.tensor(stopped)
@@ -201,8 +270,9 @@ def generate(
         # Finished sequences idle at position 0: their cache is dead, and their writes (γ + 1
         # slots from the step position, more in the drafter) stay inside the cache.
         step_positions = torch.where(active, positions, 0)
+        masks = allowed_inputs(target, allowed, sequences, starts, drafts, active)
         clock = time.perf_counter()
-        step = target.step(tokens, step_positions, k, v, temperature, seed, *sampling)
+        step = target.step(tokens, step_positions, k, v, temperature, seed, *sampling, *masks)
         metrics.verify_seconds += time.perf_counter() - clock
         emitted, num_emitted, *rest = step
         hidden, k, v = rest[1:] if target.logprobs else rest  # the logprobs are not read

@@ -17,7 +17,7 @@ from flashspec_export.export import manifest as export_manifest
 from flashspec_export.models.ngram import NgramDrafter
 from flashspec_export.reference.noise import MAX_SEED
 from flashspec_export.runtime import selection, sessions, text
-from flashspec_export.runtime.loop import GenerationResult, generate
+from flashspec_export.runtime.loop import Allowed, GenerationResult, generate
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,11 @@ class RunConfig:
     device: str | None = None  # cpu | cuda: the device loop (PyTorch modules), not onnxruntime
     top_k: int | None = None  # sample among the k likeliest tokens (0: off); needs an export
     top_p: float | None = None  # ... and the nucleus of mass p (1: off) with --sampling-params
+    # Per sequence, the tokens allowed after those it generated (loop.Allowed; None: any), or
+    # allowed_chars: tokens whose text uses only these characters, and EOS (every sequence);
+    # either needs an export with --allowed-tokens.
+    allowed: tuple[Allowed | None, ...] | None = None
+    allowed_chars: str | None = None
 
 
 @dataclass(frozen=True)
@@ -93,6 +98,16 @@ def _check(config: RunConfig) -> None:
         raise ConfigError(
             "device: the device loop takes no --top-k / --top-p yet; run without --device"
         )
+    if config.allowed is not None and config.allowed_chars is not None:
+        raise ConfigError("allowed: give allowed callables or --allowed-chars, not both")
+    if config.allowed_chars == "":
+        raise ConfigError("--allowed-chars: expected at least one character")
+    masked = config.allowed is not None or config.allowed_chars is not None
+    if config.device is not None and masked:
+        raise ConfigError(
+            "device: the device loop takes no allowed-token mask (--allowed-chars) yet; run "
+            "without --device"
+        )
 
 
 def _sampling(config: RunConfig, manifest, batch: int) -> dict:
@@ -111,6 +126,32 @@ def _sampling(config: RunConfig, manifest, batch: int) -> dict:
     return dict(
         top_k=torch.full((batch,), top_k, dtype=torch.int64), top_p=torch.full((batch,), top_p)
     )
+
+
+def _allowed(config: RunConfig, manifest, tokenizer) -> dict:
+    """``allowed`` for ``generate``: the callables given, or --allowed-chars's mask for every
+    sequence; refused, naming the argument, where the export's step takes no mask."""
+    if config.allowed is None and config.allowed_chars is None:
+        return {}
+    flag = "allowed" if config.allowed is not None else "--allowed-chars"
+    if sessions.step_allowed_vocab(manifest) is None:
+        raise ConfigError(
+            f"{flag}: this export's target step takes no allowed-token mask; re-export with "
+            "scripts/export.py --allowed-tokens"
+        )
+    if config.allowed is not None:
+        return dict(allowed=config.allowed)
+    if tokenizer is None:
+        if manifest.tokenizer is None:
+            raise ConfigError(
+                f"--allowed-chars: {config.export_dir} has no tokenizer to read the tokens' text"
+            )
+        tokenizer = text.load_tokenizer(config.export_dir, manifest)
+    mask = text.tokens_of(tokenizer, config.allowed_chars, manifest.vocab_size)
+    mask[[i for i in text.eos_ids(tokenizer) if i < manifest.vocab_size]] = True
+    if not bool(mask.any()):
+        raise ConfigError(f"--allowed-chars: no token is made of {config.allowed_chars!r}")
+    return dict(allowed=(lambda generated: mask,) * manifest.batch)
 
 
 def _prompts(config: RunConfig, manifest, batch: int):
@@ -165,6 +206,7 @@ def run(config: RunConfig) -> RunReport:
         target, drafter = sessions.from_export(config.export_dir, manifest)
     sampling = _sampling(config, manifest, manifest.batch)
     prompt, tokenizer = _prompts(config, manifest, manifest.batch)
+    sampling |= _allowed(config, manifest, tokenizer)
     temperature = torch.full((manifest.batch,), config.temperature)
     if config.seed + manifest.batch - 1 > MAX_SEED:  # sequence i uses seed + i
         raise ConfigError(f"seed: {config.seed} + batch {manifest.batch} - 1 exceeds {MAX_SEED}")

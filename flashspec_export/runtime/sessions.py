@@ -41,11 +41,15 @@ if TYPE_CHECKING:
 
 
 def torch_graph(
-    module: torch.nn.Module, device: str = "cpu", dtype: torch.dtype | None = None
+    module: torch.nn.Module,
+    device: str = "cpu",
+    dtype: torch.dtype | None = None,
+    keywords: tuple[str, ...] = (),
 ) -> Graph:
     """A module as a callable on CPU tensors, run on ``device``: float tensors of rank >= 3
     (hidden states, caches) are cast to ``dtype`` there, float outputs come back as fp32. Lower
-    ranks (temperature) keep their dtype."""
+    ranks (temperature) keep their dtype. ``keywords``: the names of the last inputs, which the
+    module takes by name (a target step's optional inputs, as its graph takes them in order)."""
 
     def to_device(t: torch.Tensor) -> torch.Tensor:
         if dtype is not None and t.is_floating_point() and t.dim() >= 3:
@@ -57,13 +61,20 @@ def torch_graph(
 
     @torch.no_grad()
     def run(*args):
-        return tuple(to_host(out) for out in module(*(to_device(a) for a in args)))
+        args = [to_device(a) for a in args]
+        named = dict(zip(keywords, args[len(args) - len(keywords) :], strict=True))
+        return tuple(to_host(out) for out in module(*args[: len(args) - len(named)], **named))
 
     return run
 
 
-# onnxruntime's input types -> the numpy type fed (the loop's host tensors are fp32 / int64)
-_NUMPY = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64}
+# onnxruntime's input types -> the numpy type fed (the loop's host tensors: fp32, int64, int32)
+_NUMPY = {
+    "tensor(float)": np.float32,
+    "tensor(float16)": np.float16,
+    "tensor(int64)": np.int64,
+    "tensor(int32)": np.int32,  # allowed_tokens
+}
 _TORCH = {"FLOAT": torch.float32, "FLOAT16": torch.float16, "BFLOAT16": torch.bfloat16}
 _CACHE = re.compile(r"^([kv])_cache(?:_out)?_\d+$")  # one graph input / output per layer
 
@@ -237,22 +248,27 @@ def from_modules(
     device: str = "cpu",
     dtype: torch.dtype | None = None,
     sampling_params: bool = False,
+    allowed_tokens: bool = False,
 ):
     """(Target, drafter) running the PyTorch modules with caches for ``batch`` x ``max_len``.
 
     ``device`` / ``dtype``: where and in which float type the modules run (they are moved there;
     the FlashSpec ops then take the Triton kernels on CUDA). The loop still hands CPU tensors.
-    ``sampling_params``: the target step takes top_k / top_p, as a ``--sampling-params``
-    export's does (then the op takes a truncating backend).
+    ``sampling_params`` / ``allowed_tokens``: the target step takes top_k / top_p, or the
+    allowed-token masks, as a ``--sampling-params`` / ``--allowed-tokens`` export's does (then
+    the op takes a truncating backend).
     """
     for module in (modules.model, modules.target, modules.drafter):
         if module is not None:
             module.to(device=device, dtype=dtype)
+    optional = (*export_manifest.SAMPLING_PARAMS,) if sampling_params else ()
+    optional += ("allowed_tokens",) if allowed_tokens else ()
     target = Target(
         torch_graph(modules.target.step, device, dtype),
-        torch_graph(modules.target, device, dtype),
+        torch_graph(modules.target, device, dtype, keywords=optional),
         modules.target.step.cache_shape(batch, max_len),
         sampling_params=sampling_params,
+        allowed_vocab=modules.target.vocab_size if allowed_tokens else None,
         logprobs=modules.target.logprobs,
     )
     if modules.drafter is None:
@@ -299,6 +315,7 @@ def reference_of(manifest: export_manifest.Manifest):
         config.max_len,
         dtype=DTYPES[manifest.dtype],
         sampling_params=config.sampling_params,
+        allowed_tokens=config.allowed_tokens,
     )
 
 
@@ -335,6 +352,13 @@ def step_logprobs(manifest: export_manifest.Manifest) -> bool:
     return any(o.name == "logprobs" for o in manifest.graphs["target_step"].outputs)
 
 
+def step_allowed_vocab(manifest: export_manifest.Manifest) -> int | None:
+    """V where an export's target step takes allowed_tokens masks of V tokens
+    (``--allowed-tokens``), else None."""
+    takes = any(i.name == "allowed_tokens" for i in manifest.graphs["target_step"].inputs)
+    return manifest.vocab_size if takes else None
+
+
 def from_export(
     directory: str | pathlib.Path,
     manifest: export_manifest.Manifest,
@@ -361,6 +385,7 @@ def from_export(
         cache_shape,
         dtype,
         sampling_params=bool(manifest.sampling_params),
+        allowed_vocab=step_allowed_vocab(manifest),
         logprobs=step_logprobs(manifest),
     )
     draft = manifest.drafter
@@ -396,9 +421,16 @@ def from_engines(directory: str | pathlib.Path, manifest: export_manifest.Manife
 
     prefill, cache_shape, dtype = load("target_prefill")
     step, _, _ = load("target_step")
-    sampling = bool(manifest.sampling_params)
-    # caches on the GPU
-    target = Target(prefill, step, cache_shape, dtype, "cuda", sampling, step_logprobs(manifest))
+    target = Target(
+        prefill,
+        step,
+        cache_shape,
+        dtype,
+        "cuda",  # caches on the GPU
+        sampling_params=bool(manifest.sampling_params),
+        allowed_vocab=step_allowed_vocab(manifest),
+        logprobs=step_logprobs(manifest),
+    )
     if manifest.drafter == "ngram":
         return target, NgramDrafter()
     graph, draft_cache, dtype = load(f"drafter_{manifest.drafter}")

@@ -16,6 +16,8 @@ import json
 import pathlib
 from collections.abc import Callable
 
+import torch
+
 from flashspec_export.config import ConfigError
 from flashspec_export.export import manifest as export_manifest
 
@@ -48,6 +50,14 @@ def eos_ids(tokenizer) -> tuple[int, ...]:
         configured = configured if isinstance(configured, list) else [configured]
         ids += [i for i in configured if isinstance(i, int)]
     return tuple(dict.fromkeys(ids))
+
+
+def tokens_of(tokenizer, chars: str, vocab_size: int) -> torch.Tensor:
+    """bool [vocab_size]: the tokens whose own text is not empty and uses only ``chars`` (a
+    token that is part of a character's UTF-8 bytes decodes to U+FFFD alone, so it is out)."""
+    texts = tokenizer.batch_decode([[i] for i in range(vocab_size)], skip_special_tokens=False)
+    allowed = set(chars)
+    return torch.tensor([bool(t) and set(t) <= allowed for t in texts])
 
 
 def encode_prompts(tokenizer, prompts: list[str]) -> list[list[int]]:
