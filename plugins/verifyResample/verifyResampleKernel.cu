@@ -116,11 +116,12 @@ __device__ __forceinline__ bool truncatesRow(RowInputs const& in, int n)
 }
 
 //! The logit of id v in row `row`: dot / T (IEEE division, as the reference), NaN as -inf
-//! (reference no_nan), and -inf where the row's mask does not allow v.
+//! (reference no_nan), and (MASK) -inf where the row's mask does not allow v.
+template <bool MASK>
 __device__ __forceinline__ float rowLogit(RowInputs const& in, int row, float scale, int v, float dot)
 {
     float logit = __fdiv_rn(isnan(dot) ? -INFINITY : dot, scale);
-    if (in.allowed != nullptr)
+    if (MASK && in.allowed != nullptr)
     {
         uint32_t const word = __ldg(in.allowed + static_cast<size_t>(row) * in.words + (v >> 5));
         logit = (word >> (v & 31)) & 1u ? logit : -INFINITY;
@@ -208,8 +209,10 @@ __device__ __forceinline__ void handInCandidates(
     }
 }
 
-//! Stage 1. TRUNC: rows that truncate (top-k / top-p) skip the noise, keep their order keys and
-//! hand in kCandidates of them per split with a floor (truncation.cuh).
+//! Stage 1. TRUNC (a call with a mask, top-k or top-p; the plain instances are the kernels as they
+//! were before truncation): the mask applied as -inf logits; rows that truncate (top-k / top-p)
+//! skip the noise, keep their order keys and hand in kCandidates of them per split with a floor
+//! (truncation.cuh).
 template <typename T, int ROWS, int VEC, bool MMA, bool LOGPROBS, bool TRUNC>
 __global__ void __launch_bounds__(kThreads) verifyTilesKernel(T const* hidden, T const* lmHead, RowInputs in,
     VerifyWorkspace ws, trunc::Workspace tw, int numRows, int hiddenSize, int vocabSize)
@@ -248,7 +251,7 @@ __global__ void __launch_bounds__(kThreads) verifyTilesKernel(T const* hidden, T
     splitRange(vocabSize, gridDim.y, blockIdx.y, begin, end);
     Summary sum;
     streamVocab<T, ROWS, VEC, MMA>(hidden, smemHidden, smemRaw, lmHead, row0, numRows, begin, end, hiddenSize, vocabSize, [&](int v, float dot) {
-        float const logit = rowLogit(in, row, scale, v, dot);
+        float const logit = rowLogit<TRUNC>(in, row, scale, v, dot);
         if constexpr (LOGPROBS)
         {
             addLogit(sum.m, sum.s, logit);
@@ -296,7 +299,10 @@ __global__ void __launch_bounds__(kThreads) verifyTilesKernel(T const* hidden, T
     }
     if constexpr (TRUNC)
     {
-        handInCandidates<ROWS, MMA>(lane_keys, reinterpret_cast<int64_t*>(smemRaw), tw, row0, numRows);
+        if (tw.candidates != nullptr) // top-k / top-p inputs (a mask alone hands in nothing)
+        {
+            handInCandidates<ROWS, MMA>(lane_keys, reinterpret_cast<int64_t*>(smemRaw), tw, row0, numRows);
+        }
     }
 }
 
@@ -643,7 +649,7 @@ __global__ void __launch_bounds__(kThreads) verifyLogitsKernel(T const* hidden, 
         vocabSize, [&](int v, float dot) {
             if (writes)
             {
-                out[v] = rowLogit(in, row, scale, v, dot);
+                out[v] = rowLogit<true>(in, row, scale, v, dot);
             }
         });
 }
@@ -825,10 +831,12 @@ cudaError_t invokeVerifyResample(VerifyResampleParams const& p, cudaStream_t str
     {
         tw = trunc::workspaceAt(static_cast<char*>(p.workspace) + truncationOffset(numRows, splits, p.hiddenSize), numRows, splits);
     }
-    // top-p's normaliser is stage 1's online softmax: a truncating call always runs the
-    // log-sum-exp pass (its rows skip the noise's hash, which costs more than the exp; one
-    // instance fewer per launch shape)
-    bool const lse = p.logprobs != nullptr || truncates;
+    // A call with a mask, top-k or top-p runs the TRUNC instance (the plain ones stay as they
+    // were), always with the log-sum-exp pass: top-p's normaliser is its online softmax, and
+    // truncated rows skip the noise's hash, which costs more than the exp (one instance fewer per
+    // launch shape).
+    bool const fused = truncates || p.allowedTokens != nullptr;
+    bool const lse = p.logprobs != nullptr || fused;
     auto const* hidden = p.hidden;
     auto const* lmHead = p.lmHead;
     cudaError_t status = dispatch(p.dtype, plan, [&]<typename T, int ROWS, int VEC, bool MMA>() {
@@ -837,7 +845,7 @@ cudaError_t invokeVerifyResample(VerifyResampleParams const& p, cudaStream_t str
                 static_cast<T const*>(hidden), static_cast<T const*>(lmHead), in, ws, tw, static_cast<int>(numRows),
                 static_cast<int>(p.hiddenSize), static_cast<int>(p.vocabSize));
         };
-        if (truncates)
+        if (fused)
         {
             return launch(verifyTilesKernel<T, ROWS, VEC, MMA, true, true>, kHandInSmemBytes);
         }
