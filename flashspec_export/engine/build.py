@@ -87,22 +87,26 @@ _EXPORT_FLAGS = {
 }
 
 
-def _refuse_optional_inputs(source: pathlib.Path, nodes, with_plugins: bool) -> None:
-    """The plugins take the required inputs only: a node with optional ones (a
-    ``--sampling-params`` export's top_k / top_p, an ``--allowed-tokens`` export's mask) builds
-    from its function body, and that only when they are a prefix: TensorRT's parser refuses a
-    function node with a skipped (empty) input."""
+def _refuse_optional_inputs(
+    source: pathlib.Path, nodes, with_plugins: bool, takes_optional: bool = False
+) -> None:
+    """A node with optional inputs (a ``--sampling-params`` export's top_k / top_p, an
+    ``--allowed-tokens`` export's mask) builds from its function body, or from the plugin where
+    the library takes them (``takes_optional``: ``plugins.takes_optional_inputs``; an older
+    library takes the required inputs only), and either only when they are a prefix: TensorRT's
+    parser refuses a function node with a skipped (empty) input and hands a plugin none."""
     from flashspec_export.onnx import functions
 
     for node in nodes:
         present = functions.present_inputs(node.op_type, node.input)
         names = ", ".join(sorted(present))
         flags = " ".join(sorted({_EXPORT_FLAGS[name] for name in present}))
-        if present and with_plugins:
+        if present and with_plugins and not takes_optional:
             raise ConfigError(
                 f"{source.name}: {node.op_type} has the optional inputs {names} (export "
-                f"{flags}), which the TensorRT plugins do not take yet; build the function "
-                f"bodies (--function-bodies) or export without {flags}"
+                f"{flags}), which this plugin library does not take (it predates them): "
+                "rebuild plugins/ (plugins/README.md), build the function bodies "
+                f"(--function-bodies) or export without {flags}"
             )
         skipped = functions.skipped_inputs(node.op_type, node.input)
         if skipped:
@@ -120,7 +124,8 @@ def _build_one(
     trt, source: pathlib.Path, shapes: dict, max_len: int, engine: pathlib.Path, with_plugins: bool
 ):
     nodes = _flashspec_nodes(source)
-    _refuse_optional_inputs(source, nodes, with_plugins)
+    takes_optional = with_plugins and plugins.takes_optional_inputs(trt)
+    _refuse_optional_inputs(source, nodes, with_plugins, takes_optional)
     log = trt.Logger(trt.Logger.ERROR)
     builder = trt.Builder(log)
     # Strongly typed: every tensor keeps the graph's type (a bf16 export builds a bf16 engine,

@@ -94,10 +94,6 @@ def _check(config: RunConfig) -> None:
         raise ConfigError(f"--top-k: expected an integer >= 0 (0: off), got {config.top_k}")
     if config.top_p is not None and not 0 < config.top_p <= 1:  # NaN fails too
         raise ConfigError(f"--top-p: expected a value in (0, 1] (1: off), got {config.top_p}")
-    if config.device is not None and (config.top_k is not None or config.top_p is not None):
-        raise ConfigError(
-            "device: the device loop takes no --top-k / --top-p yet; run without --device"
-        )
     if config.allowed is not None and config.allowed_chars is not None:
         raise ConfigError("allowed: give allowed callables or --allowed-chars, not both")
     if config.allowed_chars == "":
@@ -227,7 +223,7 @@ def run(config: RunConfig) -> RunReport:
         if config.select is not None:  # over the loop's arms, rewarded by device time
             policy = selection.make_policy(config.select, device_loop.arms, seed=config.seed)
         generated = device_loop.generate(
-            prompt, config.new_tokens, temperature, seeds, streaming, policy=policy
+            prompt, config.new_tokens, temperature, seeds, streaming, policy=policy, **sampling
         )
         result = GenerationResult(*generated)  # with a policy, its metrics count the arms
     else:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -80,6 +82,22 @@ def test_top_k_top_p_give_the_pytorch_modules_tokens(sampling_export):
     assert all(len(t) == 24 for t in report.onnx.tokens)
 
 
+def test_the_device_loop_gives_onnxruntime_text_under_top_k_top_p(sampling_export):
+    """generate --device cpu --top-k 20 --top-p 0.9 (the device loop over the PyTorch modules):
+    onnxruntime's tokens, which the truncation changes."""
+
+    def tokens(device, **sampling):
+        config = RunConfig(
+            str(sampling_export), new_tokens=16, temperature=1.0, seed=3, prompts=PROMPTS,
+            device=device, **sampling,
+        )  # fmt: skip
+        return run(config).onnx.tokens
+
+    truncated = tokens("cpu", top_k=20, top_p=0.9)
+    assert truncated == tokens(None, top_k=20, top_p=0.9)
+    assert truncated != tokens("cpu")
+
+
 def test_speculation_keeps_the_truncated_text(sampling_export):
     """Per-row top_k / top_p (row 0: top_k 1, i.e. greedy; row 1: top_k 40, top_p 0.8) at T = 1:
     γ = 3 emits the tokens of γ = 0 (the coupled rule under truncation), with drafts accepted;
@@ -102,6 +120,31 @@ def test_speculation_keeps_the_truncated_text(sampling_export):
     assert plain.tokens[1] != tokens(0).tokens[1]
 
 
+# Builds an export's target step with the plugin library (its own process: the registry is
+# global) and prints the engine's plugin layers.
+_PLUGIN_BUILD = """
+import sys
+from flashspec_export.engine import build
+report = build.build_engines(sys.argv[1], ["target_step"])["target_step"]
+print("plugin_layers", *report.plugin_layers)
+"""
+
+
+def test_with_the_plugin_library_the_truncating_step_builds_its_plugin(request, tmp_path):
+    """The --sampling-params step's VerifyResample (top_k, top_p among its 8 inputs) becomes
+    the plugin layer of a TensorRT-RTX engine built on the CPU."""
+    pytest.importorskip("tensorrt_rtx", reason="needs TensorRT-RTX (pip install tensorrt-rtx)")
+    from flashspec_export.engine import plugins
+
+    if plugins.library_path() is None:
+        pytest.skip("needs the plugin library (plugins/README.md)")
+    export = shutil.copytree(request.getfixturevalue("sampling_export"), tmp_path / "export")
+    command = [sys.executable, "-c", _PLUGIN_BUILD, str(export)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "plugin_layers node_verify_resample" in result.stdout, result.stdout
+
+
 def test_the_loop_refuses_sampling_params_a_step_does_not_take(tiny_ngram_export):
     manifest = export_manifest.read(tiny_ngram_export)
     target, drafter = sessions.from_export(tiny_ngram_export, manifest)
@@ -118,8 +161,8 @@ def test_the_engine_builder_builds_the_truncating_body_and_refuses_what_tensorrt
     """Without the plugin library the target step builds from the function bodies: the
     truncating body needs no sort, so stdlib-tiny's 4096 tokens (past TensorRT's TopK limit,
     3840) build (about 10 s on a CPU). A skipped optional input is refused by name (TensorRT's
-    parser refuses it), and with the plugin library the node's top_k / top_p are (the plugins
-    take the required inputs only)."""
+    parser refuses it), and with a plugin library that predates them the node's top_k / top_p
+    are."""
     pytest.importorskip("tensorrt_rtx", reason="needs TensorRT-RTX (pip install tensorrt-rtx)")
     from flashspec_export.engine import build, plugins
     from flashspec_export.onnx import functions
@@ -133,5 +176,6 @@ def test_the_engine_builder_builds_the_truncating_body_and_refuses_what_tensorrt
         build._refuse_optional_inputs(export / "step.onnx", [skips], with_plugins=False)
     monkeypatch.setattr(plugins, "library_path", lambda: export / "stub.so")
     monkeypatch.setattr(plugins, "register", lambda trt, library: ["VerifyResample"])
-    with pytest.raises(ConfigError, match=r"optional inputs top_k, top_p .* plugins do not take"):
+    monkeypatch.setattr(plugins, "takes_optional_inputs", lambda trt: False)  # an older library
+    with pytest.raises(ConfigError, match=r"optional inputs top_k, top_p .* library does not take"):
         build.build_engines(export, ["target_step"], force=True)
