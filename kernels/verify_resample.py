@@ -424,6 +424,7 @@ def verify_resample(
     device = hidden.device
     # The [R, H] rows as one view (row r = n · (γ + 1) + i), for the Hopper kernel's TMA.
     hidden2d = hidden.view(rows, hidden_size) if hidden.is_contiguous() else None
+    chosen = config is None  # the launch shape is ours to pick
     config = resolve_config("verify_resample", hidden2d, lm_head, rows, vocab_size, config)
     truncating = top_k is not None or top_p is not None
     if (truncating or allowed_tokens is not None) and config.hopper is not None:
@@ -431,6 +432,8 @@ def verify_resample(
         config = choose_config(
             "verify_resample", rows, hidden_size, vocab_size, lm_head.dtype, device, hopper=False
         )
+    if truncating and chosen:
+        config = candidate_shape(config, rows)
     if truncating:
         # A split selects its hand-in once: at most WAVES_PER_SM programs per SM, so that the
         # rows' tile runs amortise it (the tuned rows from 32 rows take one tile per program).
@@ -566,6 +569,17 @@ def verify_resample(
         _recompute(result, seqs, hidden, lm_head, draft_tokens, temperature, seed, positions,
                    vocab_size, return_logprobs, top_k, top_p, allowed_tokens)  # fmt: skip
     return (result, unsettled) if settle_only else result
+
+
+def candidate_shape(config: KernelConfig, rows: int) -> KernelConfig:
+    """The launch shape of a truncating tile pass: from 65 rows its per-tile candidate selection
+    wants plain verify's 64-row shape (64 ids, 4 warps) rather than the 128 x 128 tile of 16
+    warps (H100, Llama-3-8B head, top-k 50, × plain verify at 512 rows: 2.56 against 3.82,
+    ``docs/bench/truncation_tiles_h100.log``). Below, plain verify's shape is as fast or faster
+    and settles more rows (its wider tiles hand in more keys)."""
+    if rows <= 64:
+        return config
+    return config._replace(block_n=64, block_v=64, num_warps=4, num_stages=4, epi_rows=0)
 
 
 # Candidates kept per (row, split) for top-k / top-p: the exact kept set is settled from them when

@@ -15,7 +15,9 @@ trained LM's spread at T ~ 1, where a 0.9 nucleus holds a few hundred of 128k to
 - ``materialised_*``: fp32 logits, the mask expanded from its bits, ``topk`` threshold, a sorted
   cumulative softmax for top-p, softmax, an exponential race with torch's RNG, drafts accepted
   while equal — what vLLM-style samplers do;
-- ``matmul``: cuBLAS alone.
+- ``matmul``: cuBLAS alone;
+- ``cuda_*``: the CUDA library's (the TensorRT plugins' kernels; with ``plugins/build``), plain
+  and truncating (its native kernels, the exact recomputation of unsettled rows included).
 
 Settle rate: the stdlib-tiny target (fp32, ``transformers``) over held-out standard-library files;
 its final hidden states at every position, verified at γ = 0 in batches of R rows with each
@@ -44,6 +46,7 @@ from flashspec_export import ops  # noqa: E402
 from flashspec_export.config import HeadShape  # noqa: E402
 from flashspec_export.kernels import verify_resample as kernel  # noqa: E402
 from flashspec_export.kernels.tiles import choose_config  # noqa: E402
+from flashspec_export.ops import cuda  # noqa: E402
 
 GAMMA = 3
 TRUNCATIONS = {
@@ -120,6 +123,10 @@ def speed(head: str, rows_list, out: dict) -> None:
             "verify_portable": functools.partial(kernel.verify_resample, *args, config=portable),
             "matmul": functools.partial(torch.matmul, hidden.view(-1, shape.hidden_size), lm.T),
         }
+        library = cuda.available()
+        if library:  # the CUDA library (the TensorRT plugins' kernels)
+            cuda.prepare(lm.device)
+            fns["cuda_verify"] = functools.partial(cuda.verify_resample, *args)
         unsettled = {}
         for name, spec in TRUNCATIONS.items():
             kwargs = {}
@@ -132,6 +139,8 @@ def speed(head: str, rows_list, out: dict) -> None:
             fns[name] = functools.partial(kernel.verify_resample, *args, settle_only=True, **kwargs)
             if name == "top_k_50":
                 fns[name + "_stage1"] = functools.partial(_stage1_only, *args, **kwargs)
+            if library:  # its fallback runs on the device: no read back, the whole op timed
+                fns["cuda_" + name] = functools.partial(cuda.verify_resample, *args, **kwargs)
             _, left = fns[name]()
             unsettled[name] = round(left.float().mean().item(), 4)
             fns["materialised_" + name] = functools.partial(
