@@ -125,6 +125,30 @@ def _runner_inputs(directory: pathlib.Path, op: str, profile: str, seed: int):
     return g, lm_head, lines
 
 
+def _check_runner_case(directory, case, truncate=None) -> torch.Tensor:
+    """The runner's tokens, counts and log-probabilities in ``directory`` against the reference
+    op's on ``case`` (and its ``truncate`` inputs); returns the counts."""
+    n, width = case[2].shape[0], case[2].shape[1] + 1
+    tokens, emitted, logprobs = ops.verify_resample(
+        *(t.cuda() for t in case),
+        32000,
+        return_logprobs=True,
+        **{k: v.cuda() for k, v in (truncate or {}).items()},
+    )
+    got_tokens = torch.from_numpy(np.fromfile(directory / "tokens.bin", np.int64))
+    got_emitted = torch.from_numpy(np.fromfile(directory / "num_emitted.bin", np.int64))
+    got_logprobs = torch.from_numpy(np.fromfile(directory / "logprobs.bin", np.float32))
+    assert torch.equal(got_tokens.reshape(n, width), tokens.cpu()), directory.name
+    assert torch.equal(got_emitted, emitted.cpu()), directory.name
+    torch.testing.assert_close(
+        got_logprobs.reshape(n, width),
+        logprobs.cpu(),
+        atol=LOGPROB_LARGE_H_ATOL,
+        rtol=LOGPROB_RTOL,
+    )
+    return emitted
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.skipif(not RUNNER.is_file(), reason=f"needs TensorRT headers to build it: {HOW}")
@@ -143,22 +167,7 @@ def test_verify_plugin_under_a_dynamic_profile_emits_the_reference_tokens(tmp_pa
     assert run.returncode == 0, run.stdout + run.stderr
     accepted = 0
     for name, case in cases.items():
-        n, width = case[2].shape[0], case[2].shape[1] + 1
-        tokens, emitted, logprobs = ops.verify_resample(
-            *(t.cuda() for t in case), 32000, return_logprobs=True
-        )
-        got_tokens = torch.from_numpy(np.fromfile(tmp_path / name / "tokens.bin", np.int64))
-        got_emitted = torch.from_numpy(np.fromfile(tmp_path / name / "num_emitted.bin", np.int64))
-        got_logprobs = torch.from_numpy(np.fromfile(tmp_path / name / "logprobs.bin", np.float32))
-        assert torch.equal(got_tokens.reshape(n, width), tokens.cpu()), name
-        assert torch.equal(got_emitted, emitted.cpu()), name
-        torch.testing.assert_close(
-            got_logprobs.reshape(n, width),
-            logprobs.cpu(),
-            atol=LOGPROB_LARGE_H_ATOL,
-            rtol=LOGPROB_RTOL,
-        )
-        accepted += int((emitted > 1).sum())
+        accepted += int((_check_runner_case(tmp_path / name, case) > 1).sum())
     assert accepted > 0, "no draft was accepted: the cases are vacuous"
 
 
@@ -199,24 +208,7 @@ def test_verify_plugin_with_truncation_under_a_dynamic_profile_emits_the_referen
     run = subprocess.run([RUNNER, tmp_path], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
     for name, (case, truncate) in cases.items():
-        n, width = case[2].shape[0], case[2].shape[1] + 1
-        tokens, emitted, logprobs = ops.verify_resample(
-            *(t.cuda() for t in case),
-            32000,
-            return_logprobs=True,
-            **{k: v.cuda() for k, v in truncate.items()},
-        )
-        got_tokens = torch.from_numpy(np.fromfile(tmp_path / name / "tokens.bin", np.int64))
-        got_emitted = torch.from_numpy(np.fromfile(tmp_path / name / "num_emitted.bin", np.int64))
-        got_logprobs = torch.from_numpy(np.fromfile(tmp_path / name / "logprobs.bin", np.float32))
-        assert torch.equal(got_tokens.reshape(n, width), tokens.cpu()), name
-        assert torch.equal(got_emitted, emitted.cpu()), name
-        torch.testing.assert_close(
-            got_logprobs.reshape(n, width),
-            logprobs.cpu(),
-            atol=LOGPROB_LARGE_H_ATOL,
-            rtol=LOGPROB_RTOL,
-        )
+        _check_runner_case(tmp_path / name, case, truncate)
 
 
 @pytest.mark.gpu

@@ -74,6 +74,20 @@ DynamicPluginTensorDesc desc(DataType type)
     return d;
 }
 
+//! A tensor of fixed dims (min = opt = max) of ``type``.
+DynamicPluginTensorDesc fixedDesc(DataType type, std::initializer_list<int64_t> dims)
+{
+    DynamicPluginTensorDesc d = desc(type);
+    d.desc.dims.nbDims = d.min.nbDims = d.max.nbDims = static_cast<int32_t>(dims.size());
+    int32_t i = 0;
+    for (int64_t x : dims)
+    {
+        d.desc.dims.d[i] = d.min.d[i] = d.max.d[i] = x;
+        ++i;
+    }
+    return d;
+}
+
 //! Does the plugin accept exactly these types at every position (and refuse a wrong one)?
 bool accepts(IPluginV3OneBuild* build, std::initializer_list<DataType> types, int32_t nbInputs)
 {
@@ -130,17 +144,7 @@ void checkCommon(char const* name, int32_t op, int32_t nbOutputs)
     // configurePlugin (build time) fixes the split count for the largest shape (64 rows of H = 256:
     // TiledArgmax [64, 256], VerifyResample [16, 4, 256]); it is serialized.
     std::vector<DynamicPluginTensorDesc> inputs;
-    auto input = [&](DataType type, std::initializer_list<int64_t> dims) {
-        DynamicPluginTensorDesc d = desc(type);
-        d.desc.dims.nbDims = d.min.nbDims = d.max.nbDims = static_cast<int32_t>(dims.size());
-        int32_t i = 0;
-        for (int64_t x : dims)
-        {
-            d.desc.dims.d[i] = d.min.d[i] = d.max.d[i] = x;
-            ++i;
-        }
-        inputs.push_back(d);
-    };
+    auto input = [&](DataType type, std::initializer_list<int64_t> dims) { inputs.push_back(fixedDesc(type, dims)); };
     input(DataType::kBF16, verify ? std::initializer_list<int64_t>{16, 4, 256} : std::initializer_list<int64_t>{64, 256});
     input(DataType::kBF16, {1024, 256});
     if (verify)
@@ -520,17 +524,7 @@ void checkOptionalInputs()
         "VerifyResample: refuses allowed_tokens before top_p");
     int64_t const n = 16, r = 4, hs = 256, vocab = 1000, words = (vocab + 31) / 32;
     std::vector<DynamicPluginTensorDesc> in;
-    auto input = [&](DataType type, std::initializer_list<int64_t> dims) {
-        DynamicPluginTensorDesc d = desc(type);
-        d.desc.dims.nbDims = d.min.nbDims = d.max.nbDims = static_cast<int32_t>(dims.size());
-        int32_t i = 0;
-        for (int64_t x : dims)
-        {
-            d.desc.dims.d[i] = d.min.d[i] = d.max.d[i] = x;
-            ++i;
-        }
-        in.push_back(d);
-    };
+    auto input = [&](DataType type, std::initializer_list<int64_t> dims) { in.push_back(fixedDesc(type, dims)); };
     input(h, {n, r, hs});
     input(h, {1024, hs});
     input(i64, {n, r - 1});
