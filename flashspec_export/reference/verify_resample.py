@@ -125,16 +125,19 @@ def tile_summaries(
         return torch.where(truncation.allowed_ids(allowed_tokens, token), logits, float("-inf"))
 
     limit = None  # the last kept (logit, id) of each row under top-k / top-p (truncation.py)
+    row = None  # the whole row's logits, which the tiles then slice when truncating
     if top_k is not None or top_p is not None:
-        limit = truncation.threshold(
-            masked_logits(torch.arange(vocab_size, device=device)), top_k, top_p
-        )
+        # One product for the threshold and the tiles: on CUDA a tile's product may round
+        # differently from the row's (another GEMM kernel), and a token compared against a
+        # threshold of other rounding could drop out of its own kept set.
+        row = masked_logits(torch.arange(vocab_size, device=device))
+        limit = truncation.threshold(row, top_k, top_p)
 
     fields = {name: [] for name in TileSummaries._fields}
     for start in range(0, vocab_size, block_v):
         stop = min(start + block_v, vocab_size)
         token = torch.arange(start, stop, device=device)  # [B]
-        logits = masked_logits(token)  # [N, R, B]
+        logits = masked_logits(token) if row is None else row[..., start:stop]  # [N, R, B]
         if limit is not None:
             logits = torch.where(truncation.kept(logits, token, limit), logits, float("-inf"))
         g = noise.gumbel_from_bits(noise.token_bits(a[..., None], b[..., None], token))
