@@ -45,7 +45,7 @@ from flashspec_export.models.mtp import MtpDrafter
 from flashspec_export.models.ngram import NgramDrafter, lookup
 from flashspec_export.models.target import TargetStep, select_rows
 from flashspec_export.ops import registry
-from flashspec_export.runtime.loop import Stream, as_prompts, check_request
+from flashspec_export.runtime.loop import Stream, as_prompts, check_request, sampling_values
 from flashspec_export.runtime.metrics import Metrics
 from flashspec_export.runtime.selection import Arm, NgramHindsight
 
@@ -453,11 +453,11 @@ class DeviceLoop:
                 raise ConfigError(f"arm: {asked} is none of the loop's arms {self.arms}")
         if select_round < 1:
             raise ConfigError(f"select_round: expected at least 1, got {select_round}")
-        truncation = check_truncation(len(prompts), top_k, top_p)
-        self._truncating = truncation is not None
+        self._truncating = top_k is not None or top_p is not None
         if self._truncating:
-            self.top_k[: len(prompts)].copy_(truncation[0])
-            self.top_p[: len(prompts)].copy_(truncation[1])
+            top_k, top_p = sampling_values(len(prompts), top_k, top_p)
+            self.top_k.copy_(top_k)
+            self.top_p.copy_(top_p)
         if self.use_graphs and (self.arms[0], self._truncating) not in self._graphs:
             self._capture()
         timed = self.device.type == "cuda"
@@ -676,20 +676,6 @@ class DeviceLoop:
             self.piece_seconds = {k: seconds.get(k, 0.0) for k in ("target", "verify", "draft")}
             metrics.draft_seconds = self.piece_seconds["draft"]
             metrics.verify_seconds = self.piece_seconds["target"] + self.piece_seconds["verify"]
-
-
-def check_truncation(n: int, top_k, top_p) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """``generate``'s top_k / top_p as [N] int64 / float32 on the host with the off values (0, 1)
-    where one is not given; None where neither is; ConfigError naming a bad one."""
-    if top_k is None and top_p is None:
-        return None
-    top_k = torch.zeros(n, dtype=torch.int64) if top_k is None else torch.as_tensor(top_k).cpu()
-    top_p = torch.ones(n) if top_p is None else torch.as_tensor(top_p).cpu()
-    if top_k.shape != (n,) or top_k.is_floating_point() or bool((top_k < 0).any()):
-        raise ConfigError(f"top_k: expected {n} integers >= 0 (0: off), got {top_k.tolist()}")
-    if top_p.shape != (n,) or not bool(((top_p > 0) & (top_p <= 1)).all()):
-        raise ConfigError(f"top_p: expected {n} values in (0, 1] (1: off), got {top_p.tolist()}")
-    return top_k.long(), top_p.float()
 
 
 def _seconds(before, after) -> float:

@@ -145,13 +145,19 @@ def sampling_inputs(target: Target, n: int, top_k, top_p) -> tuple[torch.Tensor,
                 "per-sequence top_k / top_p (export with --sampling-params)"
             )
         return ()
-    top_k = torch.zeros(n, dtype=torch.int64) if top_k is None else top_k
-    top_p = torch.ones(n) if top_p is None else top_p
-    if top_k.shape != (n,) or bool((top_k < 0).any()):
+    return sampling_values(n, top_k, top_p)
+
+
+def sampling_values(n: int, top_k, top_p) -> tuple[torch.Tensor, torch.Tensor]:
+    """top_k [N] int64 and top_p [N] float32 on the host, the off values (0, 1) where one is
+    not given; a ConfigError naming a bad one."""
+    top_k = torch.zeros(n, dtype=torch.int64) if top_k is None else torch.as_tensor(top_k).cpu()
+    top_p = torch.ones(n) if top_p is None else torch.as_tensor(top_p).cpu()
+    if top_k.shape != (n,) or top_k.is_floating_point() or bool((top_k < 0).any()):
         raise ConfigError(f"top_k: expected {n} integers >= 0 (0: off), got {top_k.tolist()}")
     if top_p.shape != (n,) or not bool(((top_p > 0) & (top_p <= 1)).all()):
         raise ConfigError(f"top_p: expected {n} values in (0, 1] (1: off), got {top_p.tolist()}")
-    return top_k, top_p
+    return top_k.long(), top_p.float()
 
 
 def _allowed_row(allowed: Allowed, prefix: list[int], vocab: int, row: int, j: int):
