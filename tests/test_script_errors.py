@@ -155,10 +155,6 @@ GENERATE_CASES = {
         "scripts/export.py --allowed-tokens",
     ),
     "allowed-chars empty": (["--allowed-chars", ""], "--allowed-chars: expected at least one"),
-    "allowed-chars on the device": (
-        ["--device", "cpu", "--allowed-chars", "0"],
-        "device: the device loop takes no allowed-token mask (--allowed-chars) yet",
-    ),
     "unknown device": (["--device", "gpu"], "argument --device: invalid choice: 'gpu'"),
     "device and engines": (
         ["--device", "cpu", "--engines"],

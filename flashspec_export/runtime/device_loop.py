@@ -45,7 +45,14 @@ from flashspec_export.models.mtp import MtpDrafter
 from flashspec_export.models.ngram import NgramDrafter, lookup
 from flashspec_export.models.target import TargetStep, select_rows
 from flashspec_export.ops import registry
-from flashspec_export.runtime.loop import Stream, as_prompts, check_request, sampling_values
+from flashspec_export.runtime.loop import (
+    Stream,
+    allowed_inputs,
+    as_prompts,
+    check_allowed,
+    check_request,
+    sampling_values,
+)
 from flashspec_export.runtime.metrics import Metrics
 from flashspec_export.runtime.selection import Arm, NgramHindsight
 
@@ -223,6 +230,9 @@ class DeviceLoop:
         # that truncates (``generate``'s top_k / top_p)
         self.top_k, self.top_p = zeros(n), zeros(n, torch.float32) + 1.0
         self._truncating = False
+        # a request's allowed-token callables (loop.Allowed per sequence), asked every step
+        self._allowed = None
+        self._warming = False  # a capture's warm-up: its state is no request's
         if self.ngram:  # each sequence's tokens by position, what the lookup reads (a dump slot)
             self.history = zeros((n, max_len + 1))
         # per γ of an arm: the drafts, the target step's output (its hidden states) and the
@@ -249,6 +259,12 @@ class DeviceLoop:
         self._host = None  # the host's copies: the records, and the tokens twice (pinned)
         self._flip = 0
         self._rows = torch.arange(gamma + 1, device=device)
+
+    @property
+    def _eager_verify(self) -> bool:
+        """The request's verify runs outside the step's graphs: it truncates (a read back of
+        the settled rows) or asks allowed-token callables on the host."""
+        return self._truncating or self._allowed is not None
 
     # ---- the pieces of a step
 
@@ -321,6 +337,14 @@ class DeviceLoop:
         gamma, active = arm.gamma, self.active
         drafts, rows = self.drafts[gamma], self._rows[: gamma + 1]
         truncation = dict(top_k=self.top_k, top_p=self.top_p) if self._truncating else {}
+        if self._allowed is not None and not self._warming:  # one read a step: the host asks
+            counts, active_now = self.count.tolist(), self.active.cpu()
+            generated = [self.out[row, :c].tolist() for row, c in enumerate(counts)]
+            starts = [0] * len(counts)
+            (words,) = allowed_inputs(
+                self.vocab_size, self._allowed, generated, starts, drafts.cpu(), active_now
+            )
+            truncation["allowed_tokens"] = words.to(self.device)
         emitted, num = self.verify(
             self.hidden[gamma],
             self.lm_head,
@@ -372,7 +396,7 @@ class DeviceLoop:
             pieces = pieces[:-1]
         if arm.gamma == 0:
             pieces = pieces[1:]
-        if self.split_timing or self._truncating:
+        if self.split_timing or self._eager_verify:
             return pieces
 
         def step():
@@ -385,28 +409,31 @@ class DeviceLoop:
 
     def _capture(self) -> None:
         """Warm up (compiles the kernels; the state is reset before use) and capture each piece
-        of every arm's step, as the request needs them (``self._truncating``). A truncating
+        of every arm's step, as the request needs them (``self._eager_verify``). A truncating
         verify is not captured: it reads back whether its candidates settled every row
-        (``kernels/verify_resample.py``), and recomputes the rows they did not, exactly."""
+        (``kernels/verify_resample.py``), and recomputes the rows they did not, exactly; nor one
+        whose masks the host computes."""
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
+        self._warming = True  # the allowed-token callables are not asked about this state
         with torch.cuda.stream(stream):
             for arm in self.arms:
                 for _ in range(2):
                     for _, piece in self._pieces(arm):
                         piece()
+        self._warming = False
         torch.cuda.current_stream(self.device).wait_stream(stream)
         for arm in self.arms:
             graphs = []
             for name, piece in self._pieces(arm):
-                if self._truncating and name == "verify":
+                if self._eager_verify and name == "verify":
                     graphs.append(None)
                     continue
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph):
                     piece()
                 graphs.append(graph)
-            self._graphs[arm, self._truncating] = graphs
+            self._graphs[arm, self._eager_verify] = graphs
 
     # ---- the loop
 
@@ -425,6 +452,7 @@ class DeviceLoop:
         select_round: int = SELECT_ROUND,
         top_k: torch.Tensor | None = None,
         top_p: torch.Tensor | None = None,
+        allowed=None,
     ) -> tuple[list[list[int]], Metrics]:
         """Up to ``new_tokens`` per sequence after ``prompt`` ([N, T0] or N lists of token ids
         of any lengths >= 2), as ``loop.generate``: ``stream`` (``runtime.text.TextStream``)
@@ -442,6 +470,10 @@ class DeviceLoop:
             from its top-k / nucleus (``ops.verify_resample``); the verify then runs outside
             the step's graphs with one read back per step (an exact recompute of any row its
             candidates do not settle)
+        allowed : per sequence, a ``loop.Allowed`` callable or None, as ``loop.generate`` takes:
+            asked for every row of every step (the generated tokens and the drafts before the
+            row, read back from the device: one read a step), its mask fed to the verify, which
+            then runs outside the step's graphs
         Returns the generated tokens per sequence and the run's metrics (with a policy,
         ``metrics.arms``: steps per arm).
         """
@@ -453,12 +485,14 @@ class DeviceLoop:
                 raise ConfigError(f"arm: {asked} is none of the loop's arms {self.arms}")
         if select_round < 1:
             raise ConfigError(f"select_round: expected at least 1, got {select_round}")
+        check_allowed(allowed, len(prompts))
+        self._allowed = allowed
         self._truncating = top_k is not None or top_p is not None
         if self._truncating:
             top_k, top_p = sampling_values(len(prompts), top_k, top_p)
             self.top_k.copy_(top_k)
             self.top_p.copy_(top_p)
-        if self.use_graphs and (self.arms[0], self._truncating) not in self._graphs:
+        if self.use_graphs and (self.arms[0], self._eager_verify) not in self._graphs:
             self._capture()
         timed = self.device.type == "cuda"
         metrics = Metrics(self.gamma, self.batch)
@@ -529,7 +563,7 @@ class DeviceLoop:
             pieces = self._pieces(step_arm)
             run = [piece for _, piece in pieces]
             if self.use_graphs:
-                graphs = self._graphs[step_arm, self._truncating]
+                graphs = self._graphs[step_arm, self._eager_verify]
                 run = [p if g is None else g.replay for p, g in zip(run, graphs, strict=True)]
             step = []
             for (name, _), piece in zip(pieces, run, strict=True):

@@ -177,11 +177,17 @@ def _allowed_row(allowed: Allowed, prefix: list[int], vocab: int, row: int, j: i
     return mask
 
 
+def check_allowed(allowed, n: int) -> None:
+    """``allowed``: None, or one ``Allowed`` callable or None per sequence."""
+    if allowed is not None and len(allowed) != n:
+        raise ConfigError(f"allowed: expected {n} callables or None (one per sequence)")
+
+
 def allowed_inputs(
-    target: Target, allowed, sequences: list[list[int]], starts, drafts: torch.Tensor, active
+    vocab: int | None, allowed, sequences: list[list[int]], starts, drafts: torch.Tensor, active
 ) -> tuple[torch.Tensor, ...]:
     """What the step takes after top_k / top_p: allowed_tokens [N, γ + 1, ceil(V / 32)] int32
-    for a target with ``allowed_vocab``, else nothing.
+    for a step that takes masks of ``vocab`` (V) tokens, else (None) nothing.
 
     Row j of sequence i is ``allowed[i](sequences[i][starts[i]:] + drafts[i, :j])``: the mask
     after the tokens it generated and the drafts before the row. Rows past a draft that its own
@@ -192,10 +198,9 @@ def allowed_inputs(
     sequences : prompt and generated tokens; starts : [N] where each one's generated tokens
     begin; drafts : [N, γ] int64; active : [N] bool
     """
-    if target.allowed_vocab is None:
+    if vocab is None:
         return ()
     n, gamma = drafts.shape
-    vocab = target.allowed_vocab
     words = torch.full((n, gamma + 1, words_for(vocab)), -1, dtype=torch.int32)
     for row in range(n if allowed is not None else 0):
         if allowed[row] is None or not active[row]:
@@ -249,8 +254,7 @@ def generate(
         raise ConfigError(
             "allowed: this target step takes no allowed-token masks (export with --allowed-tokens)"
         )
-    if allowed is not None and len(allowed) != n:
-        raise ConfigError(f"allowed: expected {n} callables or None (one per sequence)")
+    check_allowed(allowed, n)
     metrics = Metrics(gamma, n)
     start = time.perf_counter()
     lengths = torch.tensor([len(s) for s in sequences])
@@ -276,7 +280,7 @@ def generate(
         # Finished sequences idle at position 0: their cache is dead, and their writes (γ + 1
         # slots from the step position, more in the drafter) stay inside the cache.
         step_positions = torch.where(active, positions, 0)
-        masks = allowed_inputs(target, allowed, sequences, starts, drafts, active)
+        masks = allowed_inputs(target.allowed_vocab, allowed, sequences, starts, drafts, active)
         clock = time.perf_counter()
         step = target.step(tokens, step_positions, k, v, temperature, seed, *sampling, *masks)
         metrics.verify_seconds += time.perf_counter() - clock

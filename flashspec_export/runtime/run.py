@@ -98,12 +98,6 @@ def _check(config: RunConfig) -> None:
         raise ConfigError("allowed: give allowed callables or --allowed-chars, not both")
     if config.allowed_chars == "":
         raise ConfigError("--allowed-chars: expected at least one character")
-    masked = config.allowed is not None or config.allowed_chars is not None
-    if config.device is not None and masked:
-        raise ConfigError(
-            "device: the device loop takes no allowed-token mask (--allowed-chars) yet; run "
-            "without --device"
-        )
 
 
 def _sampling(config: RunConfig, manifest, batch: int) -> dict:

@@ -2,8 +2,8 @@
 ``--allowed-tokens`` takes allowed_tokens [N, γ + 1, W] in its target step; the loop asks each
 sequence's callable for every row of every step (the drafts before the row in its prefix), the
 text under a prefix-dependent grammar is the same at γ = 0 and γ = 3, onnxruntime and the
-PyTorch modules agree, ``generate.py --allowed-chars`` keeps to its characters, and an empty
-row, an export without the input or the device loop are refused by name."""
+PyTorch modules agree, so does the device loop, ``generate.py --allowed-chars`` keeps to its
+characters, and an empty row or an export without the input are refused by name."""
 
 from __future__ import annotations
 
@@ -159,11 +159,25 @@ def test_a_row_that_allows_nothing_is_refused(allowed_export, prompt, tiny_ngram
         generate(plain, NgramDrafter(), [[1, 2, 3]], 2, 1, torch.ones(1), SEEDS[:1], allowed=[None])
 
 
-def test_run_refuses_masks_an_export_or_the_device_loop_cannot_take(tiny_ngram_export):
+def test_run_refuses_masks_an_export_cannot_take(tiny_ngram_export):
     with pytest.raises(ConfigError, match=r"allowed: this export's .* scripts/export.py --allowed"):
         run(RunConfig(str(tiny_ngram_export), new_tokens=2, allowed=(alternating(0),)))
-    with pytest.raises(ConfigError, match="device: the device loop takes no allowed-token mask"):
+    with pytest.raises(ConfigError, match=r"--allowed-chars: this export's .* --allowed-tokens"):
         run(RunConfig(str(tiny_ngram_export), new_tokens=2, device="cpu", allowed_chars="0"))
+
+
+def test_the_device_loop_asks_the_same_masks(allowed_export, prompt):
+    """--device cpu: the device loop asks the callables for every row of every step (read back
+    from the device) and emits the host loop's tokens; a wrong count of callables is refused."""
+    manifest = export_manifest.read(allowed_export)
+    pair = sessions.reference_of(manifest)
+    want = generate(*pair, prompt, NEW_TOKENS, GAMMA, TEMPERATURES, SEEDS, allowed=GRAMMARS)
+    loop = sessions.device_loop_of(manifest, "cpu")
+    tokens, metrics = loop.generate(prompt, NEW_TOKENS, TEMPERATURES, SEEDS, allowed=GRAMMARS)
+    assert tokens == want.tokens and metrics.steps == want.steps
+    assert alternates(tokens[0], 0) and alternates(tokens[1], 1)
+    with pytest.raises(ConfigError, match=r"allowed: expected 3 callables or None"):
+        loop.generate(prompt, NEW_TOKENS, TEMPERATURES, SEEDS, allowed=GRAMMARS[:2])
 
 
 PROMPTS = ("x=[", "[1,", "[[1,")  # the stdlib-tiny tokenizer's ids below the tiny model's 512
