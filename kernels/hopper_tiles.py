@@ -272,6 +272,33 @@ def _sampled_chunk_best(
 
 
 @gluon.jit
+def _allowed_dots(acc, allowed_ptr, rows, row_ok, v_start, num_words, RUN: gl.constexpr,
+                  run_layout: gl.constexpr):  # fmt: skip
+    """``acc [CHUNK, BLOCK_V]`` with -inf at the ids the rows' allowed-token masks forbid
+    (``allowed_ptr``: [R, num_words] int32, bit j of word w allows id 32·w + j). Each thread's run
+    of ``RUN`` ids (a divisor of 32, starting at a multiple of it) lies in one word: one load per
+    thread, then a shift per id, in ``run_layout`` as ``_run_bits``."""
+    gl.static_assert(32 % RUN == 0, "a thread's run of ids must lie inside one mask word")
+    BLOCK_V: gl.constexpr = acc.shape[1]
+    lanes_layout: gl.constexpr = gl.SliceLayout(2, run_layout)
+    lane = gl.arange(0, BLOCK_V // RUN, layout=gl.SliceLayout(0, lanes_layout))
+    first_id = v_start + lane * RUN
+    word = first_id // 32
+    run_rows: gl.constexpr = gl.SliceLayout(1, lanes_layout)
+    r = gl.convert_layout(rows, run_rows, assert_trivial=True)
+    ok = gl.expand_dims(gl.convert_layout(row_ok, run_rows, assert_trivial=True), 1)
+    ok = ok & gl.expand_dims(word < num_words, 0)
+    offsets = gl.expand_dims(r.to(gl.int64) * num_words, 1) + gl.expand_dims(word, 0)
+    words = gl.load(allowed_ptr + offsets, mask=ok, other=0)  # [CHUNK, LANES] int32
+    j_layout: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(0, run_layout))
+    j = gl.expand_dims(gl.expand_dims(gl.arange(0, RUN, layout=j_layout), 0), 0)
+    shift = gl.expand_dims(gl.expand_dims(first_id % 32, 0), 2) + j  # [1, LANES, RUN]
+    bits = (gl.expand_dims(words, 2) >> shift) & 1
+    allowed = gl.convert_layout(gl.reshape(bits, acc.shape), acc.type.layout, assert_trivial=True)
+    return gl.where(allowed != 0, acc, float("-inf"))
+
+
+@gluon.jit
 def _load_partition(shared):
     """TMA producer: for every K chunk of every tile of this CTA, one ring slot."""
     a_desc, b_desc, a_bufs, b_bufs, ready, empty, params = shared[:7]
@@ -406,8 +433,11 @@ def _mma_argmax_partition(a_desc, a_bufs, b_bufs, ready, empty, params):
 
 
 @gluon.jit
-def _epilogue_partition(shared, VERIFY: gl.constexpr, RETURN_LOGPROBS: gl.constexpr):
-    """Per tile: the op's reduction of the accumulator into per-(row, tile) summaries."""
+def _epilogue_partition(
+    shared, VERIFY: gl.constexpr, RETURN_LOGPROBS: gl.constexpr, MASKED: gl.constexpr
+):
+    """Per tile: the op's reduction of the accumulator into per-(row, tile) summaries (with
+    ``MASKED``, of the dots the rows' allowed-token masks keep)."""
     params = shared[6]
     acc_buf, acc_ready, acc_empty = shared[7:]
     num_tiles = params[0]
@@ -423,6 +453,8 @@ def _epilogue_partition(shared, VERIFY: gl.constexpr, RETURN_LOGPROBS: gl.conste
     best_logit_ptr = params[10]
     max_ptr = params[11]
     sum_exp_ptr = params[12]
+    allowed_ptr = params[14]
+    num_words = params[15]
     NUM_CHUNKS: gl.constexpr = acc_buf.type.shape[0]
     CHUNK: gl.constexpr = acc_buf.type.shape[1]
     BLOCK_V: gl.constexpr = acc_buf.type.shape[2]
@@ -475,6 +507,10 @@ def _epilogue_partition(shared, VERIFY: gl.constexpr, RETURN_LOGPROBS: gl.conste
             rows = row_block * BLOCK_N + chunk * CHUNK + gl.arange(0, CHUNK, layout=row_layout)
             row_ok = rows < num_rows
             acc = acc_buf.index(chunk).load(layout)  # [CHUNK, BLOCK_V] fp32
+            if MASKED:
+                acc = _allowed_dots(
+                    acc, allowed_ptr, rows, row_ok, v_tile * BLOCK_V, num_words, RUN, run_layout
+                )
             ids = gl.expand_dims(cols, 0) + gl.zeros([CHUNK, BLOCK_V], gl.int32, layout)
             if VERIFY:
                 in_chunk = chunk * CHUNK + gl.arange(0, CHUNK, layout=row_layout)
@@ -521,20 +557,32 @@ def _epilogue_partition(shared, VERIFY: gl.constexpr, RETURN_LOGPROBS: gl.conste
 @gluon.jit
 def verify_epilogue(shared):
     """The VerifyResample epilogue partition (best noisy score and its id per row and tile)."""
-    _epilogue_partition(shared, True, False)
+    _epilogue_partition(shared, True, False, False)
 
 
 @gluon.jit
 def verify_logprobs_epilogue(shared):
     """The VerifyResample epilogue partition with log-probabilities (also the id's logit and the
     tile's max and sum-exp)."""
-    _epilogue_partition(shared, True, True)
+    _epilogue_partition(shared, True, True, False)
+
+
+@gluon.jit
+def verify_masked_epilogue(shared):
+    """``verify_epilogue`` over the dots the allowed-token masks keep."""
+    _epilogue_partition(shared, True, False, True)
+
+
+@gluon.jit
+def verify_masked_logprobs_epilogue(shared):
+    """``verify_logprobs_epilogue`` over the dots the allowed-token masks keep."""
+    _epilogue_partition(shared, True, True, True)
 
 
 @gluon.jit
 def argmax_epilogue(shared):
     """The TiledArgmax epilogue partition (max logit and its id per row and tile)."""
-    _epilogue_partition(shared, False, False)
+    _epilogue_partition(shared, False, False, False)
 
 
 @gluon.jit(do_not_specialize=["num_rows", "gamma"])  # one compiled kernel whatever N and γ
@@ -553,12 +601,15 @@ def hopper_tiles_kernel(
     num_rows,
     gamma,
     vocab_size,
+    allowed_ptr,  # [R, num_words] int32 allowed-token bit masks (only with MASKED)
+    num_words,  # ceil(vocab_size / 32)
     VERIFY: gl.constexpr,  # VerifyResample (else TiledArgmax)
     RETURN_LOGPROBS: gl.constexpr,  # VerifyResample's log-probability summaries too
     STAGES: gl.constexpr,
     CHUNK: gl.constexpr,
     EPI_WARPS: gl.constexpr,
     EPI_REGS: gl.constexpr,
+    MASKED: gl.constexpr = False,  # VerifyResample over the allowed tokens only
 ):
     BLOCK_N: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
@@ -589,6 +640,8 @@ def hopper_tiles_kernel(
         max_ptr,
         sum_exp_ptr,
         keys_ptr,
+        allowed_ptr,
+        num_words,
     )
     # The worker partitions' one argument (partitions must share a signature): the loader reads
     # its first seven fields, the epilogue the rest and the params.
@@ -604,8 +657,9 @@ def hopper_tiles_kernel(
         )
     else:
         _specialize_with_epilogue(
-            loads, num_tiles, row_blocks, VERIFY, RETURN_LOGPROBS, CHUNK, EPI_WARPS, EPI_REGS
-        )
+            loads, num_tiles, row_blocks, VERIFY, RETURN_LOGPROBS, MASKED, CHUNK, EPI_WARPS,
+            EPI_REGS,
+        )  # fmt: skip
 
 
 @gluon.jit
@@ -615,6 +669,7 @@ def _specialize_with_epilogue(
     row_blocks,
     VERIFY: gl.constexpr,
     RETURN_LOGPROBS: gl.constexpr,
+    MASKED: gl.constexpr,
     CHUNK: gl.constexpr,
     EPI_WARPS: gl.constexpr,
     EPI_REGS: gl.constexpr,
@@ -672,6 +727,26 @@ def _specialize_with_epilogue(
             [
                 (_mma_partition, mma_args),
                 (argmax_epilogue, worker_args),
+                (_load_partition, worker_args),
+            ],
+            [EPI_WARPS, 1],
+            [EPI_REGS, 24],
+        )
+    elif MASKED and RETURN_LOGPROBS:
+        gl.warp_specialize(
+            [
+                (_mma_partition, mma_args),
+                (verify_masked_logprobs_epilogue, worker_args),
+                (_load_partition, worker_args),
+            ],
+            [EPI_WARPS, 1],
+            [EPI_REGS, 24],
+        )
+    elif MASKED:
+        gl.warp_specialize(
+            [
+                (_mma_partition, mma_args),
+                (verify_masked_epilogue, worker_args),
                 (_load_partition, worker_args),
             ],
             [EPI_WARPS, 1],
@@ -786,6 +861,7 @@ def launch(
     seed: torch.Tensor | None = None,
     positions: torch.Tensor | None = None,
     gamma: int = 0,
+    allowed_tokens: torch.Tensor | None = None,
     config: HopperConfig,
 ) -> None:
     """Stage 1 over ``hidden2d [R, H]``: fills the per-(row, tile) summaries, one split per
@@ -794,7 +870,9 @@ def launch(
     ``summaries``: ``(best_score [R, S] float32, best_index [R, S] int32)`` and, with
     ``return_logprobs``, ``best_logit, max, sum_exp`` (each ``[R, S]`` float32), contiguous.
     VerifyResample (``verify=True``) also takes its ``temperature, seed, positions [N]`` and
-    ``gamma`` (rows are ``n · (γ + 1) + i``); TiledArgmax's best score is the max logit.
+    ``gamma`` (rows are ``n · (γ + 1) + i``) and optionally ``allowed_tokens``, contiguous
+    ``[N, γ + 1, ceil(vocab_size / 32)]`` int32 bit masks (``reference/truncation.py``; a row's
+    forbidden ids score -inf); TiledArgmax's best score is the max logit.
     """
     if verify and config.epi_warps == 0:
         raise ValueError("config.epi_warps: VerifyResample needs an epilogue partition (>= 4)")
@@ -825,11 +903,14 @@ def launch(
         rows,
         gamma,
         vocab_size,
+        allowed_tokens if allowed_tokens is not None else keys,  # placeholder, never read
+        triton.cdiv(vocab_size, 32),
         VERIFY=verify,
         RETURN_LOGPROBS=return_logprobs,
         STAGES=config.stages,
         CHUNK=config.chunk,
         EPI_WARPS=config.epi_warps,
         EPI_REGS=config.epi_regs,
+        MASKED=allowed_tokens is not None,
         num_warps=config.block_n // 16,
     )

@@ -406,9 +406,10 @@ def verify_resample(
         (``flashspec_export.ops.workspace``)
     top_k : [N] int64 (0: off), top_p : [N] float32 in (0, 1] (1: off), allowed_tokens :
         [N, γ + 1, ceil(vocab_size / 32)] int32 bit masks — the truncation of
-        ``reference/truncation.py``, fused (``_truncated_summaries``; the portable kernel, and a
-        sequence whose kept set the candidates do not settle is recomputed materialised, after
-        one flag read back to the host)
+        ``reference/truncation.py``, fused: the mask is read once per tile (by the Hopper kernel
+        too); top-k / top-p run the portable kernel (``_truncated_summaries``), and a sequence
+        whose kept set the candidates do not settle is recomputed materialised, after one flag
+        read back to the host
     settle_only : return ``(result, unsettled [R] bool)``: with top-k / top-p, instead of
         recomputing the unsettled rows' sequences (no host read: CUDA-graph capturable; their
         entries in ``result`` are then not the op's). For benchmarks and fallback statistics.
@@ -427,8 +428,8 @@ def verify_resample(
     chosen = config is None  # the launch shape is ours to pick
     config = resolve_config("verify_resample", hidden2d, lm_head, rows, vocab_size, config)
     truncating = top_k is not None or top_p is not None
-    if (truncating or allowed_tokens is not None) and config.hopper is not None:
-        # the Hopper kernel's epilogue has no mask or candidates (yet): the portable kernel's row
+    if truncating and config.hopper is not None:
+        # the Hopper kernel's epilogue hands in no candidates: the portable kernel's row
         config = choose_config(
             "verify_resample", rows, hidden_size, vocab_size, lm_head.dtype, device, hopper=False
         )
@@ -471,6 +472,8 @@ def verify_resample(
     drafts = draft_tokens if gamma > 0 else seed
     stride_dn, stride_di = draft_tokens.stride() if gamma > 0 else (0, 1)
     libdevice = use_libdevice(hidden)
+    if allowed_tokens is not None:
+        allowed_tokens = allowed_tokens.contiguous()  # read as [R, W] rows
 
     tokens = torch.empty((n, width), dtype=torch.int64, device=device)
     num_emitted = torch.empty(n, dtype=torch.int64, device=device)
@@ -492,13 +495,12 @@ def verify_resample(
             seed=seed,
             positions=positions,
             gamma=gamma,
+            allowed_tokens=allowed_tokens,
             config=config.hopper,
         )
     else:
         tiles_per_split = triton.cdiv(triton.cdiv(vocab_size, config.block_v), splits)
         truncated = candidates = None
-        if allowed_tokens is not None:
-            allowed_tokens = allowed_tokens.contiguous()  # read as [R, W] rows
         if truncating:
             truncated = _truncated_sequences(top_k, top_p, n, device)
             (candidates,) = launch_workspace(
@@ -527,8 +529,8 @@ def verify_resample(
             HIDDEN_SIZE=hidden_size,
             **dot_options(hidden),
             LIBDEVICE=libdevice,
-            # top-p's normaliser is the LSE of every allowed token
-            RETURN_LOGPROBS=return_logprobs or truncating,
+            # top-p's normaliser is the LSE of every allowed token (top-k's: of its kept set)
+            RETURN_LOGPROBS=return_logprobs or top_p is not None,
             BLOCK_N=config.block_n,
             BLOCK_V=config.block_v,
             BLOCK_H=config.block_h,
@@ -723,7 +725,7 @@ def _first(x, rank, other):
 
 @triton.jit(do_not_specialize=["num_rows", "width", "num_splits", "num_kept"])
 def _truncated_summaries_kernel(
-    ws_float_ptr,  # [4, R, S] float32: read (max, sum_exp), rewritten for settled rows
+    ws_float_ptr,  # [4, R, S] float32: read (max, sum_exp; TOP_P only), rewritten for settled rows
     ws_index_ptr,  # [R, S] int32: rewritten for settled rows
     cand_ptr,  # [R, S, C + 1] int64: each split's C handed-in keys, then its floor
     truncated_ptr,  # [N] int32: 1 where top-k / top-p apply
@@ -753,9 +755,9 @@ def _truncated_summaries_kernel(
     ``2 · BLOCK_KEPT`` keys, on the selected keys only), the kept set, softmax and nucleus over
     them, the Gumbel-max of the nucleus and its LSE, and the rewrite of the row's summaries as one
     split. Memory traffic per truncated row: its candidates (8 · S · (C + 1) bytes), its max /
-    sum_exp (8 · S), the five rewritten fields (20 · S) and one flag, plus the selected keys
-    through the scratch (up to 16 · BLOCK_KEPT bytes written and read, L2); an untruncated row
-    reads one flag and writes one."""
+    sum_exp (8 · S; top-p only), the five rewritten fields (20 · S) and one flag, plus the
+    selected keys through the scratch (up to 16 · BLOCK_KEPT bytes written and read, L2); an
+    untruncated row reads one flag and writes one."""
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     row_ok = r < num_rows
     n = r // width
@@ -839,11 +841,15 @@ def _truncated_summaries_kernel(
         # online sums of the row's splits), then the nucleus: mass strictly before < p
         plane = num_rows * num_splits
         row_ws = r[:, None] * num_splits + split[None, :]  # [ROWS, BLOCK_S]
-        m = tl.load(ws_float_ptr + F_MAX * plane + row_ws, mask=split_ok, other=float("-inf"))
-        s = tl.load(ws_float_ptr + F_SUM_EXP * plane + row_ws, mask=split_ok, other=0.0)
-        big_m = tl.max(m, 1)
-        finite_m = tl.where(big_m == float("-inf"), 0.0, big_m)
-        total_all = tl.sum(s * math_exp(m - finite_m[:, None], LIBDEVICE), 1)
+        if TOP_P:
+            m = tl.load(ws_float_ptr + F_MAX * plane + row_ws, mask=split_ok, other=float("-inf"))
+            s = tl.load(ws_float_ptr + F_SUM_EXP * plane + row_ws, mask=split_ok, other=0.0)
+            big_m = tl.max(m, 1)
+            finite_m = tl.where(big_m == float("-inf"), 0.0, big_m)
+            total_all = tl.sum(s * math_exp(m - finite_m[:, None], LIBDEVICE), 1)
+        else:  # top-k on every truncated row: the tile pass formed no online sums
+            finite_m = tl.zeros([ROWS], tl.float32)
+            total_all = tl.full([ROWS], 1.0, tl.float32)
         keep_first = _first(keep.to(tl.int32), rank, 0) != 0
         top = tl.where(keep_first, _first(logit, rank, float("-inf")), 0.0)  # largest kept logit
         total_kept = tl.sum(tl.where(keep, math_exp(logit - top[:, None], LIBDEVICE), 0.0), 1)

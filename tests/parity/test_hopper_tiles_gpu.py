@@ -22,7 +22,7 @@ from flashspec_export.kernels import hopper_tiles
 from flashspec_export.kernels.tiled_argmax import tiled_argmax
 from flashspec_export.kernels.tiles import choose_config, hopper_row
 from flashspec_export.kernels.verify_resample import verify_resample
-from flashspec_export.reference import noise
+from flashspec_export.reference import noise, truncation
 from flashspec_export.reference.verify_resample import tile_summaries
 from tests.parity.test_llm_shapes_gpu import _argmax_case, _case
 
@@ -63,6 +63,46 @@ def test_verify_equals_the_portable_kernel(rows, head, dtype):
         assert torch.equal(mine.num_emitted, theirs.num_emitted)
         if logprobs:
             torch.testing.assert_close(mine.logprobs, theirs.logprobs, rtol=0, atol=LOGPROB_ULPS)
+    assert int(mine.num_emitted.max()) > 1, "no draft accepted: the multi-token path never ran"
+
+
+def _allowed(drafts, vocab_size: int, density: float, seed: int) -> torch.Tensor:
+    """Random allowed-token masks ``[N, γ + 1, W]`` that allow each draft in its own row (so that
+    drafts can be accepted), packed as ``reference/truncation.py`` reads them."""
+    n, gamma = drafts.shape
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    keep = torch.rand(n, gamma + 1, vocab_size, device="cuda", generator=g) < density
+    keep[:, :gamma].scatter_(2, drafts[:, :, None], True)
+    return truncation.pack_allowed(keep.cpu()).cuda()
+
+
+@pytest.mark.parametrize("density", [0.5, 0.002])
+@pytest.mark.parametrize("head", ["llama3-8b", "gemma3-12b"])
+@pytest.mark.parametrize("rows", ROWS)
+def test_masked_verify_equals_the_portable_kernel(rows, head, density):
+    """The mask read in the Hopper kernel's epilogue (``_allowed_dots``): the same tokens as the
+    portable kernel's, every emitted token allowed in its row."""
+    shape = HeadShape.from_name(head)
+    n, gamma = (rows // 4, 3) if rows % 4 == 0 else (rows // 2, 1)
+    case = _case(shape, n=n, gamma=gamma, dtype=torch.bfloat16, seed=rows)
+    allowed = _allowed(case[2], shape.vocab_size, density, seed=rows)
+    fast, portable = _configs("verify_resample", rows, shape, torch.bfloat16)
+    assert fast.hopper is not None and portable.hopper is None
+    for logprobs in (False, True):
+        mine = verify_resample(*case, return_logprobs=logprobs, config=fast, allowed_tokens=allowed)
+        theirs = verify_resample(
+            *case, return_logprobs=logprobs, config=portable, allowed_tokens=allowed
+        )
+        assert torch.equal(mine.tokens, theirs.tokens)
+        assert torch.equal(mine.num_emitted, theirs.num_emitted)
+        if logprobs:
+            torch.testing.assert_close(mine.logprobs, theirs.logprobs, rtol=0, atol=LOGPROB_ULPS)
+    ids = mine.tokens.clamp(min=0)
+    words = allowed.gather(2, (ids // 32)[..., None])[..., 0]
+    allowed_bit = ((words >> (ids % 32).to(torch.int32)) & 1) == 1
+    assert bool(allowed_bit[mine.tokens >= 0].all())
+    plain = verify_resample(*case, config=fast)
+    assert not torch.equal(plain.tokens, mine.tokens), "the mask changed no token"
     assert int(mine.num_emitted.max()) > 1, "no draft accepted: the multi-token path never ran"
 
 

@@ -180,6 +180,27 @@ def test_the_device_loop_asks_the_same_masks(allowed_export, prompt):
         loop.generate(prompt, NEW_TOKENS, TEMPERATURES, SEEDS, allowed=GRAMMARS[:2])
 
 
+@pytest.mark.gpu
+def test_on_the_gpu_the_device_loop_asks_the_same_masks(allowed_export, prompt):
+    """--device cuda, each step's graphs around the eager masked verify: the host loop's tokens
+    with the same modules on the GPU, under the alternating grammar."""
+    manifest = export_manifest.read(allowed_export)
+    config = manifest.config
+    pair = sessions.from_modules(
+        sessions.modules_of(manifest), config["draft"], config["batch"], config["max_len"],
+        device="cuda", allowed_tokens=True,
+    )  # fmt: skip
+    want = generate(*pair, prompt, NEW_TOKENS, GAMMA, TEMPERATURES, SEEDS, allowed=GRAMMARS)
+    loop = sessions.device_loop_of(manifest, "cuda")
+    for _ in range(2):  # the second request replays the captured graphs
+        tokens, metrics = loop.generate(
+            prompt, NEW_TOKENS, TEMPERATURES.cuda(), SEEDS, allowed=GRAMMARS
+        )
+        assert tokens == want.tokens and metrics.steps == want.steps
+    assert alternates(tokens[0], 0) and alternates(tokens[1], 1)
+    assert metrics.tokens_per_step > 1.0, metrics.summary()
+
+
 PROMPTS = ("x=[", "[1,", "[[1,")  # the stdlib-tiny tokenizer's ids below the tiny model's 512
 CHARS = "0123456789, ]"
 
