@@ -134,8 +134,12 @@ RUNTIME_ARGS = {
         ("num_rows", "i32"),
         ("gamma", "i32"),
         ("vocab_size", "i32"),
-        ("allowed_ptr", "*i32"),  # MASKED only (not compiled in): any pointer
+        # the sampling parameters' (SAMPLING: not compiled in): any pointers, 0, 0
+        ("allowed_ptr", "*i32"),
         ("num_words", "i32"),
+        ("truncated_ptr", "*i32"),
+        ("cand_ptr", "*i64"),
+        ("hand_in", "i32"),
     ),
     "argmax_finalize": (
         ("ws_max_ptr", "*fp32"),
@@ -331,7 +335,7 @@ def _hopper_row(specs, op, dtype_name, hidden_size, bound, config) -> TileRow:
             "CHUNK": config.chunk,
             "EPI_WARPS": config.epi_warps,
             "EPI_REGS": config.epi_regs,
-            "MASKED": False,  # the library's masks run its native kernels
+            "SAMPLING": False,  # the library's sampling parameters run its native kernels
         }
         specs[symbol] = KernelSpec(
             symbol,

@@ -94,6 +94,12 @@ RANK_REL: gl.constexpr = gl.constexpr(2.0**-20)
 GREEDY_BELOW: gl.constexpr = gl.constexpr(reference.GREEDY_BELOW)  # T below it: a greedy row
 RANK_OFFSET: gl.constexpr = gl.constexpr(24.0)
 RANK_LIMIT: gl.constexpr = gl.constexpr(2.0**64)
+# Keys a (row, tile) hands in for top-k / top-p (``_hand_in``): the tile's largest, then its floor.
+HAND_IN: gl.constexpr = gl.constexpr(4)
+# ``kernels/verify_resample.py``'s order keys: the logit's bits mapped to an ordered int32 in the
+# high word, 2**31 - 1 - id in the low word; EMPTY_KEY below every key.
+EMPTY_KEY: gl.constexpr = gl.constexpr(-(2**63))
+_LOW_WORD: gl.constexpr = gl.constexpr(2**31 - 1)
 
 
 @gluon.jit
@@ -299,6 +305,74 @@ def _allowed_dots(acc, allowed_ptr, rows, row_ok, v_start, num_words, RUN: gl.co
 
 
 @gluon.jit
+def _top2_keys_combine(first_a, second_a, dropped_a, first_b, second_b, dropped_b):
+    """Reduce (largest, second largest, largest of the rest) of int64 keys."""
+    low = gl.minimum(first_a, first_b)
+    second_hi = gl.maximum(second_a, second_b)
+    second_lo = gl.minimum(second_a, second_b)
+    third = gl.maximum(gl.minimum(low, second_hi), second_lo)
+    return (
+        gl.maximum(first_a, first_b),
+        gl.maximum(low, second_hi),
+        gl.maximum(gl.maximum(dropped_a, dropped_b), third),
+    )
+
+
+@gluon.jit
+def _hand_in(logits, ids, run_layout: gl.constexpr):
+    """Per row of a chunk ``[CHUNK, BLOCK_V]``: its ``HAND_IN`` largest order keys (descending
+    logit, then ascending id; ``verify_resample.order_key``), largest first, and the floor, a key
+    at least every key of the row's tile not handed in (EMPTY_KEY if none) — the hand-in of the
+    portable kernel's ``select_candidates`` with one split per tile.
+
+    Each thread's run of ids keeps its two largest keys and the largest it let go (a reduction in
+    registers, ``_top2_keys_combine``); the row's lanes then give up their largest, ``HAND_IN``
+    times (a lane's second moves up when its first is taken). The floor is the largest key left:
+    so a run holding three of the row's largest keys lowers what is handed in, never its truth.
+    Returns ``(handed [CHUNK, HAND_IN], floor [CHUNK])`` in ``SliceLayout(2, run_layout)`` and
+    its row slice.
+    """
+    CHUNK: gl.constexpr = logits.shape[0]
+    BLOCK_V: gl.constexpr = logits.shape[1]
+    RUN: gl.constexpr = run_layout.size_per_thread[2]
+    finite_zero = gl.where(logits == 0.0, 0.0, logits)  # -0.0 ties +0.0
+    bits = finite_zero.to(gl.int32, bitcast=True)
+    ordered = gl.where(bits >= 0, bits, bits ^ _LOW_WORD).to(gl.int64)
+    keys = (ordered << 32) | (_LOW_WORD - ids).to(gl.int64)
+    keys = gl.convert_layout(
+        gl.reshape(keys, [CHUNK, BLOCK_V // RUN, RUN]), run_layout, assert_trivial=True
+    )
+    empty = gl.full_like(keys, EMPTY_KEY)
+    first, second, dropped = gl.reduce((keys, empty, empty), 2, _top2_keys_combine)
+    lanes_layout: gl.constexpr = gl.SliceLayout(2, run_layout)
+    slot = gl.expand_dims(gl.arange(0, HAND_IN, layout=gl.SliceLayout(0, lanes_layout)), 0)
+    handed = gl.full([CHUNK, HAND_IN], EMPTY_KEY, gl.int64, lanes_layout)
+    for j in gl.static_range(HAND_IN):
+        best = gl.expand_dims(gl.max(first, 1), 1)
+        handed = gl.where(slot == j, best, handed)
+        taken = first == best
+        first = gl.where(taken, second, first)
+        second = gl.where(taken, EMPTY_KEY, second)
+    floor = gl.maximum(gl.max(first, 1), gl.max(dropped, 1))
+    return handed, floor
+
+
+@gluon.jit
+def _store_hand_in(handed, floor, rows, row_ok, ws_off, cand_ptr):
+    """Write a chunk's hand-ins to ``cand_ptr [R, S, HAND_IN + 1]`` at the rows' (row, tile)
+    offsets ``ws_off`` (``rows`` and ``row_ok`` in the chunk's row layout)."""
+    lanes_layout: gl.constexpr = handed.type.layout
+    hand_rows: gl.constexpr = gl.SliceLayout(1, lanes_layout)
+    ok = gl.convert_layout(row_ok, hand_rows, assert_trivial=True)
+    out = cand_ptr + gl.convert_layout(ws_off, hand_rows, assert_trivial=True).to(gl.int64) * (
+        HAND_IN + 1
+    )
+    slot = gl.arange(0, HAND_IN, layout=gl.SliceLayout(0, lanes_layout))
+    gl.store(gl.expand_dims(out, 1) + gl.expand_dims(slot, 0), handed, mask=gl.expand_dims(ok, 1))
+    gl.store(out + HAND_IN, floor, mask=ok)
+
+
+@gluon.jit
 def _load_partition(shared):
     """TMA producer: for every K chunk of every tile of this CTA, one ring slot."""
     a_desc, b_desc, a_bufs, b_bufs, ready, empty, params = shared[:7]
@@ -434,10 +508,13 @@ def _mma_argmax_partition(a_desc, a_bufs, b_bufs, ready, empty, params):
 
 @gluon.jit
 def _epilogue_partition(
-    shared, VERIFY: gl.constexpr, RETURN_LOGPROBS: gl.constexpr, MASKED: gl.constexpr
+    shared, VERIFY: gl.constexpr, RETURN_LOGPROBS: gl.constexpr, SAMPLING: gl.constexpr
 ):
-    """Per tile: the op's reduction of the accumulator into per-(row, tile) summaries (with
-    ``MASKED``, of the dots the rows' allowed-token masks keep)."""
+    """Per tile: the op's reduction of the accumulator into per-(row, tile) summaries. With
+    ``SAMPLING`` (VerifyResample's sampling parameters, each switched on at run time): of the dots
+    the rows' allowed-token masks keep (``num_words > 0``), and with ``hand_in`` each truncated
+    row's candidates for top-k / top-p (``_hand_in``; such rows spend no noise: their sample is
+    drawn from the candidates in stage 2)."""
     params = shared[6]
     acc_buf, acc_ready, acc_empty = shared[7:]
     num_tiles = params[0]
@@ -454,12 +531,17 @@ def _epilogue_partition(
     max_ptr = params[11]
     sum_exp_ptr = params[12]
     allowed_ptr = params[14]
-    num_words = params[15]
+    num_words = params[15]  # 0: no mask
+    truncated_ptr = params[16]
+    cand_ptr = params[17]
+    hand_in = params[18]  # 0: no truncation
     NUM_CHUNKS: gl.constexpr = acc_buf.type.shape[0]
     CHUNK: gl.constexpr = acc_buf.type.shape[1]
     BLOCK_V: gl.constexpr = acc_buf.type.shape[2]
     BLOCK_N: gl.constexpr = NUM_CHUNKS * CHUNK
-    keys_ptr = params[13] + gl.program_id(0) * (3 * BLOCK_N)  # this CTA's [3, BLOCK_N] scratch
+    # this CTA's [KEY_FIELDS, BLOCK_N] scratch (the truncation flags last)
+    KEY_FIELDS: gl.constexpr = 4 if SAMPLING else 3
+    keys_ptr = params[13] + gl.program_id(0) * (KEY_FIELDS * BLOCK_N)
     EPI_WARPS: gl.constexpr = gl.num_warps()
     # A chunk [CHUNK, BLOCK_V] over the partition: each warp CHUNK / EPI_WARPS whole rows, each
     # lane a run of one row's ids. The per-row work (the winner's exact score, the keys) is
@@ -491,13 +573,19 @@ def _epilogue_partition(
             position = gl.load(positions_ptr + block_seq, mask=block_ok, other=0)
             position += block_rows - block_seq * (gamma + 1)
             block_t = gl.load(temperature_ptr + block_seq, mask=block_ok, other=0.0)
-            any_sampled = gl.max(gl.where(block_t >= GREEDY_BELOW, 1, 0), 0) > 0
+            sampled = block_t >= GREEDY_BELOW
+            if SAMPLING:
+                trunc = gl.load(truncated_ptr + block_seq, mask=block_ok & (hand_in != 0), other=0)
+                sampled = sampled & (trunc == 0)
+            any_sampled = gl.max(gl.where(sampled, 1, 0), 0) > 0
             block_a, block_b = row_keys(seed, position, STREAM_GUMBEL)
             _cta_barrier()  # the previous tile's reads of this CTA's scratch are done
             in_block = gl.arange(0, BLOCK_N, layout=block_layout)
             gl.store(keys_ptr + in_block, block_a.to(gl.int32, bitcast=True))
             gl.store(keys_ptr + BLOCK_N + in_block, block_b.to(gl.int32, bitcast=True))
             gl.store(keys_ptr + 2 * BLOCK_N + in_block, block_t.to(gl.int32, bitcast=True))
+            if SAMPLING:
+                gl.store(keys_ptr + 3 * BLOCK_N + in_block, trunc)
             _cta_barrier()
         mbarrier.wait(acc_ready, count & 1)
         cols = v_tile * BLOCK_V + gl.arange(0, BLOCK_V, layout=col_layout)
@@ -507,10 +595,12 @@ def _epilogue_partition(
             rows = row_block * BLOCK_N + chunk * CHUNK + gl.arange(0, CHUNK, layout=row_layout)
             row_ok = rows < num_rows
             acc = acc_buf.index(chunk).load(layout)  # [CHUNK, BLOCK_V] fp32
-            if MASKED:
-                acc = _allowed_dots(
-                    acc, allowed_ptr, rows, row_ok, v_tile * BLOCK_V, num_words, RUN, run_layout
-                )
+            if SAMPLING:  # noqa: SIM102 (a constexpr, then a run-time flag)
+                if num_words > 0:
+                    acc = _allowed_dots(
+                        acc, allowed_ptr, rows, row_ok, v_tile * BLOCK_V, num_words, RUN,
+                        run_layout,
+                    )  # fmt: skip
             ids = gl.expand_dims(cols, 0) + gl.zeros([CHUNK, BLOCK_V], gl.int32, layout)
             if VERIFY:
                 in_chunk = chunk * CHUNK + gl.arange(0, CHUNK, layout=row_layout)
@@ -550,6 +640,13 @@ def _epilogue_partition(
                 gl.store(best_logit_ptr + ws_off, best_logit, mask=row_ok)
                 gl.store(max_ptr + ws_off, m, mask=row_ok)
                 gl.store(sum_exp_ptr + ws_off, s, mask=row_ok)
+            if SAMPLING:  # noqa: SIM102
+                if hand_in != 0:
+                    trunc_rows = gl.load(keys_ptr + 3 * BLOCK_N + in_chunk)
+                    if gl.max(trunc_rows, 0) > 0:
+                        logits = gl.div_rn(acc, gl.expand_dims(scale, 1))
+                        handed, floor = _hand_in(logits, ids, run_layout)
+                        _store_hand_in(handed, floor, rows, row_ok, ws_off, cand_ptr)
         _cta_barrier()  # every read of acc_buf is done
         mbarrier.arrive(acc_empty)
 
@@ -568,14 +665,14 @@ def verify_logprobs_epilogue(shared):
 
 
 @gluon.jit
-def verify_masked_epilogue(shared):
-    """``verify_epilogue`` over the dots the allowed-token masks keep."""
+def verify_sampling_epilogue(shared):
+    """``verify_epilogue`` with the sampling parameters (allowed-token masks, top-k / top-p)."""
     _epilogue_partition(shared, True, False, True)
 
 
 @gluon.jit
-def verify_masked_logprobs_epilogue(shared):
-    """``verify_logprobs_epilogue`` over the dots the allowed-token masks keep."""
+def verify_sampling_logprobs_epilogue(shared):
+    """``verify_logprobs_epilogue`` with the sampling parameters."""
     _epilogue_partition(shared, True, True, True)
 
 
@@ -601,15 +698,18 @@ def hopper_tiles_kernel(
     num_rows,
     gamma,
     vocab_size,
-    allowed_ptr,  # [R, num_words] int32 allowed-token bit masks (only with MASKED)
-    num_words,  # ceil(vocab_size / 32)
+    allowed_ptr,  # [R, num_words] int32 allowed-token bit masks (SAMPLING, num_words > 0)
+    num_words,  # ceil(vocab_size / 32), or 0: no mask
+    truncated_ptr,  # [N] int32: 1 where top-k / top-p apply (SAMPLING, hand_in)
+    cand_ptr,  # [R, S, HAND_IN + 1] int64 out: each (row, tile)'s hand-in, then its floor
+    hand_in,  # 1: the truncated rows hand in candidates (SAMPLING); 0: none
     VERIFY: gl.constexpr,  # VerifyResample (else TiledArgmax)
     RETURN_LOGPROBS: gl.constexpr,  # VerifyResample's log-probability summaries too
     STAGES: gl.constexpr,
     CHUNK: gl.constexpr,
     EPI_WARPS: gl.constexpr,
     EPI_REGS: gl.constexpr,
-    MASKED: gl.constexpr = False,  # VerifyResample over the allowed tokens only
+    SAMPLING: gl.constexpr = False,  # VerifyResample's masks and top-k / top-p (run-time flags)
 ):
     BLOCK_N: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
@@ -642,6 +742,9 @@ def hopper_tiles_kernel(
         keys_ptr,
         allowed_ptr,
         num_words,
+        truncated_ptr,
+        cand_ptr,
+        hand_in,
     )
     # The worker partitions' one argument (partitions must share a signature): the loader reads
     # its first seven fields, the epilogue the rest and the params.
@@ -657,7 +760,7 @@ def hopper_tiles_kernel(
         )
     else:
         _specialize_with_epilogue(
-            loads, num_tiles, row_blocks, VERIFY, RETURN_LOGPROBS, MASKED, CHUNK, EPI_WARPS,
+            loads, num_tiles, row_blocks, VERIFY, RETURN_LOGPROBS, SAMPLING, CHUNK, EPI_WARPS,
             EPI_REGS,
         )  # fmt: skip
 
@@ -669,7 +772,7 @@ def _specialize_with_epilogue(
     row_blocks,
     VERIFY: gl.constexpr,
     RETURN_LOGPROBS: gl.constexpr,
-    MASKED: gl.constexpr,
+    SAMPLING: gl.constexpr,
     CHUNK: gl.constexpr,
     EPI_WARPS: gl.constexpr,
     EPI_REGS: gl.constexpr,
@@ -732,21 +835,21 @@ def _specialize_with_epilogue(
             [EPI_WARPS, 1],
             [EPI_REGS, 24],
         )
-    elif MASKED and RETURN_LOGPROBS:
+    elif SAMPLING and RETURN_LOGPROBS:
         gl.warp_specialize(
             [
                 (_mma_partition, mma_args),
-                (verify_masked_logprobs_epilogue, worker_args),
+                (verify_sampling_logprobs_epilogue, worker_args),
                 (_load_partition, worker_args),
             ],
             [EPI_WARPS, 1],
             [EPI_REGS, 24],
         )
-    elif MASKED:
+    elif SAMPLING:
         gl.warp_specialize(
             [
                 (_mma_partition, mma_args),
-                (verify_masked_epilogue, worker_args),
+                (verify_sampling_epilogue, worker_args),
                 (_load_partition, worker_args),
             ],
             [EPI_WARPS, 1],
@@ -862,6 +965,8 @@ def launch(
     positions: torch.Tensor | None = None,
     gamma: int = 0,
     allowed_tokens: torch.Tensor | None = None,
+    truncated: torch.Tensor | None = None,
+    candidates: torch.Tensor | None = None,
     config: HopperConfig,
 ) -> None:
     """Stage 1 over ``hidden2d [R, H]``: fills the per-(row, tile) summaries, one split per
@@ -872,7 +977,10 @@ def launch(
     VerifyResample (``verify=True``) also takes its ``temperature, seed, positions [N]`` and
     ``gamma`` (rows are ``n · (γ + 1) + i``) and optionally ``allowed_tokens``, contiguous
     ``[N, γ + 1, ceil(vocab_size / 32)]`` int32 bit masks (``reference/truncation.py``; a row's
-    forbidden ids score -inf); TiledArgmax's best score is the max logit.
+    forbidden ids score -inf), and for top-k / top-p ``truncated [N]`` int32 (1 where they apply)
+    with ``candidates [R, S, HAND_IN + 1]`` int64, which receives each truncated row's hand-in
+    per tile (``_hand_in``; stage 2: ``verify_resample._truncated_summaries``); TiledArgmax's
+    best score is the max logit.
     """
     if verify and config.epi_warps == 0:
         raise ValueError("config.epi_warps: VerifyResample needs an epilogue partition (>= 4)")
@@ -891,7 +999,8 @@ def launch(
     device = hidden2d.device
     index = device.index if device.index is not None else torch.cuda.current_device()
     grid = (min(num_tiles, sm_count(index)),)
-    keys = _keys_scratch(device, grid[0] * 3 * config.block_n)
+    keys = _keys_scratch(device, grid[0] * 4 * config.block_n)
+    sampling = allowed_tokens is not None or candidates is not None
     hopper_tiles_kernel[grid](
         a_desc,
         b_desc,
@@ -903,14 +1012,17 @@ def launch(
         rows,
         gamma,
         vocab_size,
-        allowed_tokens if allowed_tokens is not None else keys,  # placeholder, never read
-        triton.cdiv(vocab_size, 32),
+        allowed_tokens if allowed_tokens is not None else keys,  # placeholders: never read
+        triton.cdiv(vocab_size, 32) if allowed_tokens is not None else 0,
+        truncated if candidates is not None else keys,
+        candidates if candidates is not None else keys,
+        int(candidates is not None),
         VERIFY=verify,
         RETURN_LOGPROBS=return_logprobs,
         STAGES=config.stages,
         CHUNK=config.chunk,
         EPI_WARPS=config.epi_warps,
         EPI_REGS=config.epi_regs,
-        MASKED=allowed_tokens is not None,
+        SAMPLING=sampling,
         num_warps=config.block_n // 16,
     )

@@ -53,7 +53,6 @@ from flashspec_export.kernels.tiles import (
     WAVES_PER_SM,
     KernelConfig,
     check_device,
-    choose_config,
     dot_options,
     dot_tile,
     fold_best,
@@ -406,10 +405,10 @@ def verify_resample(
         (``flashspec_export.ops.workspace``)
     top_k : [N] int64 (0: off), top_p : [N] float32 in (0, 1] (1: off), allowed_tokens :
         [N, γ + 1, ceil(vocab_size / 32)] int32 bit masks — the truncation of
-        ``reference/truncation.py``, fused: the mask is read once per tile (by the Hopper kernel
-        too); top-k / top-p run the portable kernel (``_truncated_summaries``), and a sequence
-        whose kept set the candidates do not settle is recomputed materialised, after one flag
-        read back to the host
+        ``reference/truncation.py``, fused: the mask is read once per tile; for top-k / top-p
+        each (row, split) hands in candidates (the Hopper kernel: ``HAND_IN`` per tile), stage 2
+        settles the kept set from them (``_truncated_summaries``), and a sequence whose kept set
+        they do not settle is recomputed materialised, after one flag read back to the host
     settle_only : return ``(result, unsettled [R] bool)``: with top-k / top-p, instead of
         recomputing the unsettled rows' sequences (no host read: CUDA-graph capturable; their
         entries in ``result`` are then not the op's). For benchmarks and fallback statistics.
@@ -428,14 +427,9 @@ def verify_resample(
     chosen = config is None  # the launch shape is ours to pick
     config = resolve_config("verify_resample", hidden2d, lm_head, rows, vocab_size, config)
     truncating = top_k is not None or top_p is not None
-    if truncating and config.hopper is not None:
-        # the Hopper kernel's epilogue hands in no candidates: the portable kernel's row
-        config = choose_config(
-            "verify_resample", rows, hidden_size, vocab_size, lm_head.dtype, device, hopper=False
-        )
-    if truncating and chosen:
+    if truncating and chosen and config.hopper is None:
         config = candidate_shape(config, rows)
-    if truncating:
+    if truncating and config.hopper is None:
         # A split selects its hand-in once: at most WAVES_PER_SM programs per SM, so that the
         # rows' tile runs amortise it (the tuned rows from 32 rows take one tile per program).
         sms = 1  # the interpreter's
@@ -481,6 +475,15 @@ def verify_resample(
         torch.empty((n, width), dtype=torch.float32, device=device) if return_logprobs else None
     )
 
+    truncated = candidates = None
+    if truncating:
+        truncated = _truncated_sequences(top_k, top_p, n, device)
+        hand_in = hopper_tiles.HAND_IN if config.hopper is not None else CANDIDATES
+        (candidates,) = launch_workspace(
+            device, "verify_candidates", ((rows, splits, hand_in + 1), torch.int64)
+        )
+    # top-p's normaliser is the LSE of every allowed token (top-k's: of its kept set)
+    online_softmax = return_logprobs or top_p is not None
     if config.hopper is not None:
         floats = workspace.floats
         summaries = (floats[_BEST_SCORE], workspace.index, *floats[_BEST_LOGIT : _SUM_EXP + 1])
@@ -490,22 +493,18 @@ def verify_resample(
             vocab_size,
             summaries,
             verify=True,
-            return_logprobs=return_logprobs,
+            return_logprobs=online_softmax,
             temperature=temperature,
             seed=seed,
             positions=positions,
             gamma=gamma,
             allowed_tokens=allowed_tokens,
+            truncated=truncated,
+            candidates=candidates,
             config=config.hopper,
         )
     else:
         tiles_per_split = triton.cdiv(triton.cdiv(vocab_size, config.block_v), splits)
-        truncated = candidates = None
-        if truncating:
-            truncated = _truncated_sequences(top_k, top_p, n, device)
-            (candidates,) = launch_workspace(
-                device, "verify_candidates", ((rows, splits, CANDIDATES + 1), torch.int64)
-            )
         words = truncation.words_for(vocab_size)
         _verify_tiles_kernel[(triton.cdiv(rows, config.block_n), splits)](
             hidden,
@@ -529,8 +528,7 @@ def verify_resample(
             HIDDEN_SIZE=hidden_size,
             **dot_options(hidden),
             LIBDEVICE=libdevice,
-            # top-p's normaliser is the LSE of every allowed token (top-k's: of its kept set)
-            RETURN_LOGPROBS=return_logprobs or top_p is not None,
+            RETURN_LOGPROBS=online_softmax,
             BLOCK_N=config.block_n,
             BLOCK_V=config.block_v,
             BLOCK_H=config.block_h,
@@ -540,10 +538,10 @@ def verify_resample(
             num_warps=config.num_warps,
             num_stages=config.num_stages,
         )
-        if truncating:
-            unsettled = _truncated_summaries(
-                workspace, candidates, truncated, top_k, top_p, temperature, seed, positions
-            )
+    if truncating:
+        unsettled = _truncated_summaries(
+            workspace, candidates, truncated, top_k, top_p, temperature, seed, positions
+        )
     _verify_finalize_kernel[(n,)](
         workspace.floats,
         workspace.index,
