@@ -335,7 +335,7 @@ def _hopper_row(specs, op, dtype_name, hidden_size, bound, config) -> TileRow:
             "CHUNK": config.chunk,
             "EPI_WARPS": config.epi_warps,
             "EPI_REGS": config.epi_regs,
-            "SAMPLING": False,  # the library's sampling parameters run its native kernels
+            "SAMPLING": 0,  # the library's sampling parameters run its native kernels
         }
         specs[symbol] = KernelSpec(
             symbol,

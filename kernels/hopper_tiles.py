@@ -511,10 +511,11 @@ def _epilogue_partition(
     shared, VERIFY: gl.constexpr, RETURN_LOGPROBS: gl.constexpr, SAMPLING: gl.constexpr
 ):
     """Per tile: the op's reduction of the accumulator into per-(row, tile) summaries. With
-    ``SAMPLING`` (VerifyResample's sampling parameters, each switched on at run time): of the dots
-    the rows' allowed-token masks keep (``num_words > 0``), and with ``hand_in`` each truncated
-    row's candidates for top-k / top-p (``_hand_in``; such rows spend no noise: their sample is
-    drawn from the candidates in stage 2)."""
+    ``SAMPLING`` (VerifyResample's sampling parameters): 1, of the dots the rows' allowed-token
+    masks keep; 2, with ``hand_in`` each truncated row's candidates for top-k / top-p
+    (``_hand_in``; such rows spend no noise: their sample is drawn from the candidates in stage
+    2), and of the allowed dots where ``num_words > 0``. (The mask alone has its own variant:
+    the hand-in's code costs a masked launch 4-9% at 128-512 rows on an H100.)"""
     params = shared[6]
     acc_buf, acc_ready, acc_empty = shared[7:]
     num_tiles = params[0]
@@ -540,7 +541,7 @@ def _epilogue_partition(
     BLOCK_V: gl.constexpr = acc_buf.type.shape[2]
     BLOCK_N: gl.constexpr = NUM_CHUNKS * CHUNK
     # this CTA's [KEY_FIELDS, BLOCK_N] scratch (the truncation flags last)
-    KEY_FIELDS: gl.constexpr = 4 if SAMPLING else 3
+    KEY_FIELDS: gl.constexpr = 4 if SAMPLING == 2 else 3
     keys_ptr = params[13] + gl.program_id(0) * (KEY_FIELDS * BLOCK_N)
     EPI_WARPS: gl.constexpr = gl.num_warps()
     # A chunk [CHUNK, BLOCK_V] over the partition: each warp CHUNK / EPI_WARPS whole rows, each
@@ -574,7 +575,7 @@ def _epilogue_partition(
             position += block_rows - block_seq * (gamma + 1)
             block_t = gl.load(temperature_ptr + block_seq, mask=block_ok, other=0.0)
             sampled = block_t >= GREEDY_BELOW
-            if SAMPLING:
+            if SAMPLING == 2:
                 trunc = gl.load(truncated_ptr + block_seq, mask=block_ok & (hand_in != 0), other=0)
                 sampled = sampled & (trunc == 0)
             any_sampled = gl.max(gl.where(sampled, 1, 0), 0) > 0
@@ -584,7 +585,7 @@ def _epilogue_partition(
             gl.store(keys_ptr + in_block, block_a.to(gl.int32, bitcast=True))
             gl.store(keys_ptr + BLOCK_N + in_block, block_b.to(gl.int32, bitcast=True))
             gl.store(keys_ptr + 2 * BLOCK_N + in_block, block_t.to(gl.int32, bitcast=True))
-            if SAMPLING:
+            if SAMPLING == 2:
                 gl.store(keys_ptr + 3 * BLOCK_N + in_block, trunc)
             _cta_barrier()
         mbarrier.wait(acc_ready, count & 1)
@@ -595,7 +596,11 @@ def _epilogue_partition(
             rows = row_block * BLOCK_N + chunk * CHUNK + gl.arange(0, CHUNK, layout=row_layout)
             row_ok = rows < num_rows
             acc = acc_buf.index(chunk).load(layout)  # [CHUNK, BLOCK_V] fp32
-            if SAMPLING:  # noqa: SIM102 (a constexpr, then a run-time flag)
+            if SAMPLING == 1:
+                acc = _allowed_dots(
+                    acc, allowed_ptr, rows, row_ok, v_tile * BLOCK_V, num_words, RUN, run_layout
+                )
+            if SAMPLING == 2:  # noqa: SIM102 (a constexpr, then a run-time flag)
                 if num_words > 0:
                     acc = _allowed_dots(
                         acc, allowed_ptr, rows, row_ok, v_tile * BLOCK_V, num_words, RUN,
@@ -640,7 +645,7 @@ def _epilogue_partition(
                 gl.store(best_logit_ptr + ws_off, best_logit, mask=row_ok)
                 gl.store(max_ptr + ws_off, m, mask=row_ok)
                 gl.store(sum_exp_ptr + ws_off, s, mask=row_ok)
-            if SAMPLING:  # noqa: SIM102
+            if SAMPLING == 2:  # noqa: SIM102
                 if hand_in != 0:
                     trunc_rows = gl.load(keys_ptr + 3 * BLOCK_N + in_chunk)
                     if gl.max(trunc_rows, 0) > 0:
@@ -654,32 +659,44 @@ def _epilogue_partition(
 @gluon.jit
 def verify_epilogue(shared):
     """The VerifyResample epilogue partition (best noisy score and its id per row and tile)."""
-    _epilogue_partition(shared, True, False, False)
+    _epilogue_partition(shared, True, False, 0)
 
 
 @gluon.jit
 def verify_logprobs_epilogue(shared):
     """The VerifyResample epilogue partition with log-probabilities (also the id's logit and the
     tile's max and sum-exp)."""
-    _epilogue_partition(shared, True, True, False)
+    _epilogue_partition(shared, True, True, 0)
+
+
+@gluon.jit
+def verify_masked_epilogue(shared):
+    """``verify_epilogue`` over the dots the allowed-token masks keep."""
+    _epilogue_partition(shared, True, False, 1)
+
+
+@gluon.jit
+def verify_masked_logprobs_epilogue(shared):
+    """``verify_logprobs_epilogue`` over the dots the allowed-token masks keep."""
+    _epilogue_partition(shared, True, True, 1)
 
 
 @gluon.jit
 def verify_sampling_epilogue(shared):
-    """``verify_epilogue`` with the sampling parameters (allowed-token masks, top-k / top-p)."""
-    _epilogue_partition(shared, True, False, True)
+    """``verify_epilogue`` with top-k / top-p hand-ins (and masks where given)."""
+    _epilogue_partition(shared, True, False, 2)
 
 
 @gluon.jit
 def verify_sampling_logprobs_epilogue(shared):
-    """``verify_logprobs_epilogue`` with the sampling parameters."""
-    _epilogue_partition(shared, True, True, True)
+    """``verify_logprobs_epilogue`` with top-k / top-p hand-ins (and masks where given)."""
+    _epilogue_partition(shared, True, True, 2)
 
 
 @gluon.jit
 def argmax_epilogue(shared):
     """The TiledArgmax epilogue partition (max logit and its id per row and tile)."""
-    _epilogue_partition(shared, False, False, False)
+    _epilogue_partition(shared, False, False, 0)
 
 
 @gluon.jit(do_not_specialize=["num_rows", "gamma"])  # one compiled kernel whatever N and γ
@@ -698,18 +715,18 @@ def hopper_tiles_kernel(
     num_rows,
     gamma,
     vocab_size,
-    allowed_ptr,  # [R, num_words] int32 allowed-token bit masks (SAMPLING, num_words > 0)
+    allowed_ptr,  # [R, num_words] int32 allowed-token bit masks (SAMPLING; 2: num_words > 0)
     num_words,  # ceil(vocab_size / 32), or 0: no mask
-    truncated_ptr,  # [N] int32: 1 where top-k / top-p apply (SAMPLING, hand_in)
+    truncated_ptr,  # [N] int32: 1 where top-k / top-p apply (SAMPLING 2, hand_in)
     cand_ptr,  # [R, S, HAND_IN + 1] int64 out: each (row, tile)'s hand-in, then its floor
-    hand_in,  # 1: the truncated rows hand in candidates (SAMPLING); 0: none
+    hand_in,  # 1: the truncated rows hand in candidates (SAMPLING 2); 0: none
     VERIFY: gl.constexpr,  # VerifyResample (else TiledArgmax)
     RETURN_LOGPROBS: gl.constexpr,  # VerifyResample's log-probability summaries too
     STAGES: gl.constexpr,
     CHUNK: gl.constexpr,
     EPI_WARPS: gl.constexpr,
     EPI_REGS: gl.constexpr,
-    SAMPLING: gl.constexpr = False,  # VerifyResample's masks and top-k / top-p (run-time flags)
+    SAMPLING: gl.constexpr = 0,  # VerifyResample: 1 masks; 2 top-k / top-p (masks at run time)
 ):
     BLOCK_N: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
@@ -835,7 +852,27 @@ def _specialize_with_epilogue(
             [EPI_WARPS, 1],
             [EPI_REGS, 24],
         )
-    elif SAMPLING and RETURN_LOGPROBS:
+    elif SAMPLING == 1 and RETURN_LOGPROBS:
+        gl.warp_specialize(
+            [
+                (_mma_partition, mma_args),
+                (verify_masked_logprobs_epilogue, worker_args),
+                (_load_partition, worker_args),
+            ],
+            [EPI_WARPS, 1],
+            [EPI_REGS, 24],
+        )
+    elif SAMPLING == 1:
+        gl.warp_specialize(
+            [
+                (_mma_partition, mma_args),
+                (verify_masked_epilogue, worker_args),
+                (_load_partition, worker_args),
+            ],
+            [EPI_WARPS, 1],
+            [EPI_REGS, 24],
+        )
+    elif SAMPLING == 2 and RETURN_LOGPROBS:
         gl.warp_specialize(
             [
                 (_mma_partition, mma_args),
@@ -845,7 +882,7 @@ def _specialize_with_epilogue(
             [EPI_WARPS, 1],
             [EPI_REGS, 24],
         )
-    elif SAMPLING:
+    elif SAMPLING == 2:
         gl.warp_specialize(
             [
                 (_mma_partition, mma_args),
@@ -1000,7 +1037,7 @@ def launch(
     index = device.index if device.index is not None else torch.cuda.current_device()
     grid = (min(num_tiles, sm_count(index)),)
     keys = _keys_scratch(device, grid[0] * 4 * config.block_n)
-    sampling = allowed_tokens is not None or candidates is not None
+    sampling = 2 if candidates is not None else int(allowed_tokens is not None)
     hopper_tiles_kernel[grid](
         a_desc,
         b_desc,

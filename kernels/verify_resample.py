@@ -792,79 +792,93 @@ def _truncated_summaries_kernel(
         known_all = tl.sum(((handed > tau[:, None]) & (handed > _NEG_INF_LAST)).to(tl.int32), 1)
         # every finite logit of the row was handed in, and lies among the L keys
         complete = (tau == EMPTY_KEY) & (known_all <= num_kept)
-        if BLOCK_HANDED > 2 * BLOCK_KEPT:
-            # Only keys above max(tau, -inf) may be known, and only the L largest of them: those
-            # are selected — all of them, or (more than L) L to 2 · BLOCK_KEPT keys above a cut
-            # found by bisection (or the L-th largest: then L - a copies of it) — compacted
-            # through this row's scratch (16 · BLOCK_KEPT bytes, L2), and their top BLOCK_KEPT
-            # sorted alone. Ranks past the known keys may hold other keys than the full top-k's
-            # (or EMPTY_KEY), never known.
-            BLOCK_SEL: tl.constexpr = 2 * BLOCK_KEPT
-            above = handed > tl.maximum(tau, _NEG_INF_LAST)[:, None]
-            over = known_all > num_kept  # [ROWS]
-            cut, exact = _selection_cut(handed, above & over[:, None], num_kept, BLOCK_SEL)
-            chosen = above & (handed > tl.where(over, cut, tau)[:, None])
-            a = tl.sum(chosen.to(tl.int32), 1)
-            filled = tl.where(over & exact, num_kept, a)
-            spot = tl.cumsum(chosen.to(tl.int32), 1) - 1
-            row_sel = sel_ptr + r.to(tl.int64)[:, None] * BLOCK_SEL
-            tl.store(row_sel + spot, handed, mask=chosen & on[:, None])
-            tl.debug_barrier()  # the stores seen by every thread of the program
-            j = tl.arange(0, BLOCK_SEL)[None, :]
-            chosen = tl.load(row_sel + j, mask=on[:, None] & (j < a[:, None]), other=EMPTY_KEY)
-            chosen = tl.where((j >= a[:, None]) & (j < filled[:, None]), cut[:, None], chosen)
-            keys = top_sorted(chosen, BLOCK_KEPT)  # [ROWS, BLOCK_KEPT] descending
-        else:
-            keys = top_sorted(handed, BLOCK_KEPT, RUN)  # [ROWS, BLOCK_KEPT] descending
-        rank = tl.arange(0, BLOCK_KEPT)
-        logit, ids = decode_key(keys)
-        known = (
-            (rank < num_kept)[None, :]
-            & (keys > tau[:, None])
-            & (keys != EMPTY_KEY)
-            & (logit > float("-inf"))
-        )
-        # [ROWS] top-k (0: off) and top-p (1: off)
-        k = tl.load(top_k_ptr + n, mask=on, other=0) if TOP_K else tl.zeros([ROWS], tl.int64)
-        p = (
-            tl.load(top_p_ptr + n, mask=on, other=1.0)
-            if TOP_P
-            else tl.full([ROWS], 1.0, tl.float32)
-        )
-        keep = known & ((k == 0)[:, None] | (rank[None, :] < k[:, None]))
-        top_k_on = k > 0
-        top_k_known = top_k_on & (k <= tl.sum(known.to(tl.int32), 1))
-
-        # ---- softmax over the kept set (top-k on) or over every allowed token (the stage-1
-        # online sums of the row's splits), then the nucleus: mass strictly before < p
         plane = num_rows * num_splits
         row_ws = r[:, None] * num_splits + split[None, :]  # [ROWS, BLOCK_S]
         if TOP_P:
+            if BLOCK_HANDED > 2 * BLOCK_KEPT:
+                # Only keys above max(tau, -inf) may be known, and only the L largest of them: those
+                # are selected — all of them, or (more than L) L to 2 · BLOCK_KEPT keys above a cut
+                # found by bisection (or the L-th largest: then L - a copies of it) — compacted
+                # through this row's scratch (16 · BLOCK_KEPT bytes, L2), and their top BLOCK_KEPT
+                # sorted alone. Ranks past the known keys may hold other keys than the full top-k's
+                # (or EMPTY_KEY), never known.
+                BLOCK_SEL: tl.constexpr = 2 * BLOCK_KEPT
+                above = handed > tl.maximum(tau, _NEG_INF_LAST)[:, None]
+                over = known_all > num_kept  # [ROWS]
+                cut, exact = _selection_cut(handed, above & over[:, None], num_kept, BLOCK_SEL)
+                chosen = above & (handed > tl.where(over, cut, tau)[:, None])
+                a = tl.sum(chosen.to(tl.int32), 1)
+                filled = tl.where(over & exact, num_kept, a)
+                spot = tl.cumsum(chosen.to(tl.int32), 1) - 1
+                row_sel = sel_ptr + r.to(tl.int64)[:, None] * BLOCK_SEL
+                tl.store(row_sel + spot, handed, mask=chosen & on[:, None])
+                tl.debug_barrier()  # the stores seen by every thread of the program
+                j = tl.arange(0, BLOCK_SEL)[None, :]
+                chosen = tl.load(row_sel + j, mask=on[:, None] & (j < a[:, None]), other=EMPTY_KEY)
+                chosen = tl.where((j >= a[:, None]) & (j < filled[:, None]), cut[:, None], chosen)
+                keys = top_sorted(chosen, BLOCK_KEPT)  # [ROWS, BLOCK_KEPT] descending
+            else:
+                keys = top_sorted(handed, BLOCK_KEPT, RUN)  # [ROWS, BLOCK_KEPT] descending
+            rank = tl.arange(0, BLOCK_KEPT)
+            logit, ids = decode_key(keys)
+            known = (
+                (rank < num_kept)[None, :]
+                & (keys > tau[:, None])
+                & (keys != EMPTY_KEY)
+                & (logit > float("-inf"))
+            )
+            # [ROWS] top-k (0: off) and top-p (1: off)
+            k = tl.load(top_k_ptr + n, mask=on, other=0) if TOP_K else tl.zeros([ROWS], tl.int64)
+            p = (
+                tl.load(top_p_ptr + n, mask=on, other=1.0)
+                if TOP_P
+                else tl.full([ROWS], 1.0, tl.float32)
+            )
+            keep = known & ((k == 0)[:, None] | (rank[None, :] < k[:, None]))
+            top_k_on = k > 0
+            top_k_known = top_k_on & (k <= tl.sum(known.to(tl.int32), 1))
+
+            # ---- softmax over the kept set (top-k on) or over every allowed token (the stage-1
+            # online sums of the row's splits), then the nucleus: mass strictly before < p
             m = tl.load(ws_float_ptr + F_MAX * plane + row_ws, mask=split_ok, other=float("-inf"))
             s = tl.load(ws_float_ptr + F_SUM_EXP * plane + row_ws, mask=split_ok, other=0.0)
             big_m = tl.max(m, 1)
             finite_m = tl.where(big_m == float("-inf"), 0.0, big_m)
             total_all = tl.sum(s * math_exp(m - finite_m[:, None], LIBDEVICE), 1)
-        else:  # top-k on every truncated row: the tile pass formed no online sums
-            finite_m = tl.zeros([ROWS], tl.float32)
-            total_all = tl.full([ROWS], 1.0, tl.float32)
-        keep_first = _first(keep.to(tl.int32), rank, 0) != 0
-        top = tl.where(keep_first, _first(logit, rank, float("-inf")), 0.0)  # largest kept logit
-        total_kept = tl.sum(tl.where(keep, math_exp(logit - top[:, None], LIBDEVICE), 0.0), 1)
-        shift = tl.where(top_k_on, top, finite_m)
-        total = tl.where(top_k_on, total_kept, total_all)
-        total = tl.where(total == 0.0, 1.0, total)  # 0: no kept token (no 0 / 0 to mask)
-        weight = math_exp(logit - shift[:, None], LIBDEVICE)
-        # IEEE division, as torch's (Triton's `/` on fp32 is not correctly rounded)
-        total = tl.broadcast_to(total[:, None], [ROWS, BLOCK_KEPT])
-        probs = tl.where(keep, tl.math.div_rn(weight, total), 0.0)
-        before = tl.cumsum(probs, 1) - probs
-        # (p >= 1) | (before < p), as a select: the interpreter cannot `|` a broadcast comparison
-        nucleus = keep & tl.where((p >= 1.0)[:, None], True, before < p[:, None])
-        nucleus |= keep & (rank == 0)[None, :]  # the top token is always kept
-        ends_inside = tl.max((keep & ~nucleus).to(tl.int32), 1) > 0
-        any_nucleus = tl.max(nucleus.to(tl.int32), 1) > 0
-        settled = (complete | top_k_known | (~top_k_on & ends_inside)) & any_nucleus
+            keep_first = _first(keep.to(tl.int32), rank, 0) != 0
+            # the largest kept logit
+            top = tl.where(keep_first, _first(logit, rank, float("-inf")), 0.0)
+            total_kept = tl.sum(tl.where(keep, math_exp(logit - top[:, None], LIBDEVICE), 0.0), 1)
+            shift = tl.where(top_k_on, top, finite_m)
+            total = tl.where(top_k_on, total_kept, total_all)
+            total = tl.where(total == 0.0, 1.0, total)  # 0: no kept token (no 0 / 0 to mask)
+            weight = math_exp(logit - shift[:, None], LIBDEVICE)
+            # IEEE division, as torch's (Triton's `/` on fp32 is not correctly rounded)
+            total = tl.broadcast_to(total[:, None], [ROWS, BLOCK_KEPT])
+            probs = tl.where(keep, tl.math.div_rn(weight, total), 0.0)
+            before = tl.cumsum(probs, 1) - probs
+            # (p >= 1) | (before < p), as a select: the interpreter cannot `|` a broadcast
+            # comparison
+            nucleus = keep & tl.where((p >= 1.0)[:, None], True, before < p[:, None])
+            nucleus |= keep & (rank == 0)[None, :]  # the top token is always kept
+            ends_inside = tl.max((keep & ~nucleus).to(tl.int32), 1) > 0
+            any_nucleus = tl.max(nucleus.to(tl.int32), 1) > 0
+            settled = (complete | top_k_known | (~top_k_on & ends_inside)) & any_nucleus
+        else:
+            # ---- top-k alone needs no order: the kept set is the known keys at or above the
+            # k-th largest (a cut by bisection, ``_selection_cut`` with need = most = k), the
+            # softmax is over it, and the Gumbel-max is order-free. Settled as the sorted path
+            # settles it: k within the L largest known keys, or every finite logit known.
+            logit, ids = decode_key(handed)
+            known = (handed > tau[:, None]) & (handed > _NEG_INF_LAST)
+            k = tl.load(top_k_ptr + n, mask=on, other=0)
+            top_k_on = k > 0
+            over = top_k_on & (known_all > k)  # [ROWS]: more known keys than k
+            cut, _ = _selection_cut(handed, known & over[:, None], k, k)
+            nucleus = known & tl.where(over[:, None], handed >= cut[:, None], True)
+            any_nucleus = tl.max(nucleus.to(tl.int32), 1) > 0
+            top_k_known = top_k_on & (k <= tl.minimum(known_all, num_kept))
+            settled = (complete | top_k_known) & any_nucleus
         tl.store(unsettled_ptr + r, (on & ~settled).to(tl.int8), mask=row_ok)
 
         # ---- the Gumbel-max over the nucleus with the tile pass's noise (greedy rows: the
@@ -878,10 +892,9 @@ def _truncated_summaries_kernel(
         score = tl.where(greedy[:, None], logit, logit + g)
         score = tl.where(nucleus, score, float("-inf"))
         best = tl.max(score, 1)
-        tied = score == best[:, None]
+        tied = nucleus & (score == best[:, None])
         y = tl.min(tl.where(tied, ids, _NO_ID), 1)
-        winner = tl.min(tl.where(tied & (ids == y[:, None]), rank[None, :], BLOCK_KEPT), 1)
-        y_logit = tl.max(tl.where(rank[None, :] == winner[:, None], logit, float("-inf")), 1)
+        y_logit = tl.max(tl.where(tied & (ids == y[:, None]), logit, float("-inf")), 1)
         kept_logit = tl.where(nucleus, logit, float("-inf"))
         lse_max = tl.max(kept_logit, 1)
         lse_max = tl.where(tl.abs(lse_max) == float("inf"), 0.0, lse_max)

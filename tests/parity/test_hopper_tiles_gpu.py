@@ -146,8 +146,9 @@ def test_truncating_verify_equals_the_portable_kernel(rows, truncate):
             torch.testing.assert_close(mine.logprobs, theirs.logprobs, rtol=1e-5, atol=LOGPROB_ULPS)
     _, unsettled = verify_resample(*case, config=fast, settle_only=True, **kwargs)
     assert unsettled.float().mean().item() < 0.1, f"{int(unsettled.sum())} of {rows} unsettled"
-    plain = verify_resample(*case, config=fast)
-    assert not torch.equal(plain.tokens, mine.tokens), "the truncation changed no token"
+    if rows >= 128:  # enough rows at T 1.5 to sample past the kept set of these peaked rows
+        plain = verify_resample(*case, config=fast)
+        assert not torch.equal(plain.tokens, mine.tokens), "the truncation changed no token"
     assert int(mine.num_emitted.max()) > 1, "no draft accepted: the multi-token path never ran"
 
 
