@@ -134,12 +134,8 @@ RUNTIME_ARGS = {
         ("num_rows", "i32"),
         ("gamma", "i32"),
         ("vocab_size", "i32"),
-        # the sampling parameters' (SAMPLING: not compiled in): any pointers, 0, 0
-        ("allowed_ptr", "*i32"),
+        ("allowed_ptr", "*i32"),  # MASKED only (not compiled in): any pointer
         ("num_words", "i32"),
-        ("truncated_ptr", "*i32"),
-        ("cand_ptr", "*i64"),
-        ("hand_in", "i32"),
     ),
     "argmax_finalize": (
         ("ws_max_ptr", "*fp32"),
@@ -335,7 +331,7 @@ def _hopper_row(specs, op, dtype_name, hidden_size, bound, config) -> TileRow:
             "CHUNK": config.chunk,
             "EPI_WARPS": config.epi_warps,
             "EPI_REGS": config.epi_regs,
-            "SAMPLING": 0,  # the library's sampling parameters run its native kernels
+            "MASKED": False,  # the library's masks run its native kernels
         }
         specs[symbol] = KernelSpec(
             symbol,

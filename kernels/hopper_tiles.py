@@ -94,12 +94,6 @@ RANK_REL: gl.constexpr = gl.constexpr(2.0**-20)
 GREEDY_BELOW: gl.constexpr = gl.constexpr(reference.GREEDY_BELOW)  # T below it: a greedy row
 RANK_OFFSET: gl.constexpr = gl.constexpr(24.0)
 RANK_LIMIT: gl.constexpr = gl.constexpr(2.0**64)
-# Keys a (row, tile) hands in for top-k / top-p (``_hand_in``): the tile's largest, then its floor.
-HAND_IN: gl.constexpr = gl.constexpr(4)
-# ``kernels/verify_resample.py``'s order keys: the logit's bits mapped to an ordered int32 in the
-# high word, 2**31 - 1 - id in the low word; EMPTY_KEY below every key.
-EMPTY_KEY: gl.constexpr = gl.constexpr(-(2**63))
-_LOW_WORD: gl.constexpr = gl.constexpr(2**31 - 1)
 
 
 @gluon.jit
@@ -278,98 +272,39 @@ def _sampled_chunk_best(
 
 
 @gluon.jit
-def _allowed_dots(acc, allowed_ptr, rows, row_ok, v_start, num_words, RUN: gl.constexpr,
-                  run_layout: gl.constexpr):  # fmt: skip
-    """``acc [CHUNK, BLOCK_V]`` with -inf at the ids the rows' allowed-token masks forbid
-    (``allowed_ptr``: [R, num_words] int32, bit j of word w allows id 32·w + j). Each thread's run
-    of ``RUN`` ids (a divisor of 32, starting at a multiple of it) lies in one word: one load per
-    thread, then a shift per id, in ``run_layout`` as ``_run_bits``."""
+def _mask_words(allowed_ptr, rows, row_ok, v_start, num_words, BLOCK_V: gl.constexpr,
+                run_layout: gl.constexpr):  # fmt: skip
+    """The allowed-token mask words of a chunk's ``rows`` (``allowed_ptr``: [R, num_words]
+    int32, bit j of word w allows id 32·w + j) over its tile's ids from ``v_start``: one word per
+    thread, ``[CHUNK, LANES]`` in ``SliceLayout(2, run_layout)`` (a thread's run of ``RUN`` ids, a
+    divisor of 32 starting at a multiple of it, lies in one word); 0 for rows past ``row_ok``."""
+    RUN: gl.constexpr = run_layout.size_per_thread[2]
     gl.static_assert(32 % RUN == 0, "a thread's run of ids must lie inside one mask word")
-    BLOCK_V: gl.constexpr = acc.shape[1]
     lanes_layout: gl.constexpr = gl.SliceLayout(2, run_layout)
     lane = gl.arange(0, BLOCK_V // RUN, layout=gl.SliceLayout(0, lanes_layout))
-    first_id = v_start + lane * RUN
-    word = first_id // 32
+    word = (v_start + lane * RUN) // 32
     run_rows: gl.constexpr = gl.SliceLayout(1, lanes_layout)
     r = gl.convert_layout(rows, run_rows, assert_trivial=True)
     ok = gl.expand_dims(gl.convert_layout(row_ok, run_rows, assert_trivial=True), 1)
     ok = ok & gl.expand_dims(word < num_words, 0)
     offsets = gl.expand_dims(r.to(gl.int64) * num_words, 1) + gl.expand_dims(word, 0)
-    words = gl.load(allowed_ptr + offsets, mask=ok, other=0)  # [CHUNK, LANES] int32
+    return gl.load(allowed_ptr + offsets, mask=ok, other=0)
+
+
+@gluon.jit
+def _allowed_dots(acc, words, v_start, run_layout: gl.constexpr):
+    """``acc [CHUNK, BLOCK_V]`` with -inf at the ids the mask ``words`` (``_mask_words``) forbid:
+    a shift per id, in ``run_layout`` as ``_run_bits``."""
+    BLOCK_V: gl.constexpr = acc.shape[1]
+    RUN: gl.constexpr = run_layout.size_per_thread[2]
+    lanes_layout: gl.constexpr = gl.SliceLayout(2, run_layout)
+    lane = gl.arange(0, BLOCK_V // RUN, layout=gl.SliceLayout(0, lanes_layout))
     j_layout: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(0, run_layout))
     j = gl.expand_dims(gl.expand_dims(gl.arange(0, RUN, layout=j_layout), 0), 0)
-    shift = gl.expand_dims(gl.expand_dims(first_id % 32, 0), 2) + j  # [1, LANES, RUN]
-    bits = (gl.expand_dims(words, 2) >> shift) & 1
+    shift = gl.expand_dims(gl.expand_dims((v_start + lane * RUN) % 32, 0), 2) + j
+    bits = (gl.expand_dims(words, 2) >> shift) & 1  # [CHUNK, LANES, RUN]
     allowed = gl.convert_layout(gl.reshape(bits, acc.shape), acc.type.layout, assert_trivial=True)
     return gl.where(allowed != 0, acc, float("-inf"))
-
-
-@gluon.jit
-def _top2_keys_combine(first_a, second_a, dropped_a, first_b, second_b, dropped_b):
-    """Reduce (largest, second largest, largest of the rest) of int64 keys."""
-    low = gl.minimum(first_a, first_b)
-    second_hi = gl.maximum(second_a, second_b)
-    second_lo = gl.minimum(second_a, second_b)
-    third = gl.maximum(gl.minimum(low, second_hi), second_lo)
-    return (
-        gl.maximum(first_a, first_b),
-        gl.maximum(low, second_hi),
-        gl.maximum(gl.maximum(dropped_a, dropped_b), third),
-    )
-
-
-@gluon.jit
-def _hand_in(logits, ids, run_layout: gl.constexpr):
-    """Per row of a chunk ``[CHUNK, BLOCK_V]``: its ``HAND_IN`` largest order keys (descending
-    logit, then ascending id; ``verify_resample.order_key``), largest first, and the floor, a key
-    at least every key of the row's tile not handed in (EMPTY_KEY if none) — the hand-in of the
-    portable kernel's ``select_candidates`` with one split per tile.
-
-    Each thread's run of ids keeps its two largest keys and the largest it let go (a reduction in
-    registers, ``_top2_keys_combine``); the row's lanes then give up their largest, ``HAND_IN``
-    times (a lane's second moves up when its first is taken). The floor is the largest key left:
-    so a run holding three of the row's largest keys lowers what is handed in, never its truth.
-    Returns ``(handed [CHUNK, HAND_IN], floor [CHUNK])`` in ``SliceLayout(2, run_layout)`` and
-    its row slice.
-    """
-    CHUNK: gl.constexpr = logits.shape[0]
-    BLOCK_V: gl.constexpr = logits.shape[1]
-    RUN: gl.constexpr = run_layout.size_per_thread[2]
-    finite_zero = gl.where(logits == 0.0, 0.0, logits)  # -0.0 ties +0.0
-    bits = finite_zero.to(gl.int32, bitcast=True)
-    ordered = gl.where(bits >= 0, bits, bits ^ _LOW_WORD).to(gl.int64)
-    keys = (ordered << 32) | (_LOW_WORD - ids).to(gl.int64)
-    keys = gl.convert_layout(
-        gl.reshape(keys, [CHUNK, BLOCK_V // RUN, RUN]), run_layout, assert_trivial=True
-    )
-    empty = gl.full_like(keys, EMPTY_KEY)
-    first, second, dropped = gl.reduce((keys, empty, empty), 2, _top2_keys_combine)
-    lanes_layout: gl.constexpr = gl.SliceLayout(2, run_layout)
-    slot = gl.expand_dims(gl.arange(0, HAND_IN, layout=gl.SliceLayout(0, lanes_layout)), 0)
-    handed = gl.full([CHUNK, HAND_IN], EMPTY_KEY, gl.int64, lanes_layout)
-    for j in gl.static_range(HAND_IN):
-        best = gl.expand_dims(gl.max(first, 1), 1)
-        handed = gl.where(slot == j, best, handed)
-        taken = first == best
-        first = gl.where(taken, second, first)
-        second = gl.where(taken, EMPTY_KEY, second)
-    floor = gl.maximum(gl.max(first, 1), gl.max(dropped, 1))
-    return handed, floor
-
-
-@gluon.jit
-def _store_hand_in(handed, floor, rows, row_ok, ws_off, cand_ptr):
-    """Write a chunk's hand-ins to ``cand_ptr [R, S, HAND_IN + 1]`` at the rows' (row, tile)
-    offsets ``ws_off`` (``rows`` and ``row_ok`` in the chunk's row layout)."""
-    lanes_layout: gl.constexpr = handed.type.layout
-    hand_rows: gl.constexpr = gl.SliceLayout(1, lanes_layout)
-    ok = gl.convert_layout(row_ok, hand_rows, assert_trivial=True)
-    out = cand_ptr + gl.convert_layout(ws_off, hand_rows, assert_trivial=True).to(gl.int64) * (
-        HAND_IN + 1
-    )
-    slot = gl.arange(0, HAND_IN, layout=gl.SliceLayout(0, lanes_layout))
-    gl.store(gl.expand_dims(out, 1) + gl.expand_dims(slot, 0), handed, mask=gl.expand_dims(ok, 1))
-    gl.store(out + HAND_IN, floor, mask=ok)
 
 
 @gluon.jit
@@ -508,14 +443,11 @@ def _mma_argmax_partition(a_desc, a_bufs, b_bufs, ready, empty, params):
 
 @gluon.jit
 def _epilogue_partition(
-    shared, VERIFY: gl.constexpr, RETURN_LOGPROBS: gl.constexpr, SAMPLING: gl.constexpr
+    shared, VERIFY: gl.constexpr, RETURN_LOGPROBS: gl.constexpr, MASKED: gl.constexpr
 ):
-    """Per tile: the op's reduction of the accumulator into per-(row, tile) summaries. With
-    ``SAMPLING`` (VerifyResample's sampling parameters): 1, of the dots the rows' allowed-token
-    masks keep; 2, with ``hand_in`` each truncated row's candidates for top-k / top-p
-    (``_hand_in``; such rows spend no noise: their sample is drawn from the candidates in stage
-    2), and of the allowed dots where ``num_words > 0``. (The mask alone has its own variant:
-    the hand-in's code costs a masked launch 4-9% at 128-512 rows on an H100.)"""
+    """Per tile: the op's reduction of the accumulator into per-(row, tile) summaries (with
+    ``MASKED``, of the dots the rows' allowed-token masks keep: each chunk's mask words are
+    loaded while the chunk before it is reduced, the first chunk's while the MMA finishes)."""
     params = shared[6]
     acc_buf, acc_ready, acc_empty = shared[7:]
     num_tiles = params[0]
@@ -533,16 +465,11 @@ def _epilogue_partition(
     sum_exp_ptr = params[12]
     allowed_ptr = params[14]
     num_words = params[15]  # 0: no mask
-    truncated_ptr = params[16]
-    cand_ptr = params[17]
-    hand_in = params[18]  # 0: no truncation
     NUM_CHUNKS: gl.constexpr = acc_buf.type.shape[0]
     CHUNK: gl.constexpr = acc_buf.type.shape[1]
     BLOCK_V: gl.constexpr = acc_buf.type.shape[2]
     BLOCK_N: gl.constexpr = NUM_CHUNKS * CHUNK
-    # this CTA's [KEY_FIELDS, BLOCK_N] scratch (the truncation flags last)
-    KEY_FIELDS: gl.constexpr = 4 if SAMPLING == 2 else 3
-    keys_ptr = params[13] + gl.program_id(0) * (KEY_FIELDS * BLOCK_N)
+    keys_ptr = params[13] + gl.program_id(0) * (3 * BLOCK_N)  # this CTA's [3, BLOCK_N] scratch
     EPI_WARPS: gl.constexpr = gl.num_warps()
     # A chunk [CHUNK, BLOCK_V] over the partition: each warp CHUNK / EPI_WARPS whole rows, each
     # lane a run of one row's ids. The per-row work (the winner's exact score, the keys) is
@@ -574,38 +501,37 @@ def _epilogue_partition(
             position = gl.load(positions_ptr + block_seq, mask=block_ok, other=0)
             position += block_rows - block_seq * (gamma + 1)
             block_t = gl.load(temperature_ptr + block_seq, mask=block_ok, other=0.0)
-            sampled = block_t >= GREEDY_BELOW
-            if SAMPLING == 2:
-                trunc = gl.load(truncated_ptr + block_seq, mask=block_ok & (hand_in != 0), other=0)
-                sampled = sampled & (trunc == 0)
-            any_sampled = gl.max(gl.where(sampled, 1, 0), 0) > 0
+            any_sampled = gl.max(gl.where(block_t >= GREEDY_BELOW, 1, 0), 0) > 0
             block_a, block_b = row_keys(seed, position, STREAM_GUMBEL)
             _cta_barrier()  # the previous tile's reads of this CTA's scratch are done
             in_block = gl.arange(0, BLOCK_N, layout=block_layout)
             gl.store(keys_ptr + in_block, block_a.to(gl.int32, bitcast=True))
             gl.store(keys_ptr + BLOCK_N + in_block, block_b.to(gl.int32, bitcast=True))
             gl.store(keys_ptr + 2 * BLOCK_N + in_block, block_t.to(gl.int32, bitcast=True))
-            if SAMPLING == 2:
-                gl.store(keys_ptr + 3 * BLOCK_N + in_block, trunc)
             _cta_barrier()
+        first_rows = row_block * BLOCK_N + gl.arange(0, CHUNK, layout=row_layout)
+        if MASKED:  # the first chunk's mask words, loaded while the MMA finishes
+            words = _mask_words(
+                allowed_ptr, first_rows, first_rows < num_rows, v_tile * BLOCK_V, num_words,
+                BLOCK_V, run_layout,
+            )  # fmt: skip
         mbarrier.wait(acc_ready, count & 1)
         cols = v_tile * BLOCK_V + gl.arange(0, BLOCK_V, layout=col_layout)
         # Only the chunks with rows below num_rows (a partial last row block skips the rest).
         live_chunks = gl.cdiv(gl.minimum(num_rows - row_block * BLOCK_N, BLOCK_N), CHUNK)
         for chunk in range(live_chunks):
-            rows = row_block * BLOCK_N + chunk * CHUNK + gl.arange(0, CHUNK, layout=row_layout)
+            rows = first_rows + chunk * CHUNK
             row_ok = rows < num_rows
             acc = acc_buf.index(chunk).load(layout)  # [CHUNK, BLOCK_V] fp32
-            if SAMPLING == 1:
-                acc = _allowed_dots(
-                    acc, allowed_ptr, rows, row_ok, v_tile * BLOCK_V, num_words, RUN, run_layout
-                )
-            if SAMPLING == 2:  # noqa: SIM102 (a constexpr, then a run-time flag)
-                if num_words > 0:
-                    acc = _allowed_dots(
-                        acc, allowed_ptr, rows, row_ok, v_tile * BLOCK_V, num_words, RUN,
-                        run_layout,
-                    )  # fmt: skip
+            if MASKED:  # this chunk's words, and the next chunk's in flight
+                chunk_words = words
+                next_rows = rows + CHUNK
+                next_ok = (next_rows < num_rows) & (chunk + 1 < live_chunks)
+                words = _mask_words(
+                    allowed_ptr, next_rows, next_ok, v_tile * BLOCK_V, num_words, BLOCK_V,
+                    run_layout,
+                )  # fmt: skip
+                acc = _allowed_dots(acc, chunk_words, v_tile * BLOCK_V, run_layout)
             ids = gl.expand_dims(cols, 0) + gl.zeros([CHUNK, BLOCK_V], gl.int32, layout)
             if VERIFY:
                 in_chunk = chunk * CHUNK + gl.arange(0, CHUNK, layout=row_layout)
@@ -645,13 +571,6 @@ def _epilogue_partition(
                 gl.store(best_logit_ptr + ws_off, best_logit, mask=row_ok)
                 gl.store(max_ptr + ws_off, m, mask=row_ok)
                 gl.store(sum_exp_ptr + ws_off, s, mask=row_ok)
-            if SAMPLING == 2:  # noqa: SIM102
-                if hand_in != 0:
-                    trunc_rows = gl.load(keys_ptr + 3 * BLOCK_N + in_chunk)
-                    if gl.max(trunc_rows, 0) > 0:
-                        logits = gl.div_rn(acc, gl.expand_dims(scale, 1))
-                        handed, floor = _hand_in(logits, ids, run_layout)
-                        _store_hand_in(handed, floor, rows, row_ok, ws_off, cand_ptr)
         _cta_barrier()  # every read of acc_buf is done
         mbarrier.arrive(acc_empty)
 
@@ -659,44 +578,32 @@ def _epilogue_partition(
 @gluon.jit
 def verify_epilogue(shared):
     """The VerifyResample epilogue partition (best noisy score and its id per row and tile)."""
-    _epilogue_partition(shared, True, False, 0)
+    _epilogue_partition(shared, True, False, False)
 
 
 @gluon.jit
 def verify_logprobs_epilogue(shared):
     """The VerifyResample epilogue partition with log-probabilities (also the id's logit and the
     tile's max and sum-exp)."""
-    _epilogue_partition(shared, True, True, 0)
+    _epilogue_partition(shared, True, True, False)
 
 
 @gluon.jit
 def verify_masked_epilogue(shared):
     """``verify_epilogue`` over the dots the allowed-token masks keep."""
-    _epilogue_partition(shared, True, False, 1)
+    _epilogue_partition(shared, True, False, True)
 
 
 @gluon.jit
 def verify_masked_logprobs_epilogue(shared):
     """``verify_logprobs_epilogue`` over the dots the allowed-token masks keep."""
-    _epilogue_partition(shared, True, True, 1)
-
-
-@gluon.jit
-def verify_sampling_epilogue(shared):
-    """``verify_epilogue`` with top-k / top-p hand-ins (and masks where given)."""
-    _epilogue_partition(shared, True, False, 2)
-
-
-@gluon.jit
-def verify_sampling_logprobs_epilogue(shared):
-    """``verify_logprobs_epilogue`` with top-k / top-p hand-ins (and masks where given)."""
-    _epilogue_partition(shared, True, True, 2)
+    _epilogue_partition(shared, True, True, True)
 
 
 @gluon.jit
 def argmax_epilogue(shared):
     """The TiledArgmax epilogue partition (max logit and its id per row and tile)."""
-    _epilogue_partition(shared, False, False, 0)
+    _epilogue_partition(shared, False, False, False)
 
 
 @gluon.jit(do_not_specialize=["num_rows", "gamma"])  # one compiled kernel whatever N and γ
@@ -715,18 +622,15 @@ def hopper_tiles_kernel(
     num_rows,
     gamma,
     vocab_size,
-    allowed_ptr,  # [R, num_words] int32 allowed-token bit masks (SAMPLING; 2: num_words > 0)
+    allowed_ptr,  # [R, num_words] int32 allowed-token bit masks (MASKED only)
     num_words,  # ceil(vocab_size / 32), or 0: no mask
-    truncated_ptr,  # [N] int32: 1 where top-k / top-p apply (SAMPLING 2, hand_in)
-    cand_ptr,  # [R, S, HAND_IN + 1] int64 out: each (row, tile)'s hand-in, then its floor
-    hand_in,  # 1: the truncated rows hand in candidates (SAMPLING 2); 0: none
     VERIFY: gl.constexpr,  # VerifyResample (else TiledArgmax)
     RETURN_LOGPROBS: gl.constexpr,  # VerifyResample's log-probability summaries too
     STAGES: gl.constexpr,
     CHUNK: gl.constexpr,
     EPI_WARPS: gl.constexpr,
     EPI_REGS: gl.constexpr,
-    SAMPLING: gl.constexpr = 0,  # VerifyResample: 1 masks; 2 top-k / top-p (masks at run time)
+    MASKED: gl.constexpr = False,  # VerifyResample over the allowed tokens only
 ):
     BLOCK_N: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
@@ -759,9 +663,6 @@ def hopper_tiles_kernel(
         keys_ptr,
         allowed_ptr,
         num_words,
-        truncated_ptr,
-        cand_ptr,
-        hand_in,
     )
     # The worker partitions' one argument (partitions must share a signature): the loader reads
     # its first seven fields, the epilogue the rest and the params.
@@ -777,7 +678,7 @@ def hopper_tiles_kernel(
         )
     else:
         _specialize_with_epilogue(
-            loads, num_tiles, row_blocks, VERIFY, RETURN_LOGPROBS, SAMPLING, CHUNK, EPI_WARPS,
+            loads, num_tiles, row_blocks, VERIFY, RETURN_LOGPROBS, MASKED, CHUNK, EPI_WARPS,
             EPI_REGS,
         )  # fmt: skip
 
@@ -789,7 +690,7 @@ def _specialize_with_epilogue(
     row_blocks,
     VERIFY: gl.constexpr,
     RETURN_LOGPROBS: gl.constexpr,
-    SAMPLING: gl.constexpr,
+    MASKED: gl.constexpr,
     CHUNK: gl.constexpr,
     EPI_WARPS: gl.constexpr,
     EPI_REGS: gl.constexpr,
@@ -852,7 +753,7 @@ def _specialize_with_epilogue(
             [EPI_WARPS, 1],
             [EPI_REGS, 24],
         )
-    elif SAMPLING == 1 and RETURN_LOGPROBS:
+    elif MASKED and RETURN_LOGPROBS:
         gl.warp_specialize(
             [
                 (_mma_partition, mma_args),
@@ -862,31 +763,11 @@ def _specialize_with_epilogue(
             [EPI_WARPS, 1],
             [EPI_REGS, 24],
         )
-    elif SAMPLING == 1:
+    elif MASKED:
         gl.warp_specialize(
             [
                 (_mma_partition, mma_args),
                 (verify_masked_epilogue, worker_args),
-                (_load_partition, worker_args),
-            ],
-            [EPI_WARPS, 1],
-            [EPI_REGS, 24],
-        )
-    elif SAMPLING == 2 and RETURN_LOGPROBS:
-        gl.warp_specialize(
-            [
-                (_mma_partition, mma_args),
-                (verify_sampling_logprobs_epilogue, worker_args),
-                (_load_partition, worker_args),
-            ],
-            [EPI_WARPS, 1],
-            [EPI_REGS, 24],
-        )
-    elif SAMPLING == 2:
-        gl.warp_specialize(
-            [
-                (_mma_partition, mma_args),
-                (verify_sampling_epilogue, worker_args),
                 (_load_partition, worker_args),
             ],
             [EPI_WARPS, 1],
@@ -1002,8 +883,6 @@ def launch(
     positions: torch.Tensor | None = None,
     gamma: int = 0,
     allowed_tokens: torch.Tensor | None = None,
-    truncated: torch.Tensor | None = None,
-    candidates: torch.Tensor | None = None,
     config: HopperConfig,
 ) -> None:
     """Stage 1 over ``hidden2d [R, H]``: fills the per-(row, tile) summaries, one split per
@@ -1014,10 +893,7 @@ def launch(
     VerifyResample (``verify=True``) also takes its ``temperature, seed, positions [N]`` and
     ``gamma`` (rows are ``n · (γ + 1) + i``) and optionally ``allowed_tokens``, contiguous
     ``[N, γ + 1, ceil(vocab_size / 32)]`` int32 bit masks (``reference/truncation.py``; a row's
-    forbidden ids score -inf), and for top-k / top-p ``truncated [N]`` int32 (1 where they apply)
-    with ``candidates [R, S, HAND_IN + 1]`` int64, which receives each truncated row's hand-in
-    per tile (``_hand_in``; stage 2: ``verify_resample._truncated_summaries``); TiledArgmax's
-    best score is the max logit.
+    forbidden ids score -inf); TiledArgmax's best score is the max logit.
     """
     if verify and config.epi_warps == 0:
         raise ValueError("config.epi_warps: VerifyResample needs an epilogue partition (>= 4)")
@@ -1036,8 +912,7 @@ def launch(
     device = hidden2d.device
     index = device.index if device.index is not None else torch.cuda.current_device()
     grid = (min(num_tiles, sm_count(index)),)
-    keys = _keys_scratch(device, grid[0] * 4 * config.block_n)
-    sampling = 2 if candidates is not None else int(allowed_tokens is not None)
+    keys = _keys_scratch(device, grid[0] * 3 * config.block_n)
     hopper_tiles_kernel[grid](
         a_desc,
         b_desc,
@@ -1049,17 +924,14 @@ def launch(
         rows,
         gamma,
         vocab_size,
-        allowed_tokens if allowed_tokens is not None else keys,  # placeholders: never read
-        triton.cdiv(vocab_size, 32) if allowed_tokens is not None else 0,
-        truncated if candidates is not None else keys,
-        candidates if candidates is not None else keys,
-        int(candidates is not None),
+        allowed_tokens if allowed_tokens is not None else keys,  # placeholder, never read
+        triton.cdiv(vocab_size, 32),
         VERIFY=verify,
         RETURN_LOGPROBS=return_logprobs,
         STAGES=config.stages,
         CHUNK=config.chunk,
         EPI_WARPS=config.epi_warps,
         EPI_REGS=config.epi_regs,
-        SAMPLING=sampling,
+        MASKED=allowed_tokens is not None,
         num_warps=config.block_n // 16,
     )

@@ -53,6 +53,7 @@ from flashspec_export.kernels.tiles import (
     WAVES_PER_SM,
     KernelConfig,
     check_device,
+    choose_config,
     dot_options,
     dot_tile,
     fold_best,
@@ -405,10 +406,11 @@ def verify_resample(
         (``flashspec_export.ops.workspace``)
     top_k : [N] int64 (0: off), top_p : [N] float32 in (0, 1] (1: off), allowed_tokens :
         [N, γ + 1, ceil(vocab_size / 32)] int32 bit masks — the truncation of
-        ``reference/truncation.py``, fused: the mask is read once per tile; for top-k / top-p
-        each (row, split) hands in candidates (the Hopper kernel: ``HAND_IN`` per tile), stage 2
-        settles the kept set from them (``_truncated_summaries``), and a sequence whose kept set
-        they do not settle is recomputed materialised, after one flag read back to the host
+        ``reference/truncation.py``, fused: the mask is read once per tile (by the Hopper kernel
+        too); top-k / top-p run the portable kernel, each (row, split) handing in candidates,
+        stage 2 settles the kept set from them (``_truncated_summaries``), and a sequence whose
+        kept set they do not settle is recomputed materialised, after one flag read back to the
+        host
     settle_only : return ``(result, unsettled [R] bool)``: with top-k / top-p, instead of
         recomputing the unsettled rows' sequences (no host read: CUDA-graph capturable; their
         entries in ``result`` are then not the op's). For benchmarks and fallback statistics.
@@ -427,9 +429,15 @@ def verify_resample(
     chosen = config is None  # the launch shape is ours to pick
     config = resolve_config("verify_resample", hidden2d, lm_head, rows, vocab_size, config)
     truncating = top_k is not None or top_p is not None
-    if truncating and chosen and config.hopper is None:
+    if truncating and config.hopper is not None:
+        # The Hopper kernel's epilogue hands in no candidates: a per-lane hand-in settled too
+        # few rows of real logits, whose likely tokens cluster in ids (``candidate_shape``).
+        config = choose_config(
+            "verify_resample", rows, hidden_size, vocab_size, lm_head.dtype, device, hopper=False
+        )
+    if truncating and chosen:
         config = candidate_shape(config, rows)
-    if truncating and config.hopper is None:
+    if truncating:
         # A split selects its hand-in once: at most WAVES_PER_SM programs per SM, so that the
         # rows' tile runs amortise it (the tuned rows from 32 rows take one tile per program).
         sms = 1  # the interpreter's
@@ -478,9 +486,8 @@ def verify_resample(
     truncated = candidates = None
     if truncating:
         truncated = _truncated_sequences(top_k, top_p, n, device)
-        hand_in = hopper_tiles.HAND_IN if config.hopper is not None else CANDIDATES
         (candidates,) = launch_workspace(
-            device, "verify_candidates", ((rows, splits, hand_in + 1), torch.int64)
+            device, "verify_candidates", ((rows, splits, CANDIDATES + 1), torch.int64)
         )
     # top-p's normaliser is the LSE of every allowed token (top-k's: of its kept set)
     online_softmax = return_logprobs or top_p is not None
@@ -499,8 +506,6 @@ def verify_resample(
             positions=positions,
             gamma=gamma,
             allowed_tokens=allowed_tokens,
-            truncated=truncated,
-            candidates=candidates,
             config=config.hopper,
         )
     else:

@@ -411,10 +411,7 @@ struct HopperArgs
     float* sumExp;
     int32_t* rowScratch;
     int32_t gamma;
-    //! The sampling parameters' inputs, never read: the compiled-in kernels take none.
-    int32_t const* allowedTokens = nullptr;
-    int32_t const* truncated = nullptr;
-    int64_t* candidates = nullptr;
+    int32_t const* allowedTokens = nullptr; //!< never read: the compiled-in kernels take no mask
 };
 
 //! Stage 1 by the Hopper kernel `kernel` over hidden [numRows, H] and lm_head [vocabSize, H]: one
@@ -455,13 +452,13 @@ cudaError_t launchHopper(Plan const& plan, int32_t kernel, void const* hidden, v
     }
     int64_t const tiles = static_cast<int64_t>(cdiv(vocabSize, t.blockV)) * cdiv(numRows, t.blockN);
     auto const ctas = static_cast<unsigned>(std::min<int64_t>({tiles, plan.sms, kMaxPersistentCtas}));
-    int32_t off = 0; // no mask (num_words), no hand-in
+    int32_t numWords = cdiv(vocabSize, 32);
     return launch(kernel, ctas, 1,
         {&rowsOperand.map, &rowsOperand.shape[0], &rowsOperand.shape[1], &rowsOperand.strides[0],
             &rowsOperand.strides[1], &headOperand.map, &headOperand.shape[0], &headOperand.shape[1],
             &headOperand.strides[0], &headOperand.strides[1], &a.temperature, &a.seed, &a.positions, &a.bestScore,
             &a.bestIndex, &a.bestLogit, &a.max, &a.sumExp, &a.rowScratch, &numRows, &a.gamma, &vocabSize,
-            &a.allowedTokens, &off, &a.truncated, &a.candidates, &off},
+            &a.allowedTokens, &numWords},
         stream);
 }
 

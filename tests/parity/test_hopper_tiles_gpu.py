@@ -106,52 +106,6 @@ def test_masked_verify_equals_the_portable_kernel(rows, head, density):
     assert int(mine.num_emitted.max()) > 1, "no draft accepted: the multi-token path never ran"
 
 
-# Small kept sets, so that the truncation changes the samples of these peaked rows (logits of
-# standard deviation 8).
-TRUNCATIONS = {
-    "top_k": dict(top_k=2),
-    "top_p": dict(top_p=0.5),
-    "top_k_top_p": dict(top_k=4, top_p=0.6),
-    "mask_top_k": dict(top_k=3, mask=True),
-    "mixed": dict(top_k=(0, 2, 40, 0), top_p=(1.0, 1.0, 0.5, 0.7)),  # off for some sequences
-}
-
-
-@pytest.mark.parametrize("truncate", list(TRUNCATIONS))
-@pytest.mark.parametrize("rows", (18, 64, 128, 200, 512))
-def test_truncating_verify_equals_the_portable_kernel(rows, truncate):
-    """Top-k / top-p handed in by the Hopper kernel's epilogue (``_hand_in``, ``HAND_IN`` keys per
-    row and tile) and settled in stage 2: the portable kernel's tokens (each path recomputes the
-    rows its candidates do not settle, so both are the op's), most rows settled by the hand-in
-    (the stage-2 path is the one taken), every emitted token allowed by the mask."""
-    shape = HeadShape.from_name("llama3-8b")
-    n, gamma = (rows // 4, 3) if rows % 4 == 0 else (rows // 2, 1)
-    case = _case(shape, n=n, gamma=gamma, dtype=torch.bfloat16, seed=rows + 1)
-    spec = TRUNCATIONS[truncate]
-    kwargs = {}
-    for name, dtype in (("top_k", torch.int64), ("top_p", torch.float32)):
-        if name in spec:
-            values = torch.tensor(spec[name], dtype=dtype, device="cuda").reshape(-1)
-            kwargs[name] = values.repeat(n // values.numel() + 1)[:n]
-    if spec.get("mask"):
-        kwargs["allowed_tokens"] = _allowed(case[2], shape.vocab_size, 0.5, seed=rows)
-    fast, portable = _configs("verify_resample", rows, shape, torch.bfloat16)
-    assert fast.hopper is not None and portable.hopper is None
-    for logprobs in (False, True):
-        mine = verify_resample(*case, return_logprobs=logprobs, config=fast, **kwargs)
-        theirs = verify_resample(*case, return_logprobs=logprobs, config=portable, **kwargs)
-        assert torch.equal(mine.tokens, theirs.tokens)
-        assert torch.equal(mine.num_emitted, theirs.num_emitted)
-        if logprobs:
-            torch.testing.assert_close(mine.logprobs, theirs.logprobs, rtol=1e-5, atol=LOGPROB_ULPS)
-    _, unsettled = verify_resample(*case, config=fast, settle_only=True, **kwargs)
-    assert unsettled.float().mean().item() < 0.1, f"{int(unsettled.sum())} of {rows} unsettled"
-    if rows >= 128:  # enough rows at T 1.5 to sample past the kept set of these peaked rows
-        plain = verify_resample(*case, config=fast)
-        assert not torch.equal(plain.tokens, mine.tokens), "the truncation changed no token"
-    assert int(mine.num_emitted.max()) > 1, "no draft accepted: the multi-token path never ran"
-
-
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("head", ["llama3-8b", "qwen3-8b"])
 @pytest.mark.parametrize("rows", (17, 40, 64, 100, 300, 512))
