@@ -23,10 +23,13 @@ from dataclasses import dataclass, field
 from flashspec_export.config import DTYPE_NAMES, ConfigError
 
 FILE_NAME = "manifest.json"
-FORMAT = 5  # bump when the layout changes; readers refuse formats not in FORMATS
-# 5 adds ``sampling_params``; an export without them is still written as 4, which earlier
-# readers read, and a format-4 manifest reads as one without them.
-FORMATS = (4, 5)
+FORMAT = 6  # bump when the layout changes; readers refuse formats not in FORMATS
+# 5 adds ``sampling_params``; 6 an ``allowed_tokens`` input of the target step
+# (``config.allowed_tokens``: ``scripts/export.py --allowed-tokens``), which a format-5 reader
+# would not feed. Each export is written in the lowest format that holds it (``format_of``), so
+# an export without them is still written as 4, which earlier readers read, and an earlier
+# format reads as one without them.
+FORMATS = (4, 5, 6)
 # The per-sequence sampling inputs of a ``--sampling-params`` export's target step, after
 # ``seed``: VerifyResample's optional top_k [N] int64 (0: off) and top_p [N] float32 (1: off).
 SAMPLING_PARAMS = ("top_k", "top_p")
@@ -238,9 +241,11 @@ def from_json(data, where: str = FILE_NAME) -> Manifest:
     """A ``Manifest`` from parsed JSON; ``ConfigError`` naming the first bad field."""
     expect_type(data, dict, where)
     if "format" in data and data["format"] not in FORMATS:
+        newer = isinstance(data["format"], int) and data["format"] > FORMAT
         raise ConfigError(
             f"{where} has format {data['format']}, this version reads "
-            f"{' and '.join(map(str, FORMATS))}; re-export"
+            f"{', '.join(map(str, FORMATS))}; "
+            + ("upgrade flashspec-export to read it" if newer else "re-export")
         )
     d = json_fields(Manifest, {"format": FORMAT, **data}, where)
     ints = ("vocab_size", "padded_vocab", "hidden_size", "gamma", "opset")
@@ -272,6 +277,11 @@ def from_json(data, where: str = FILE_NAME) -> Manifest:
             f"{where}: sampling_params: expected [] or {list(SAMPLING_PARAMS)} (format 5), got "
             f"{list(sampling)} (format {d['format']}); re-export"
         )
+    if config.get("allowed_tokens") and d["format"] < 6:
+        raise ConfigError(
+            f"{where}: config.allowed_tokens: an allowed_tokens input needs format 6, got format "
+            f"{d['format']}; re-export"
+        )
     return Manifest(
         config=config,
         ops=ops,
@@ -283,10 +293,12 @@ def from_json(data, where: str = FILE_NAME) -> Manifest:
     )
 
 
-def format_of(sampling_params: tuple[str, ...]) -> int:
-    """The format an export is written in: the lowest that holds it (4 without sampling
-    params)."""
-    return FORMAT if sampling_params else 4
+def format_of(sampling_params: tuple[str, ...], allowed_tokens: bool = False) -> int:
+    """The format an export is written in: the lowest that holds it (6 with an allowed_tokens
+    input, 5 with sampling params, else 4)."""
+    if allowed_tokens:
+        return 6
+    return 5 if sampling_params else 4
 
 
 def read(directory: str | pathlib.Path) -> Manifest:
