@@ -126,9 +126,9 @@ def test_kernel_signatures_match_the_launcher():
 
 def test_kernels_compile_for_sm90_without_a_driver():
     """A finalize kernel and the Hopper kernel (whose TMA descriptors must be the ones the
-    launcher encodes: aot._check_descriptors), in a process of its own: the parity tests'
-    conftest may have switched this one to the Triton interpreter, whose kernels cannot be
-    compiled."""
+    launcher encodes: aot._check_descriptors), plain and masked, in a process of its own: the
+    parity tests' conftest may have switched this one to the Triton interpreter, whose kernels
+    cannot be compiled."""
     code = (
         "from flashspec_export.kernels import aot\n"
         "finals, _ = aot.finalize_kernels()\n"
@@ -141,6 +141,11 @@ def test_kernels_compile_for_sm90_without_a_driver():
         "assert name == 'hopper_tiles_kernel' and shared > 96 * 1024\n"
         # the MMA warps, 4 epilogue warps and the loader's one warp in a warpgroup of its own
         "assert warps == spec.num_warps + 8, (warps, spec.num_warps)\n"
+        # the masked epilogue (Python-launched only: kernels/hopper_tiles.py _allowed_dots)
+        "import dataclasses\n"
+        "masked = dict(spec.constexprs) | {'MASKED': True}\n"
+        "spec = dataclasses.replace(spec, constexprs=tuple(masked.items()))\n"
+        "assert aot.compile_kernel(spec, 90)[1] == 'hopper_tiles_kernel'\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     result = subprocess.run(
