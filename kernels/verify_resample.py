@@ -430,8 +430,9 @@ def verify_resample(
     config = resolve_config("verify_resample", hidden2d, lm_head, rows, vocab_size, config)
     truncating = top_k is not None or top_p is not None
     if truncating and config.hopper is not None:
-        # The Hopper kernel's epilogue hands in no candidates: a per-lane hand-in settled too
-        # few rows of real logits, whose likely tokens cluster in ids (``candidate_shape``).
+        # The Hopper kernel's epilogue hands in no candidates: a hand-in of a few keys per tile
+        # settled too few rows of real logits, whose likely tokens cluster in ids
+        # (docs/DESIGN.md, "The truncation in Triton").
         config = choose_config(
             "verify_resample", rows, hidden_size, vocab_size, lm_head.dtype, device, hopper=False
         )
@@ -483,14 +484,6 @@ def verify_resample(
         torch.empty((n, width), dtype=torch.float32, device=device) if return_logprobs else None
     )
 
-    truncated = candidates = None
-    if truncating:
-        truncated = _truncated_sequences(top_k, top_p, n, device)
-        (candidates,) = launch_workspace(
-            device, "verify_candidates", ((rows, splits, CANDIDATES + 1), torch.int64)
-        )
-    # top-p's normaliser is the LSE of every allowed token (top-k's: of its kept set)
-    online_softmax = return_logprobs or top_p is not None
     if config.hopper is not None:
         floats = workspace.floats
         summaries = (floats[_BEST_SCORE], workspace.index, *floats[_BEST_LOGIT : _SUM_EXP + 1])
@@ -500,7 +493,7 @@ def verify_resample(
             vocab_size,
             summaries,
             verify=True,
-            return_logprobs=online_softmax,
+            return_logprobs=return_logprobs,
             temperature=temperature,
             seed=seed,
             positions=positions,
@@ -510,6 +503,12 @@ def verify_resample(
         )
     else:
         tiles_per_split = triton.cdiv(triton.cdiv(vocab_size, config.block_v), splits)
+        truncated = candidates = None
+        if truncating:
+            truncated = _truncated_sequences(top_k, top_p, n, device)
+            (candidates,) = launch_workspace(
+                device, "verify_candidates", ((rows, splits, CANDIDATES + 1), torch.int64)
+            )
         words = truncation.words_for(vocab_size)
         _verify_tiles_kernel[(triton.cdiv(rows, config.block_n), splits)](
             hidden,
@@ -533,7 +532,8 @@ def verify_resample(
             HIDDEN_SIZE=hidden_size,
             **dot_options(hidden),
             LIBDEVICE=libdevice,
-            RETURN_LOGPROBS=online_softmax,
+            # top-p's normaliser is the LSE of every allowed token (top-k's: of its kept set)
+            RETURN_LOGPROBS=return_logprobs or top_p is not None,
             BLOCK_N=config.block_n,
             BLOCK_V=config.block_v,
             BLOCK_H=config.block_h,
@@ -543,10 +543,10 @@ def verify_resample(
             num_warps=config.num_warps,
             num_stages=config.num_stages,
         )
-    if truncating:
-        unsettled = _truncated_summaries(
-            workspace, candidates, truncated, top_k, top_p, temperature, seed, positions
-        )
+        if truncating:
+            unsettled = _truncated_summaries(
+                workspace, candidates, truncated, top_k, top_p, temperature, seed, positions
+            )
     _verify_finalize_kernel[(n,)](
         workspace.floats,
         workspace.index,
