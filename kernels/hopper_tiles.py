@@ -464,7 +464,7 @@ def _epilogue_partition(
     max_ptr = params[11]
     sum_exp_ptr = params[12]
     allowed_ptr = params[14]
-    num_words = params[15]  # 0: no mask
+    num_words = params[15]
     NUM_CHUNKS: gl.constexpr = acc_buf.type.shape[0]
     CHUNK: gl.constexpr = acc_buf.type.shape[1]
     BLOCK_V: gl.constexpr = acc_buf.type.shape[2]
@@ -623,7 +623,7 @@ def hopper_tiles_kernel(
     gamma,
     vocab_size,
     allowed_ptr,  # [R, num_words] int32 allowed-token bit masks (MASKED only)
-    num_words,  # ceil(vocab_size / 32), or 0: no mask
+    num_words,  # ceil(vocab_size / 32)
     VERIFY: gl.constexpr,  # VerifyResample (else TiledArgmax)
     RETURN_LOGPROBS: gl.constexpr,  # VerifyResample's log-probability summaries too
     STAGES: gl.constexpr,

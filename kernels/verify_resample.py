@@ -834,11 +834,7 @@ def _truncated_summaries_kernel(
             )
             # [ROWS] top-k (0: off) and top-p (1: off)
             k = tl.load(top_k_ptr + n, mask=on, other=0) if TOP_K else tl.zeros([ROWS], tl.int64)
-            p = (
-                tl.load(top_p_ptr + n, mask=on, other=1.0)
-                if TOP_P
-                else tl.full([ROWS], 1.0, tl.float32)
-            )
+            p = tl.load(top_p_ptr + n, mask=on, other=1.0)
             keep = known & ((k == 0)[:, None] | (rank[None, :] < k[:, None]))
             top_k_on = k > 0
             top_k_known = top_k_on & (k <= tl.sum(known.to(tl.int32), 1))
