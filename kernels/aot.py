@@ -3,10 +3,11 @@
     python -m flashspec_export.kernels.aot OUTDIR [--dtypes bfloat16 float16]
         [--hidden-sizes 3840 4096] [--arch 90] [--jobs N]
 
-compiles, for one GPU architecture, the stage-1 (tile) kernels of ``verify_resample`` (with and
-without log-probabilities) and ``tiled_argmax`` for every row of the launch tables ``TUNED`` and,
-on sm_90, ``HOPPER_TUNED`` (``kernels/tiles.py``) and every (dtype, hidden size) asked for, plus
-their stage-2 (finalize) kernels for a few block sizes, and writes
+compiles, for one GPU architecture, the stage-1 (tile) kernels of ``verify_resample`` (plain,
+with log-probabilities, with an allowed-token mask, with both) and ``tiled_argmax`` for every row
+of the launch tables ``TUNED`` and, on sm_90, ``HOPPER_TUNED`` (``kernels/tiles.py``) and every
+(dtype, hidden size) asked for, plus their stage-2 (finalize) kernels for a few block sizes, and
+writes
 
 - ``OUTDIR/cubin/<kernel>.cubin``: the compiled kernels;
 - ``OUTDIR/tritonAotKernels.cpp``: the cubins embedded with ``.incbin`` and the table
@@ -36,6 +37,7 @@ import dataclasses
 import logging
 import os
 import pathlib
+from typing import NamedTuple
 
 import torch
 import triton
@@ -86,11 +88,13 @@ RUNTIME_ARGS = {
         ("positions_ptr", "*i64"),
         ("ws_float_ptr", "*fp32"),
         ("ws_index_ptr", "*i32"),
+        ("allowed_ptr", "*i32"),  # MASKED only: any pointer otherwise
         ("num_rows", "i32"),
         ("gamma", "i32"),
         ("vocab_size", "i32"),
         ("num_splits", "i32"),
         ("tiles_per_split", "i32"),
+        ("num_words", "i32"),
         ("stride_hn", "i32"),
         ("stride_hi", "i32"),
         ("stride_vv", "i32"),
@@ -134,7 +138,7 @@ RUNTIME_ARGS = {
         ("num_rows", "i32"),
         ("gamma", "i32"),
         ("vocab_size", "i32"),
-        ("allowed_ptr", "*i32"),  # MASKED only (not compiled in): any pointer
+        ("allowed_ptr", "*i32"),  # MASKED only: any pointer otherwise
         ("num_words", "i32"),
     ),
     "argmax_finalize": (
@@ -188,6 +192,8 @@ class TileRow:
     waves: int
     kernel: str
     logprobs_kernel: str | None
+    masked_kernel: str | None  # verify with an allowed-token mask (None: the argmax)
+    masked_logprobs_kernel: str | None
     block_k: int = 0
     tma_swizzle: int = 0
     device: str = ""  # a TUNED_BY_DEVICE row: a part of the GPU's name; "": any GPU
@@ -200,6 +206,29 @@ class FinalizeRow:
     block_r: int  # verify: draft positions per program (>= γ + 1); argmax: rows per program
     block_s: int
     kernel: str
+
+
+class _Variant(NamedTuple):
+    """A compiled variant of a VerifyResample tile kernel."""
+
+    logprobs: bool
+    masked: bool
+
+    @property
+    def suffix(self) -> str:
+        return ("_lp" if self.logprobs else "") + ("_mask" if self.masked else "")
+
+
+# Plain, with log-probabilities, with an allowed-token mask, with both: the table's four kernels.
+_VERIFY_VARIANTS = tuple(_Variant(lp, masked) for masked in (False, True) for lp in (False, True))
+
+
+def _variant_symbols(symbols: dict) -> tuple[str, str | None, str | None, str | None]:
+    """A row's (kernel, logprobs, masked, masked logprobs kernel) from its variants' symbols;
+    the argmax has only the first (variant None)."""
+    if None in symbols:
+        return symbols[None], None, None, None
+    return tuple(symbols[v] for v in _VERIFY_VARIANTS)
 
 
 def _row_bounds(op: str) -> list[int | None]:
@@ -269,27 +298,24 @@ def _portable_row(specs, op, kind, dtype_name, hidden_size, bound, device="") ->
         "BLOCK_N": block_n,
         "BLOCK_V": block_v,
     }
-    variants = (False, True) if op == "verify_resample" else (None,)
     symbols = {}
     epi_rows = epi_rows_of(op, at, device) or block_n
-    for logprobs in variants:
+    for variant in _VERIFY_VARIANTS if op == "verify_resample" else (None,):
         extra = (
             {}
-            if logprobs is None
+            if variant is None
             else {
                 "LIBDEVICE": True,
-                "RETURN_LOGPROBS": logprobs,
+                "RETURN_LOGPROBS": variant.logprobs,
                 "EPI_ROWS": epi_rows,
-                # no truncation in the library's kernels (yet): its inputs compiled out
+                # no top-k / top-p in the library's compiled kernels: their inputs compiled out
                 "truncated_ptr": None,
-                "allowed_ptr": None,
                 "cand_ptr": None,
-                "num_words": 1,
-                "MASKED": False,
+                "MASKED": variant.masked,
                 "CANDIDATES": 0,
             }
         )
-        symbol = symbols[logprobs] = base + ("_lp" if logprobs else "")
+        symbol = symbols[variant] = base + (variant.suffix if variant else "")
         specs[symbol] = KernelSpec(
             symbol,
             kind,
@@ -306,8 +332,7 @@ def _portable_row(specs, op, kind, dtype_name, hidden_size, bound, device="") ->
         block_n,
         block_v,
         waves,
-        symbols[False if op == "verify_resample" else None],
-        symbols.get(True),
+        *_variant_symbols(symbols),
         device=device,
     )
 
@@ -321,17 +346,17 @@ def _hopper_row(specs, op, dtype_name, hidden_size, bound, config) -> TileRow:
     shape = "_".join(str(v) for v in config)
     verify = op == "verify_resample"
     symbols = {}
-    for logprobs in (False, True) if verify else (False,):
-        symbol = f"fsAot_hopper_{op}_{dtype_name}_{shape}" + ("_lp" if logprobs else "")
-        symbols[logprobs] = symbol
+    for variant in _VERIFY_VARIANTS if verify else (None,):
+        symbol = f"fsAot_hopper_{op}_{dtype_name}_{shape}" + (variant.suffix if variant else "")
+        symbols[variant] = symbol
         constexprs = {
             "VERIFY": verify,
-            "RETURN_LOGPROBS": logprobs,
+            "RETURN_LOGPROBS": variant.logprobs if variant else False,
             "STAGES": config.stages,
             "CHUNK": config.chunk,
             "EPI_WARPS": config.epi_warps,
             "EPI_REGS": config.epi_regs,
-            "MASKED": False,  # the library's masks run its native kernels
+            "MASKED": variant.masked if variant else False,
         }
         specs[symbol] = KernelSpec(
             symbol,
@@ -349,8 +374,7 @@ def _hopper_row(specs, op, dtype_name, hidden_size, bound, config) -> TileRow:
         config.block_n,
         config.block_v,
         0,  # one split per BLOCK_V ids
-        symbols[False],
-        symbols.get(True),
+        *_variant_symbols(symbols),
         config.block_k,
         swizzles.pop(),
     )
@@ -501,16 +525,20 @@ def render_cpp(
     for symbol, (_path, name, size, warps, shared) in kernels.items():
         lines.append(f"    {{{_cpp_string(name)}, {symbol}, {size}, {warps}, {shared}}},")
     lines += ["};", "", "// op, dtype, hidden size, max rows (-1: any), BLOCK_N, BLOCK_V, waves,"]
-    lines += ["// kernel, kernel with log-probabilities (-1: none), BLOCK_K and TMA swizzle of the"]
-    lines += ["// Hopper kernel (0: portable), a part of the GPU's name (empty: any GPU):"]
+    lines += ["// kernel, kernels with log-probabilities, a mask, both (-1: none), BLOCK_K and TMA"]
+    lines += ["// swizzle of the Hopper kernel (0: portable), a part of the GPU's name (empty: any"]
+    lines += ["// GPU):"]
     lines += ["// kernels/tiles.py TUNED, TUNED_BY_DEVICE and HOPPER_TUNED"]
     lines.append("TileConfig const kTiles[] = {")
     for r in tile_rows:
-        lp = index[r.logprobs_kernel] if r.logprobs_kernel else -1
+        lp, masked, masked_lp = (
+            index[k] if k else -1
+            for k in (r.logprobs_kernel, r.masked_kernel, r.masked_logprobs_kernel)
+        )
         lines.append(
             f"    {{{_ABI_OP[r.op]}, {_ABI_DTYPE[r.dtype]}, {r.hidden_size}, {r.max_rows}, "
-            f"{r.block_n}, {r.block_v}, {r.waves}, {index[r.kernel]}, {lp}, {r.block_k}, "
-            f"{r.tma_swizzle}, {_cpp_string(r.device)}}},"
+            f"{r.block_n}, {r.block_v}, {r.waves}, {index[r.kernel]}, {lp}, {masked}, "
+            f"{masked_lp}, {r.block_k}, {r.tma_swizzle}, {_cpp_string(r.device)}}},"
         )
     lines += ["};", "", "// op, log-probabilities, BLOCK_R (argmax: rows per program), BLOCK_S,"]
     lines += ["// kernel"]

@@ -23,6 +23,8 @@ from flashspec_export.kernels.tiles import (
     tuned_row,
 )
 
+VARIANT_FLAGS = ("RETURN_LOGPROBS", "MASKED")  # what tells a verify row's four kernels apart
+
 
 def test_tile_table_is_the_triton_launch_table():
     """Per (op, dtype, H) one row per bound of either launch table, each with the kernel the
@@ -61,9 +63,24 @@ def test_tile_table_is_the_triton_launch_table():
                         0,
                     )
                     assert (spec.num_warps, spec.num_stages) == (warps, stages)
-                assert all(
-                    (r.logprobs_kernel is not None) == (op == "verify_resample") for r in mine
-                )
+                for r in mine:
+                    variants = (r.logprobs_kernel, r.masked_kernel, r.masked_logprobs_kernel)
+                    if op != "verify_resample":
+                        assert variants == (None, None, None)
+                        continue
+                    # plain, log-probabilities, mask, both: the same launch, the two flags set
+                    wanted = ((False, False), (True, False), (False, True), (True, True))
+                    for symbol, (logprobs, masked) in zip(
+                        (r.kernel, *variants), wanted, strict=True
+                    ):
+                        constexprs = dict(by_symbol[symbol].constexprs)
+                        assert (constexprs["RETURN_LOGPROBS"], constexprs["MASKED"]) == (
+                            logprobs,
+                            masked,
+                        )
+                        rest = {k: v for k, v in constexprs.items() if k not in VARIANT_FLAGS}
+                        plain = dict(by_symbol[r.kernel].constexprs)
+                        assert rest == {k: v for k, v in plain.items() if k not in VARIANT_FLAGS}
     assert any(by_symbol[r.kernel].kind == "hopper_tiles" for r in rows)
 
 
@@ -141,10 +158,9 @@ def test_kernels_compile_for_sm90_without_a_driver():
         "assert name == 'hopper_tiles_kernel' and shared > 96 * 1024\n"
         # the MMA warps, 4 epilogue warps and the loader's one warp in a warpgroup of its own
         "assert warps == spec.num_warps + 8, (warps, spec.num_warps)\n"
-        # the masked epilogue (Python-launched only: kernels/hopper_tiles.py _allowed_dots)
-        "import dataclasses\n"
-        "masked = dict(spec.constexprs) | {'MASKED': True}\n"
-        "spec = dataclasses.replace(spec, constexprs=tuple(masked.items()))\n"
+        # the masked epilogue (kernels/hopper_tiles.py _allowed_dots), as the table compiles it
+        "spec = next(s for s in tiles if s.symbol.startswith(spec.symbol) and "
+        "dict(s.constexprs)['MASKED'])\n"
         "assert aot.compile_kernel(spec, 90)[1] == 'hopper_tiles_kernel'\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

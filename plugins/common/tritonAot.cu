@@ -411,7 +411,7 @@ struct HopperArgs
     float* sumExp;
     int32_t* rowScratch;
     int32_t gamma;
-    int32_t const* allowedTokens = nullptr; //!< never read: the compiled-in kernels take no mask
+    int32_t const* allowedTokens = nullptr; //!< [numRows, ceil(V / 32)]: read by the MASKED kernels only
 };
 
 //! Stage 1 by the Hopper kernel `kernel` over hidden [numRows, H] and lm_head [vocabSize, H]: one
@@ -611,7 +611,8 @@ bool planVerifyResample(VerifyResampleParams const& p, Plan& plan)
     int32_t const splits = p.numSplits > 0 ? p.numSplits : numSplits(*tile, rows, p.vocabSize, sms);
     FinalizeConfig const* finalize
         = findFinalize(FLASHSPEC_OP_VERIFY_RESAMPLE, splits, p.gamma + 1, p.logprobs != nullptr);
-    if (finalize == nullptr || !fitsSpecialisation(*tile, p.hidden, p.lmHead, rows, p.vocabSize, splits))
+    if (finalize == nullptr || !fitsSpecialisation(*tile, p.hidden, p.lmHead, rows, p.vocabSize, splits)
+        || (p.allowedTokens != nullptr && tile->maskedKernel < 0))
     {
         return false;
     }
@@ -671,7 +672,11 @@ cudaError_t launchVerifyResample(VerifyResampleParams const& p, Plan const& plan
     size_t const plane = static_cast<size_t>(numRows) * splits;
     int32_t* wsIndex = reinterpret_cast<int32_t*>(wsFloat + 4 * plane);
     bool const logprobs = p.logprobs != nullptr;
-    int32_t const kernel = logprobs ? t.logprobsKernel : t.kernel;
+    int32_t const kernel = p.allowedTokens != nullptr ? (logprobs ? t.maskedLogprobsKernel : t.maskedKernel)
+                                                      : (logprobs ? t.logprobsKernel : t.kernel);
+    // The mask's pointer (any pointer where the kernel is not MASKED: never read) and its words per row.
+    int32_t const* allowed = p.allowedTokens != nullptr ? p.allowedTokens : wsIndex;
+    int32_t numWords = cdiv(vocabSize, 32);
     cudaError_t status = cudaSuccess;
     if (t.blockK > 0)
     {
@@ -679,14 +684,14 @@ cudaError_t launchVerifyResample(VerifyResampleParams const& p, Plan const& plan
             = reinterpret_cast<int32_t*>(static_cast<char*>(p.workspace) + rowScratchOffset(numRows, splits));
         status = launchHopper(plan, kernel, hidden, lmHead, numRows, p.hiddenSize, vocabSize,
             {temperature, seed, positions, wsFloat, wsIndex, wsFloat + plane, wsFloat + 2 * plane, wsFloat + 3 * plane,
-                rowScratch, gamma},
+                rowScratch, gamma, allowed},
             static_cast<char*>(p.workspace) + verifyBlockOffset(numRows, splits), stream);
     }
     else
     {
         status = launch(kernel, cdiv(numRows, t.blockN), splits,
-            {&hidden, &lmHead, &temperature, &seed, &positions, &wsFloat, &wsIndex, &numRows, &gamma, &vocabSize,
-                &splits, &tilesPerSplit, &strideHn, &strideHi, &strideVv},
+            {&hidden, &lmHead, &temperature, &seed, &positions, &wsFloat, &wsIndex, &allowed, &numRows, &gamma,
+                &vocabSize, &splits, &tilesPerSplit, &numWords, &strideHn, &strideHi, &strideVv},
             stream);
     }
     if (status != cudaSuccess)

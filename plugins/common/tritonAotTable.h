@@ -40,6 +40,8 @@ struct TileConfig
     int32_t waves;          // programs per SM along the vocabulary; 0: one tile per program
     int32_t kernel;         // index into Table::kernels
     int32_t logprobsKernel; // verify with log-probabilities; -1 for the argmax
+    int32_t maskedKernel;   // verify with an allowed-token mask (MASKED); -1 for the argmax
+    int32_t maskedLogprobsKernel; // verify with a mask and log-probabilities; -1 for the argmax
     int32_t blockK;         // Hopper kernel: hidden elements per TMA box; 0: the portable kernel
     int32_t tmaSwizzle;     // Hopper kernel: the boxes' CUtensorMapSwizzle
     char const* device;     // a TUNED_BY_DEVICE row: a part of cudaDeviceProp::name; "": any GPU

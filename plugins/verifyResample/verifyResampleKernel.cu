@@ -765,10 +765,11 @@ bool validParams(VerifyResampleParams const& p)
         && validDtype(p.dtype) && p.numSplits >= 0;
 }
 
-//! A call the compiled Triton kernels cannot take: they have no truncation (the native kernels do).
+//! A call the compiled Triton kernels cannot take: they have no top-k / top-p (the native kernels
+//! do); they take allowed-token masks (their MASKED variants).
 bool truncating(VerifyResampleParams const& p)
 {
-    return p.topK != nullptr || p.topP != nullptr || p.allowedTokens != nullptr;
+    return p.topK != nullptr || p.topP != nullptr;
 }
 
 //! Where truncation's state begins in the workspace: after everything a plain call uses.

@@ -22,6 +22,7 @@ from flashspec_export.kernels.tiled_argmax import tiled_argmax
 from flashspec_export.kernels.tiles import HOPPER_TUNED, TUNED, choose_config
 from flashspec_export.kernels.verify_resample import verify_resample
 from flashspec_export.ops import cuda
+from tests.parity.test_hopper_tiles_gpu import _allowed
 from tests.parity.test_llm_shapes_gpu import MAX_BF16_MISMATCH_RATE, _argmax_case, _case
 
 pytestmark = pytest.mark.cuda_kernels
@@ -100,6 +101,38 @@ def test_verify_equals_triton_through_the_compiled_kernels(rows, head, dtype):
         assert len(library) == len(triton) == (3 if logprobs else 2)
         for mine, theirs in zip(library, triton, strict=True):
             assert torch.equal(mine, theirs)
+
+
+@requires_aot
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("head", HEADS)
+@pytest.mark.parametrize("rows", ROWS)
+def test_masked_verify_equals_triton_through_the_compiled_kernels(rows, head, dtype):
+    """An allowed-token mask runs the compiled kernels' MASKED variants (the mask read in the tile
+    pass): the Triton backend's tokens, counts and log-probabilities, bit for bit; and the mask
+    changes tokens (half the ids allowed, each draft in its own row)."""
+    shape = HeadShape.from_name(head)
+    n, gamma = _layout(rows)
+    case = _case(shape, n=n, gamma=gamma, dtype=dtype, seed=rows)
+    allowed = _allowed(case[2], shape.vocab_size, 0.5, seed=rows)
+    config = choose_config(
+        "verify_resample", rows, shape.hidden_size, shape.vocab_size, dtype, case[0].device
+    )
+    for logprobs in (False, True):
+        path = cuda.kernel_path(
+            "verify_resample", *case, return_logprobs=logprobs, allowed_tokens=allowed
+        )
+        assert path == _path_of(config), f"{head} {dtype} R={rows}: the library ran {path}"
+        triton = verify_resample(
+            *case, return_logprobs=logprobs, config=config, allowed_tokens=allowed
+        )
+        library = ops.verify_resample(
+            *case, return_logprobs=logprobs, backend="cuda", allowed_tokens=allowed
+        )
+        for mine, theirs in zip(library, (t for t in triton if t is not None), strict=True):
+            assert torch.equal(mine, theirs)
+    plain = ops.verify_resample(*case, backend="cuda")
+    assert not torch.equal(plain[0], library[0]), "the mask changed no token: a vacuous case"
 
 
 @requires_aot
