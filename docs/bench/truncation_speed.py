@@ -17,7 +17,9 @@ trained LM's spread at T ~ 1, where a 0.9 nucleus holds a few hundred of 128k to
   while equal — what vLLM-style samplers do;
 - ``matmul``: cuBLAS alone;
 - ``cuda_*``: the CUDA library's (the TensorRT plugins' kernels; with ``plugins/build``), plain
-  and truncating (its native kernels, the exact recomputation of unsettled rows included).
+  and truncating (top-k / top-p: its native kernels, the exact recomputation of unsettled rows
+  included; a mask: its compiled-in kernels' masked variants, ``cuda_mask_native`` the native
+  kernels' mask, as before them).
 
 Settle rate: the stdlib-tiny target (fp32, ``transformers``) over held-out standard-library files;
 its final hidden states at every position, verified at γ = 0 in batches of R rows with each
@@ -49,6 +51,7 @@ from flashspec_export.kernels.tiles import choose_config  # noqa: E402
 from flashspec_export.ops import cuda  # noqa: E402
 
 GAMMA = 3
+PROVIDERS: list[str] = []  # --providers: time only these (and verify); empty: every provider
 TRUNCATIONS = {
     "mask": dict(mask=True),
     "top_k_50": dict(top_k=50),
@@ -141,6 +144,18 @@ def speed(head: str, rows_list, out: dict) -> None:
                 fns[name + "_stage1"] = functools.partial(_stage1_only, *args, **kwargs)
             if library:  # its fallback runs on the device: no read back, the whole op timed
                 fns["cuda_" + name] = functools.partial(cuda.verify_resample, *args, **kwargs)
+            if library and name == "mask":  # a split count off the table's: the native kernels
+                code = cuda.dtype_codes()[lm.dtype]
+                splits = 1 + cuda.library().flashspecResolveNumSplits(
+                    cuda.OPS["verify_resample"], rows, shape.hidden_size, shape.vocab_size, code, 0
+                )
+                if (
+                    cuda.kernel_path("verify_resample", *args, num_splits=splits, **kwargs)
+                    == "native"
+                ):
+                    fns["cuda_mask_native"] = functools.partial(
+                        cuda.verify_resample, *args, num_splits=splits, **kwargs
+                    )
             _, left = fns[name]()
             unsettled[name] = round(left.float().mean().item(), 4)
             fns["materialised_" + name] = functools.partial(
@@ -148,6 +163,8 @@ def speed(head: str, rows_list, out: dict) -> None:
                 top_k=spec.get("top_k", 0), top_p=spec.get("top_p", 1.0),
                 mask=mask if spec.get("mask") else None,
             )  # fmt: skip
+        if PROVIDERS:
+            fns = {k: f for k, f in fns.items() if k == "verify" or k in PROVIDERS}
         times = {k: statistics.median(v) for k, v in time_graphs(fns, 20, 200).items()}
         entry = {"us": {k: round(v, 1) for k, v in times.items()}, "unsettled": unsettled}
         out.setdefault(head, {})[rows] = entry
@@ -222,8 +239,10 @@ def main() -> None:
     parser.add_argument("--candidates", type=int, default=kernel.CANDIDATES)
     parser.add_argument("--no-speed", action="store_true", help="the settle rates only")
     parser.add_argument("--no-settle", action="store_true", help="the speed table only")
+    parser.add_argument("--providers", nargs="+", default=[], help="time these (and verify)")
     parser.add_argument("--json", type=pathlib.Path)
     args = parser.parse_args()
+    PROVIDERS.extend(args.providers)
     kernel.CANDIDATES = args.candidates  # per (row, split); the kernel's constexpr
     out = {"device": torch.cuda.get_device_name(), "candidates": args.candidates}
     print(out, flush=True)

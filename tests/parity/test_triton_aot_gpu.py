@@ -109,12 +109,20 @@ def test_verify_equals_triton_through_the_compiled_kernels(rows, head, dtype):
 @pytest.mark.parametrize("rows", ROWS)
 def test_masked_verify_equals_triton_through_the_compiled_kernels(rows, head, dtype):
     """An allowed-token mask runs the compiled kernels' MASKED variants (the mask read in the tile
-    pass): the Triton backend's tokens, counts and log-probabilities, bit for bit; and the mask
-    changes tokens (half the ids allowed, each draft in its own row)."""
+    pass): the Triton backend's tokens, counts and log-probabilities, bit for bit. The mask
+    allows half the ids and each draft in its own row, and forbids each sequence's last token
+    of the unmasked call, so every sequence's tokens change."""
     shape = HeadShape.from_name(head)
     n, gamma = _layout(rows)
     case = _case(shape, n=n, gamma=gamma, dtype=dtype, seed=rows)
     allowed = _allowed(case[2], shape.vocab_size, 0.5, seed=rows)
+    plain_tokens, plain_num = ops.verify_resample(*case, backend="cuda")
+    last = plain_num - 1  # the row of each sequence's last token: a sample, not an accepted draft
+    forbidden = plain_tokens.gather(1, last[:, None])[:, 0]
+    seqs = torch.arange(n, device=forbidden.device)
+    words = allowed[seqs, last, forbidden // 32].to(torch.int64) & 0xFFFFFFFF
+    words &= ~(1 << (forbidden % 32))
+    allowed[seqs, last, forbidden // 32] = torch.where(words >= 2**31, words - 2**32, words).int()
     config = choose_config(
         "verify_resample", rows, shape.hidden_size, shape.vocab_size, dtype, case[0].device
     )
@@ -131,8 +139,8 @@ def test_masked_verify_equals_triton_through_the_compiled_kernels(rows, head, dt
         )
         for mine, theirs in zip(library, (t for t in triton if t is not None), strict=True):
             assert torch.equal(mine, theirs)
-    plain = ops.verify_resample(*case, backend="cuda")
-    assert not torch.equal(plain[0], library[0]), "the mask changed no token: a vacuous case"
+    changed = (library[0] != plain_tokens).any(dim=1)
+    assert bool(changed.all()), "the forbidden token came back: the mask was not read"
 
 
 @requires_aot
