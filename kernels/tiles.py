@@ -209,6 +209,43 @@ def choose_config(
     return KernelConfig(block_n, block_v, block_h, splits, num_warps, num_stages, None, epi_rows)
 
 
+# The truncating tile pass of VerifyResample (top-k / top-p: the portable kernel, whose splits
+# each select a hand-in of candidates once): rows up to the key -> (BLOCK_N, BLOCK_V, num_warps,
+# waves, num_stages), None for the plain portable row (TUNED / TUNED_BY_DEVICE, its waves
+# included). A split's selection is a run of reductions at its end, so programs must not be many
+# (2 per SM) nor wide in ids (64): a 128-id tile of 8 warps takes 205 registers and leaves the
+# H200 12% of its warps at 16 rows (docs/bench/truncation_shapes_{h100,small_rows_h200}.log,
+# top-k 50 tile pass × plain verify, Llama-3-8B head: H100 R 16 1.10 (plain row 1.25), R 32
+# 1.17 (1.55), R 64 1.44 (1.77); H200 R 1-4 1.06 with the row's own 4 programs per SM (1.27
+# at 2), R 16 1.14 (1.29)). From 65 rows the 64 x 64 tile of 4 warps (2.27x at 128 rows and
+# 2.52x at 512, against 4.30x and 3.82x for plain verify's 128 x 128 of 16 warps).
+TRUNCATION_TUNED = (
+    (8, None),
+    (32, (16, 64, 4, 2, 4)),
+    (64, (32, 64, 4, 2, 4)),
+    (None, (64, 64, 4, 2, 4)),
+)
+
+
+def truncation_config(
+    rows: int, hidden_size: int, vocab_size: int, dtype: torch.dtype, device: torch.device
+) -> KernelConfig:
+    """The launch of a truncating VerifyResample tile pass (``TRUNCATION_TUNED``); under the
+    interpreter, the portable kernel's one shape (``choose_config``)."""
+    plain = choose_config(
+        "verify_resample", rows, hidden_size, vocab_size, dtype, device, hopper=False
+    )
+    if device.type != "cuda" or triton.knobs.runtime.interpret:
+        return plain
+    row = next(config for limit, config in TRUNCATION_TUNED if limit is None or rows <= limit)
+    if row is None:
+        return plain
+    block_n, block_v, num_warps, waves, num_stages = row
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    splits = num_splits(rows, vocab_size, block_n, block_v, waves, sm_count(index))
+    return KernelConfig(block_n, block_v, plain.block_h, splits, num_warps, num_stages, None, 0)
+
+
 def _tuned_entry(op: str, rows: int, device_name: str) -> tuple[int | None, tuple]:
     """(bound, row) of the launch-table row for ``rows`` on the GPU named ``device_name``: its
     ``TUNED_BY_DEVICE`` row where one covers ``rows``, else ``TUNED``'s."""

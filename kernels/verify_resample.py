@@ -50,15 +50,13 @@ from flashspec_export.kernels.noise import (
     use_libdevice,
 )
 from flashspec_export.kernels.tiles import (
-    WAVES_PER_SM,
     KernelConfig,
     check_device,
-    choose_config,
     dot_options,
     dot_tile,
     fold_best,
-    num_splits,
     resolve_config,
+    truncation_config,
 )
 from flashspec_export.ops.workspace import launch_workspace
 from flashspec_export.reference import truncation
@@ -429,24 +427,12 @@ def verify_resample(
     chosen = config is None  # the launch shape is ours to pick
     config = resolve_config("verify_resample", hidden2d, lm_head, rows, vocab_size, config)
     truncating = top_k is not None or top_p is not None
-    if truncating and config.hopper is not None:
-        # The Hopper kernel's epilogue hands in no candidates: a hand-in of a few keys per tile
-        # settled too few rows of real logits, whose likely tokens cluster in ids
-        # (docs/DESIGN.md, "The truncation in Triton").
-        config = choose_config(
-            "verify_resample", rows, hidden_size, vocab_size, lm_head.dtype, device, hopper=False
-        )
-    if truncating and chosen:
-        config = candidate_shape(config, rows)
-    if truncating:
-        # A split selects its hand-in once: at most WAVES_PER_SM programs per SM, so that the
-        # rows' tile runs amortise it (the tuned rows from 32 rows take one tile per program).
-        sms = 1  # the interpreter's
-        if use_libdevice(hidden):
-            index = device.index if device.index is not None else torch.cuda.current_device()
-            sms = hopper_tiles.sm_count(index)
-        fewer = num_splits(rows, vocab_size, config.block_n, config.block_v, WAVES_PER_SM, sms)
-        config = config._replace(num_splits=min(config.num_splits, fewer))
+    if truncating and (chosen or config.hopper is not None):
+        # The portable kernel's shape for it (``TRUNCATION_TUNED``). The Hopper kernel's epilogue
+        # hands in no candidates: a hand-in of a few keys per tile settled too few rows of real
+        # logits, whose likely tokens cluster in ids (docs/DESIGN.md, "The truncation in
+        # Triton").
+        config = truncation_config(rows, hidden_size, vocab_size, lm_head.dtype, device)
     if config.epi_rows and rows > config.epi_rows:
         raise ValueError(
             f"config.epi_rows: {config.epi_rows} scores at most that many rows, got "
@@ -574,17 +560,6 @@ def verify_resample(
         _recompute(result, seqs, hidden, lm_head, draft_tokens, temperature, seed, positions,
                    vocab_size, return_logprobs, top_k, top_p, allowed_tokens)  # fmt: skip
     return (result, unsettled) if settle_only else result
-
-
-def candidate_shape(config: KernelConfig, rows: int) -> KernelConfig:
-    """The launch shape of a truncating tile pass: from 65 rows its per-tile candidate selection
-    wants plain verify's 64-row shape (64 ids, 4 warps) rather than the 128 x 128 tile of 16
-    warps (H100, Llama-3-8B head, top-k 50, × plain verify at 512 rows: 2.56 against 3.82,
-    ``docs/bench/truncation_tiles_h100.log``). Below, plain verify's shape is as fast or faster
-    and settles more rows (its wider tiles hand in more keys)."""
-    if rows <= 64:
-        return config
-    return config._replace(block_n=64, block_v=64, num_warps=4, num_stages=4, epi_rows=0)
 
 
 # Candidates kept per (row, split) for top-k / top-p: the exact kept set is settled from them when

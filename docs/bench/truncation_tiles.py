@@ -1,7 +1,7 @@
 """The launch shape of VerifyResample's truncating tile pass (top-k 50) on a GPU: plain verify,
 the portable kernel's shape and a set of portable shapes side by side (Llama-3-8B head, bf16,
-logits of standard deviation 4, γ 3; settled CUDA-graph timing). What ``kernels.verify_resample
-.candidate_shape`` chose from.
+logits of standard deviation 4, γ 3; settled CUDA-graph timing): the first shape sweep behind
+``kernels.tiles.TRUNCATION_TUNED`` (then ``truncation_shapes.py``).
 
     python docs/bench/truncation_tiles.py > docs/bench/truncation_tiles_h100.log
 """

@@ -106,6 +106,49 @@ def test_the_fused_truncation_equals_the_reference(case, monkeypatch):
     assert torch.equal(emitted[settled], wanted[0][1][settled])
 
 
+@pytest.mark.skipif(
+    DEVICE != "cuda", reason="the launch table is the GPU's (the interpreter runs one shape)"
+)
+@pytest.mark.parametrize("rows", [1, 8, 9, 32, 33, 64, 65, 200])
+def test_every_truncation_shape_equals_the_reference(rows):
+    """Each row of ``TRUNCATION_TUNED`` (and both sides of each bound) is the launch a truncating
+    call takes, and gives the reference's tokens and counts (top-k and top-p per sequence, fp32,
+    a 4096-id vocabulary)."""
+    from flashspec_export.kernels import tiles
+
+    h, v = 64, 4096
+    g = torch.Generator().manual_seed(rows)
+    n, width = (rows // 4, 4) if rows % 4 == 0 else (rows, 1)
+    hidden = torch.randn(n, width, h, generator=g).to(DEVICE)
+    lm_head = torch.randn(v, h, generator=g).to(DEVICE)
+    temperature = torch.rand(n, generator=g).to(DEVICE) + 0.5
+    seed_ = torch.arange(n, device=DEVICE) + rows
+    positions = torch.randint(0, 500, (n,), generator=g).to(DEVICE)
+    truncate = dict(
+        top_k=torch.randint(0, 60, (n,), generator=g).to(DEVICE),
+        top_p=torch.rand(n, generator=g).to(DEVICE) * 0.5 + 0.5,
+    )
+    # each position's own sample as its draft (all accepted, so every row's sample is compared)
+    drafts = torch.zeros(n, 0, dtype=torch.int64, device=DEVICE)
+    for i in range(width - 1):
+        alone = ops.verify_resample(
+            hidden[:, i : i + 1], lm_head, drafts[:, :0], temperature, seed_, positions + i,
+            backend="reference", **truncate,
+        )  # fmt: skip
+        drafts = torch.cat([drafts, alone[0][:, :1]], dim=1)
+    config = tiles.truncation_config(rows, h, v, torch.float32, torch.device(DEVICE))
+    row = next(c for limit, c in tiles.TRUNCATION_TUNED if limit is None or rows <= limit)
+    if row is not None:
+        assert (config.block_n, config.block_v, config.num_warps, config.num_stages) == (
+            row[0], row[1], row[2], row[4],
+        )  # fmt: skip
+    args = (hidden, lm_head, drafts, temperature, seed_, positions)
+    want = ops.verify_resample(*args, backend="reference", **truncate)
+    got = ops.verify_resample(*args, backend="triton", **truncate)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert bool((want[1] == width).all()), "a draft was rejected: not every row's sample compared"
+
+
 def test_order_keys_follow_the_truncation_order():
     """Descending logit, then ascending id; -0.0 ties with +0.0; -inf is last; the keys decode."""
     import triton.language as tl
