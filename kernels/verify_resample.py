@@ -656,43 +656,20 @@ def _selection_cut(x, on, need, most):
     rows with none: unspecified) above which lie their ``need`` largest: ``(cut, exact)``. Not
     exact: ``need`` to ``most`` of them are above the cut. Exact (more than ``most`` keys tied on
     the high word at the boundary): the cut is their ``need``-th largest, fewer lie above it.
-    A radix select on the high word (the logit's order), four bits a step from the top: one
-    histogram of the row's keys still in the running over 16 digits (``tl.histogram``) fixes the
-    digit of the ``need``-th largest — at most 8 steps, fewer when ``most`` keys or fewer lie at
-    or above a digit's lowest value — then, only when exact, a bisection on the low word (the
-    id) among the keys tied on it."""
-    ROWS: tl.constexpr = x.shape[0]
-    B: tl.constexpr = x.shape[1]
-    need = need + tl.zeros([ROWS], tl.int64)  # [ROWS]: a scalar or a per-row count
+    Bisection on the high word (the logit's order; one compare and one add-reduction over the
+    row a step) until at most ``most`` keys are above — a few steps when ``most`` is twice
+    ``need`` — then, only when exact, on the low word (the id) among the keys tied on it."""
     high = (x >> 32).to(tl.int32)
-    # the high word with its sign bit flipped: unsigned order = the signed order of `high`
-    flipped = (high ^ (-(2**31))).to(tl.uint32, bitcast=True)
-    row_bins = tl.arange(0, ROWS)[:, None] * 16  # each row's 16 bins of one histogram
-    digit_of = tl.arange(0, 16)[None, :]
-    running = on  # the keys whose higher digits are the cut's
-    above = tl.zeros([ROWS], tl.int32)  # keys above every key still running
-    prefix = tl.zeros([ROWS], tl.uint32)  # the cut's digits fixed so far (flipped)
-    count = tl.zeros([ROWS], tl.int32)  # keys at or above `prefix` once settled
-    settled = tl.zeros([ROWS], tl.int1)
-    for step in tl.static_range(8):
-        digit = ((flipped >> (28 - 4 * step)) & 15).to(tl.int32)
-        bins = tl.reshape(row_bins + digit, [ROWS * B])
-        hist = tl.histogram(bins, ROWS * 16, tl.reshape(running, [ROWS * B]))
-        hist = tl.reshape(hist, [ROWS, 16])
-        # keys at or above each digit: the histogram summed from the top
-        at_or_above = tl.sum(hist, 1)[:, None] - tl.cumsum(hist, 1) + hist
-        reach = above[:, None] + at_or_above  # [ROWS, 16], non-increasing in the digit
-        chosen = tl.sum((reach >= need[:, None]).to(tl.int32), 1) - 1  # the need-th's digit
-        pick = digit_of == chosen[:, None]
-        reached = tl.sum(tl.where(pick, reach, 0), 1)  # keys at or above its lowest value
-        inside = tl.sum(tl.where(pick, hist, 0), 1)
-        live = ~settled
-        prefix = tl.where(live, prefix | (chosen.to(tl.uint32) << (28 - 4 * step)), prefix)
-        count = tl.where(live, reached, count)
-        settled = settled | (reached <= most)
-        running = running & (digit == chosen[:, None]) & live[:, None]
-        above = tl.where(live, reached - inside, above)
-    lo = prefix.to(tl.int32, bitcast=True) ^ (-(2**31))  # back to the signed high word
+    lo = tl.min(tl.where(on, high, 2**31 - 1), 1)  # count(high >= lo) = all >= need
+    hi = tl.max(tl.where(on, high, -(2**31)), 1)
+    count = tl.sum(on.to(tl.int32), 1)  # [ROWS]: the keys with high >= lo
+    while tl.max(((lo < hi) & (count > most)).to(tl.int32), 0) > 0:
+        go = (lo < hi) & (count > most)
+        mid = ((lo.to(tl.int64) + hi.to(tl.int64) + 1) >> 1).to(tl.int32)
+        c = tl.sum((on & (high >= mid[:, None])).to(tl.int32), 1)
+        up = go & (c >= need)
+        lo, count = tl.where(up, mid, lo), tl.where(up, c, count)
+        hi = tl.where(go & (c < need), mid - 1, hi)
     exact = count > most
     tie = on & exact[:, None] & (high == lo[:, None])
     need = need - tl.sum((on & (high > lo[:, None])).to(tl.int32), 1)  # of the tied keys
