@@ -53,7 +53,8 @@ CASES = {  # name: (truncation, whether some sequence is recomputed materialised
     "mask": (dict(allowed_tokens="mask"), False),
     "all_three": (dict(top_k=TOP_K, top_p=TOP_P, allowed_tokens="mask"), False),
     "large_k": (dict(top_k=torch.tensor([200, 300, 0, 500, 100, 999], device=DEVICE)), True),
-    "top_p_flat": (dict(top_p=torch.full((N,), 0.999, device=DEVICE)), True),
+    # a nucleus of more tokens than any launch shape hands in (the rows at T >= 1)
+    "top_p_flat": (dict(top_p=torch.full((N,), 0.9999999, device=DEVICE)), True),
 }
 
 
