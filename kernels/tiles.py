@@ -211,16 +211,19 @@ def choose_config(
 
 # The truncating tile pass of VerifyResample (top-k / top-p: the portable kernel, whose splits
 # each select a hand-in of candidates once): rows up to the key -> (BLOCK_N, BLOCK_V, num_warps,
-# waves, num_stages), None for the plain portable row (TUNED / TUNED_BY_DEVICE, its waves
-# included). A split's selection is a run of reductions at its end, so programs must not be many
-# (2 per SM) nor wide in ids (64): a 128-id tile of 8 warps takes 205 registers and leaves the
-# H200 12% of its warps at 16 rows (docs/bench/truncation_shapes_{h100,small_rows_h200}.log,
-# top-k 50 tile pass × plain verify, Llama-3-8B head: H100 R 16 1.10 (plain row 1.25), R 32
-# 1.17 (1.55), R 64 1.44 (1.77); H200 R 1-4 1.06 with the row's own 4 programs per SM (1.27
-# at 2), R 16 1.14 (1.29)). From 65 rows the 64 x 64 tile of 4 warps (2.27x at 128 rows and
-# 2.52x at 512, against 4.30x and 3.82x for plain verify's 128 x 128 of 16 warps).
+# waves, num_stages). A split's selection is a run of reductions at its end, and stage 2 reads
+# every split's 32 keys, so programs are few (2 per SM) and, from 9 rows, narrow (64 ids, 4
+# warps): plain verify's 16 x 128 tile of 8 warps takes 205 registers there and leaves the H200
+# 12% of its warps at 16 rows. Read from docs/bench/truncation_shapes_h100.log and
+# truncation_shapes_small_rows_h200.log (top-k 50 tile pass × plain verify, Llama-3-8B head):
+# H100 R 16 1.10 (plain verify's row 1.25), R 32 1.17 (1.55), R 64 1.44 (1.77); H200 R 16 1.14
+# (1.29). Up to 8 rows the H100's plain row serves both GPUs: the H200's own (4 programs per SM)
+# runs its tile pass at 1.06 but hands stage 2 twice the keys: 1.32 in all at 1 row against 1.20
+# (truncation_speed_small_rows{_own_waves,}_h200.log). From 65 rows the 64 x 64 tile of 4 warps
+# (2.27x at 128 rows and 2.52x at 512, against 4.30x and 3.82x for plain verify's 128 x 128 of 16
+# warps).
 TRUNCATION_TUNED = (
-    (8, None),
+    (8, (16, 128, 8, 2, 3)),
     (32, (16, 64, 4, 2, 4)),
     (64, (32, 64, 4, 2, 4)),
     (None, (64, 64, 4, 2, 4)),
@@ -238,12 +241,14 @@ def truncation_config(
     if device.type != "cuda" or triton.knobs.runtime.interpret:
         return plain
     row = next(config for limit, config in TRUNCATION_TUNED if limit is None or rows <= limit)
-    if row is None:
-        return plain
     block_n, block_v, num_warps, waves, num_stages = row
     index = device.index if device.index is not None else torch.cuda.current_device()
     splits = num_splits(rows, vocab_size, block_n, block_v, waves, sm_count(index))
-    return KernelConfig(block_n, block_v, plain.block_h, splits, num_warps, num_stages, None, 0)
+    fewer = triton.next_power_of_2(rows)  # below BLOCK_N: only these rows are scored
+    epi_rows = fewer if fewer < block_n else 0
+    return KernelConfig(
+        block_n, block_v, plain.block_h, splits, num_warps, num_stages, None, epi_rows
+    )
 
 
 def _tuned_entry(op: str, rows: int, device_name: str) -> tuple[int | None, tuple]:
