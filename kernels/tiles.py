@@ -221,7 +221,7 @@ def choose_config(
 # runs its tile pass at 1.06 but hands stage 2 twice the keys: 1.32 in all at 1 row against 1.20
 # (truncation_speed_small_rows{_own_waves,}_h200.log). From 65 rows the 64 x 64 tile of 4 warps
 # (2.27x at 128 rows and 2.52x at 512, against 4.30x and 3.82x for plain verify's 128 x 128 of 16
-# warps).
+# warps: `git show 6ac787a:docs/bench/truncation_tiles_h100.log`).
 TRUNCATION_TUNED = (
     (8, (16, 128, 8, 2, 3)),
     (32, (16, 64, 4, 2, 4)),

@@ -13,36 +13,21 @@ which none does. (CPU, fp32, ``transformers``; 8 held-out standard-library files
 
 import math
 import pathlib
+import sys
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from flashspec_export.training import corpus
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from truncation_speed import stdlib_tiny_states
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 G_MAX = 31 * math.log(2)
 TILE = 256
 
 
-def real_logits(files: int = 8, tokens: int = 512) -> torch.Tensor:
-    path = ROOT / "flashspec_export/presets/stdlib-tiny/target"
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    states = []
-    for file in corpus.stdlib_files():
-        if corpus.is_held_out(file):
-            ids = tokenizer.encode(corpus.read(file), add_special_tokens=False)[:tokens]
-            if len(ids) == tokens:
-                with torch.no_grad():
-                    states.append(model.model(torch.tensor([ids])).last_hidden_state[0])
-        if len(states) == files:
-            break
-    return torch.cat(states) @ model.lm_head.weight.detach().T  # [positions, V]
-
-
 def main() -> None:
     torch.manual_seed(0)
-    logits = real_logits()
+    hidden, lm_head = stdlib_tiny_states("cpu")
+    logits = hidden @ lm_head.T  # [positions, V]
     spread = (logits.max(1).values - logits.median(1).values).mean().item()
     std = logits.std(1).mean().item()
     print(f"stdlib-tiny logits {tuple(logits.shape)}: max - median {spread:.1f} on average, "

@@ -173,13 +173,16 @@ def speed(head: str, rows_list, out: dict) -> None:
         print(f"{head} R={rows}: {ratios} | unsettled {unsettled}", flush=True)
 
 
-def settle_rate(rows_list, out: dict, files: int = 8, tokens: int = 512) -> None:
+def stdlib_tiny_states(device: str, files: int = 8, tokens: int = 512):
+    """The stdlib-tiny target's final hidden states [P, H] (fp32, ``transformers``) at every
+    position of the first ``files`` held-out standard-library files of ``tokens`` tokens, and
+    its LM head [V, H]."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from flashspec_export.training import corpus
 
     path = ROOT / "flashspec_export/presets/stdlib-tiny/target"
-    model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).cuda().eval()
+    model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).to(device).eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
     states = []
     for file in corpus.stdlib_files():
@@ -187,12 +190,15 @@ def settle_rate(rows_list, out: dict, files: int = 8, tokens: int = 512) -> None
             ids = tokenizer.encode(corpus.read(file), add_special_tokens=False)[:tokens]
             if len(ids) == tokens:
                 with torch.no_grad():
-                    x = model.model(torch.tensor([ids], device="cuda")).last_hidden_state[0]
+                    x = model.model(torch.tensor([ids], device=device)).last_hidden_state[0]
                 states.append(x)
         if len(states) == files:
             break
-    hidden = torch.cat(states)  # [P, H]
-    lm = model.lm_head.weight.detach().contiguous()
+    return torch.cat(states), model.lm_head.weight.detach().contiguous()
+
+
+def settle_rate(rows_list, out: dict) -> None:
+    hidden, lm = stdlib_tiny_states("cuda")
     vocab = lm.shape[0]
     table = {}
     for temperature in (0.7, 1.0):
