@@ -13,6 +13,7 @@ from tests.parity.conftest import runnable
 
 triton = pytest.importorskip("triton")
 kernels = pytest.importorskip("flashspec_export.kernels.verify_resample")
+tiles = pytest.importorskip("flashspec_export.kernels.tiles")
 
 N, GAMMA, H, V = 6, 3, 32, 1000
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # fp32: the interpreter without a GPU
@@ -115,8 +116,6 @@ def test_every_truncation_shape_equals_the_reference(rows):
     """Each row of ``TRUNCATION_TUNED`` (and both sides of each bound) is the launch a truncating
     call takes, and gives the reference's tokens and counts (top-k and top-p per sequence, fp32,
     a 4096-id vocabulary)."""
-    from flashspec_export.kernels import tiles
-
     h, v = 64, 4096
     g = torch.Generator().manual_seed(rows)
     n, width = (rows // 4, 4) if rows % 4 == 0 else (rows, 1)
