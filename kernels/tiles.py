@@ -235,11 +235,10 @@ def truncation_config(
 ) -> KernelConfig:
     """The launch of a truncating VerifyResample tile pass (``TRUNCATION_TUNED``); under the
     interpreter, the portable kernel's one shape (``choose_config``)."""
-    plain = choose_config(
-        "verify_resample", rows, hidden_size, vocab_size, dtype, device, hopper=False
-    )
     if device.type != "cuda" or triton.knobs.runtime.interpret:
-        return plain
+        return choose_config(
+            "verify_resample", rows, hidden_size, vocab_size, dtype, device, hopper=False
+        )
     row = next(config for limit, config in TRUNCATION_TUNED if limit is None or rows <= limit)
     block_n, block_v, num_warps, waves, num_stages = row
     index = device.index if device.index is not None else torch.cuda.current_device()
@@ -247,7 +246,7 @@ def truncation_config(
     fewer = triton.next_power_of_2(rows)  # below BLOCK_N: only these rows are scored
     epi_rows = fewer if fewer < block_n else 0
     return KernelConfig(
-        block_n, block_v, plain.block_h, splits, num_warps, num_stages, None, epi_rows
+        block_n, block_v, block_h_of(dtype), splits, num_warps, num_stages, None, epi_rows
     )
 
 
