@@ -212,16 +212,18 @@ def choose_config(
 # The truncating tile pass of VerifyResample (top-k / top-p: the portable kernel, whose splits
 # each select a hand-in of candidates once): rows up to the key -> (BLOCK_N, BLOCK_V, num_warps,
 # waves, num_stages). A split's selection is a run of reductions at its end, and stage 2 reads
-# every split's 32 keys, so programs are few (2 per SM) and, from 9 rows, narrow (64 ids, 4
-# warps): plain verify's 16 x 128 tile of 8 warps takes 205 registers there and leaves the H200
-# 12% of its warps at 16 rows. Read from docs/bench/truncation_shapes_h100.log and
-# truncation_shapes_small_rows_h200.log (top-k 50 tile pass × plain verify, Llama-3-8B head):
-# H100 R 16 1.10 (plain verify's row 1.25), R 32 1.17 (1.55), R 64 1.44 (1.77); H200 R 16 1.14
-# (1.29). Up to 8 rows the H100's plain row serves both GPUs: the H200's own (4 programs per SM)
-# runs its tile pass at 1.06 but hands stage 2 twice the keys: 1.32 in all at 1 row against 1.20
-# (truncation_speed_small_rows{_own_waves,}_h200.log). From 65 rows the 64 x 64 tile of 4 warps
-# (2.27x at 128 rows and 2.52x at 512, against 4.30x and 3.82x for plain verify's 128 x 128 of 16
-# warps: `git show 6ac787a:docs/bench/truncation_tiles_h100.log`).
+# every split's 32 keys, so programs are few (2 per SM). A truncating program holds its
+# candidates' state: 205 registers at 16 x 64 and 4 warps against plain verify's 105, which
+# leaves the H200 12% of its warps active at 16 rows (ncu, docs/bench/truncation_ncu_r16_h200.log);
+# from 9 rows a 4-stage pipeline of 64-id tiles keeps more of the head in flight. Read from
+# docs/bench/truncation_shapes_{h100,128_512_h100,small_rows_h200}.log (top-k 50 tile pass ×
+# plain verify, Llama-3-8B head): H100 R 16 1.09 (plain verify's row 1.24), R 32 1.16 (1.55),
+# R 64 1.43 (1.77); H200 R 16 1.14 (1.29). Up to 8 rows the H100's plain row serves both GPUs:
+# the H200's own (4 programs per SM) runs its tile pass at 1.06 but hands stage 2 twice the
+# keys, 1.32 in all at 1 row against 1.20 (truncation_speed_small_rows{_own_waves,}_h200.log).
+# From 65 rows the 64 x 64 tile of 4 warps (2.27x at 128 rows and 2.52x at 512, against 4.30x
+# and 3.82x for plain verify's 128 x 128 of 16 warps: `git show
+# 6ac787a:docs/bench/truncation_tiles_h100.log`).
 TRUNCATION_TUNED = (
     (8, (16, 128, 8, 2, 3)),
     (32, (16, 64, 4, 2, 4)),
