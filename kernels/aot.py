@@ -6,7 +6,10 @@
 compiles, for one GPU architecture, the stage-1 (tile) kernels of ``verify_resample`` (plain,
 with log-probabilities, with an allowed-token mask, with both) and ``tiled_argmax`` for every row
 of the launch tables ``TUNED`` and, on sm_90, ``HOPPER_TUNED`` (``kernels/tiles.py``) and every
-(dtype, hidden size) asked for, plus their stage-2 (finalize) kernels for a few block sizes, and
+(dtype, hidden size) asked for, plus their stage-2 (finalize) kernels for a few block sizes; for
+top-k / top-p, the truncating tile kernels of ``TRUNCATION_TUNED`` (the same four variants, each
+handing in candidates) and the stage 2 that settles the kept set from them
+(``_truncated_summaries_kernel``, per split-count block and top-k / top-p / both); and
 writes
 
 - ``OUTDIR/cubin/<kernel>.cubin``: the compiled kernels;
@@ -48,6 +51,7 @@ from triton.experimental.gluon._runtime import GluonASTSource
 from flashspec_export.kernels import hopper_tiles, tiled_argmax, verify_resample
 from flashspec_export.kernels.tiles import (
     HOPPER_TUNED,
+    TRUNCATION_TUNED,
     TUNED,
     TUNED_BY_DEVICE,
     block_h_of,
@@ -68,7 +72,8 @@ _TMA_HOST_DTYPE = {torch.bfloat16: 9, torch.float16: 6}
 _TMA_DEVICE_TO_HOST = {**{i: i for i in range(16)}, 8: 10, 9: 8, 10: 9}
 # The generated table names the ABI's codes (plugins/common/flashspecAbi.h).
 _ABI_DTYPE = {name: f"FLASHSPEC_{name.upper()}" for name in DTYPES}
-_ABI_OP = {op: f"FLASHSPEC_OP_{op.upper()}" for op in ("tiled_argmax", "verify_resample")}
+_OPS = ("tiled_argmax", "verify_resample", "verify_truncated")
+_ABI_OP = {op: f"FLASHSPEC_OP_{op.upper()}" for op in _OPS}
 
 # The finalize kernels' block sizes: the smallest compiled one that covers a launch is used (the
 # masks make the result independent of it; a block twice the split count doubled the argmax
@@ -77,6 +82,12 @@ _ABI_OP = {op: f"FLASHSPEC_OP_{op.upper()}" for op in ("tiled_argmax", "verify_r
 FINALIZE_BLOCK_S = (256, 512, 1024, 2048)
 VERIFY_FINALIZE_BLOCK_R = (4, 8)
 MAX_FINALIZE_ELEMENTS = 8192  # BLOCK_R · BLOCK_S of one verify program (registers, compile time)
+# The truncation's stage 2 (``_truncated_summaries``) per next_power_of_2(split count): its
+# constexprs are the JIT's for that block, so the library's sums and sorts are the Triton
+# backend's to the bit. Up to 512 splits (a truncating launch makes 2 per SM over its row blocks).
+SETTLE_BLOCK_S = tuple(2**i for i in range(10))
+# (TOP_K, TOP_P): the launcher takes the JIT's variant (top_k / top_p given or not)
+_SETTLE_VARIANTS = ((True, False), (False, True), (True, True))
 
 # Each kernel's non-constexpr parameters, in order: the launcher's argument arrays mirror these.
 RUNTIME_ARGS = {
@@ -98,6 +109,44 @@ RUNTIME_ARGS = {
         ("stride_hn", "i32"),
         ("stride_hi", "i32"),
         ("stride_vv", "i32"),
+    ),
+    "verify_truncating_tiles": (  # the truncating variants: also the flags in, the hand-in out
+        ("hidden_ptr", "*T"),
+        ("lm_head_ptr", "*T"),
+        ("temperature_ptr", "*fp32"),
+        ("seed_ptr", "*i64"),
+        ("positions_ptr", "*i64"),
+        ("ws_float_ptr", "*fp32"),
+        ("ws_index_ptr", "*i32"),
+        ("truncated_ptr", "*i32"),
+        ("allowed_ptr", "*i32"),  # MASKED only: any pointer otherwise
+        ("cand_ptr", "*i64"),
+        ("num_rows", "i32"),
+        ("gamma", "i32"),
+        ("vocab_size", "i32"),
+        ("num_splits", "i32"),
+        ("tiles_per_split", "i32"),
+        ("num_words", "i32"),
+        ("stride_hn", "i32"),
+        ("stride_hi", "i32"),
+        ("stride_vv", "i32"),
+    ),
+    "truncated_summaries": (
+        ("ws_float_ptr", "*fp32"),
+        ("ws_index_ptr", "*i32"),
+        ("cand_ptr", "*i64"),
+        ("truncated_ptr", "*i32"),
+        ("top_k_ptr", "*i64"),  # TOP_K only: any pointer otherwise
+        ("top_p_ptr", "*fp32"),  # TOP_P only: any pointer otherwise
+        ("temperature_ptr", "*fp32"),
+        ("seed_ptr", "*i64"),
+        ("positions_ptr", "*i64"),
+        ("unsettled_ptr", "*i32"),  # the native workspace's int32 flags (the JIT's are int8)
+        ("sel_ptr", "*i64"),
+        ("num_rows", "i32"),
+        ("width", "i32"),
+        ("num_splits", "i32"),
+        ("num_kept", "i32"),
     ),
     "verify_finalize": (
         ("ws_float_ptr", "*fp32"),
@@ -152,6 +201,8 @@ RUNTIME_ARGS = {
 }
 _FUNCTIONS = {
     "verify_tiles": verify_resample._verify_tiles_kernel,
+    "verify_truncating_tiles": verify_resample._verify_tiles_kernel,
+    "truncated_summaries": verify_resample._truncated_summaries_kernel,
     "verify_finalize": verify_resample._verify_finalize_kernel,
     "argmax_tiles": tiled_argmax._argmax_tiles_kernel,
     "argmax_finalize": tiled_argmax._argmax_finalize_kernel,
@@ -174,6 +225,7 @@ class KernelSpec:
     num_warps: int = 4
     num_stages: int = 3
     descriptor_blocks: tuple[tuple[int, int], ...] = ()
+    enable_fp_fusion: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,6 +249,16 @@ class TileRow:
     block_k: int = 0
     tma_swizzle: int = 0
     device: str = ""  # a TUNED_BY_DEVICE row: a part of the GPU's name; "": any GPU
+
+
+@dataclasses.dataclass(frozen=True)
+class SettleRow:
+    """A truncation stage-2 kernel: settles the kept sets of up to ``block_s`` splits."""
+
+    top_k: bool
+    top_p: bool
+    block_s: int
+    kernel: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -278,7 +340,57 @@ def tile_kernels(dtypes, hidden_sizes, arch: int = 90) -> tuple[list[KernelSpec]
                     else:
                         row = _portable_row(specs, op, kind, dtype_name, hidden_size, bound)
                     rows.append(row)
+            for bound, config in TRUNCATION_TUNED:
+                rows.append(_truncating_row(specs, dtype_name, hidden_size, bound, config))
     return list(specs.values()), rows
+
+
+def _truncating_row(specs, dtype_name, hidden_size, bound, config) -> TileRow:
+    """A ``TRUNCATION_TUNED`` row (op ``verify_truncated``): the portable kernel handing in
+    ``CANDIDATES`` keys per (row, split); its "log-probabilities" variants also form the online
+    softmax, which top-p's normaliser needs (``verify_resample``'s RETURN_LOGPROBS)."""
+    dtype = DTYPES[dtype_name]
+    block_n, block_v, num_warps, waves, num_stages = config
+    index = next(i for i, (limit, _) in enumerate(TRUNCATION_TUNED) if limit == bound)
+    base = f"fsAot_verify_truncating_tiles_{dtype_name}_h{hidden_size}_r{index}"
+    # tiles.truncation_config scores next_power_of_2(R) rows where that is below BLOCK_N; the
+    # compiled kernel scores the row's bound (the scores do not depend on it)
+    epi_rows = block_n if bound is None else min(block_n, triton.next_power_of_2(bound))
+    symbols = {}
+    for variant in _VERIFY_VARIANTS:
+        constexprs = {
+            "stride_vh": 1,
+            "HIDDEN_SIZE": hidden_size,
+            **dot_options_of(dtype, compiled=True),
+            "BLOCK_H": block_h_of(dtype),
+            "stride_hh": 1,
+            "BLOCK_N": block_n,
+            "BLOCK_V": block_v,
+            "LIBDEVICE": True,
+            "RETURN_LOGPROBS": variant.logprobs,
+            "EPI_ROWS": epi_rows,
+            "MASKED": variant.masked,
+            "CANDIDATES": verify_resample.CANDIDATES,
+        }
+        symbol = symbols[variant] = base + variant.suffix
+        specs[symbol] = KernelSpec(
+            symbol,
+            "verify_truncating_tiles",
+            tuple(constexprs.items()),
+            _POINTER_TYPE[dtype],
+            num_warps,
+            num_stages,
+        )
+    return TileRow(
+        "verify_truncated",
+        dtype_name,
+        hidden_size,
+        -1 if bound is None else bound,
+        block_n,
+        block_v,
+        waves,
+        *_variant_symbols(symbols),
+    )
 
 
 def _portable_row(specs, op, kind, dtype_name, hidden_size, bound, device="") -> TileRow:
@@ -407,6 +519,29 @@ def finalize_kernels() -> tuple[list[KernelSpec], list[FinalizeRow]]:
     return specs, rows
 
 
+def settle_kernels() -> tuple[list[KernelSpec], list[SettleRow]]:
+    """The truncation's stage-2 kernels (independent of dtype and H): per block of splits and
+    (TOP_K, TOP_P), with ``_truncated_summaries``'s constexprs for that block."""
+    specs, rows = [], []
+    for block_s in SETTLE_BLOCK_S:
+        _, shape, num_warps = verify_resample.settle_shape(block_s)
+        for top_k, top_p in _SETTLE_VARIANTS:
+            flags = ("_k" if top_k else "") + ("_p" if top_p else "")
+            symbol = f"fsAot_truncated_summaries_s{block_s}{flags}"
+            constexprs = {"TOP_K": top_k, "TOP_P": top_p, "LIBDEVICE": True, "ROWS": 1, **shape}
+            specs.append(
+                KernelSpec(
+                    symbol,
+                    "truncated_summaries",
+                    tuple(constexprs.items()),
+                    num_warps=num_warps,
+                    enable_fp_fusion=False,
+                )
+            )
+            rows.append(SettleRow(top_k, top_p, block_s, symbol))
+    return specs, rows
+
+
 def _signature(spec: KernelSpec) -> tuple[dict, dict, dict]:
     fn = _FUNCTIONS[spec.kind]
     constexprs = dict(spec.constexprs)
@@ -449,7 +584,11 @@ def compile_kernel(spec: KernelSpec, arch: int) -> tuple[bytes, str, int, int]:
     compiled = triton.compile(
         source,
         target=GPUTarget("cuda", arch, 32),
-        options={"num_warps": spec.num_warps, "num_stages": spec.num_stages},
+        options={
+            "num_warps": spec.num_warps,
+            "num_stages": spec.num_stages,
+            "enable_fp_fusion": spec.enable_fp_fusion,
+        },
     )
     meta = compiled.metadata
     if meta.global_scratch_size or meta.profile_scratch_size:
@@ -501,6 +640,7 @@ def render_cpp(
     kernels: dict[str, tuple[pathlib.Path, str, int, int, int]],
     tile_rows: list[TileRow],
     finalize_rows: list[FinalizeRow],
+    settle_rows: list[SettleRow],
     arch: int,
 ) -> str:
     """The generated C++ source: the cubins (``.incbin`` of their files) and ``kTable``.
@@ -548,6 +688,10 @@ def render_cpp(
             f"    {{{_ABI_OP[r.op]}, {int(r.logprobs)}, {r.block_r}, {r.block_s}, "
             f"{index[r.kernel]}}},"
         )
+    lines += ["};", "", "// top-k, top-p, BLOCK_S, kernel: the truncation's stage 2"]
+    lines.append("SettleConfig const kSettles[] = {")
+    for r in settle_rows:
+        lines.append(f"    {{{int(r.top_k)}, {int(r.top_p)}, {r.block_s}, {index[r.kernel]}}},")
     lines += [
         "};",
         "",
@@ -555,7 +699,8 @@ def render_cpp(
         "",
         f"Table const kTable{{{arch}, {_cpp_string('triton ' + triton.__version__)}, kKernels,",
         "    sizeof(kKernels) / sizeof(kKernels[0]), kTiles, sizeof(kTiles) / sizeof(kTiles[0]),",
-        "    kFinalizes, sizeof(kFinalizes) / sizeof(kFinalizes[0])};",
+        "    kFinalizes, sizeof(kFinalizes) / sizeof(kFinalizes[0]), kSettles,",
+        "    sizeof(kSettles) / sizeof(kSettles[0])};",
         "",
         "} // namespace flashspec::aot",
         "",
@@ -570,7 +715,8 @@ def generate(out_dir: pathlib.Path, dtypes, hidden_sizes, arch: int = 90, jobs: 
             raise ValueError(f"dtypes: {name!r} is not one of {', '.join(DTYPES)}")
     tile_specs, tile_rows = tile_kernels(dtypes, hidden_sizes, arch)
     finalize_specs, finalize_rows = finalize_kernels()
-    specs = tile_specs + finalize_specs
+    settle_specs, settle_rows = settle_kernels()
+    specs = tile_specs + finalize_specs + settle_specs
     cubin_dir = out_dir / "cubin"
     cubin_dir.mkdir(parents=True, exist_ok=True)
     logger.info("compiling %d Triton kernels for sm_%d", len(specs), arch)
@@ -581,7 +727,7 @@ def generate(out_dir: pathlib.Path, dtypes, hidden_sizes, arch: int = 90, jobs: 
             path = (cubin_dir / f"{spec.symbol}.cubin").resolve()
             path.write_bytes(cubin)
             kernels[spec.symbol] = (path, name, len(cubin), warps, shared)
-    source = render_cpp(kernels, tile_rows, finalize_rows, arch)
+    source = render_cpp(kernels, tile_rows, finalize_rows, settle_rows, arch)
     target = out_dir / "tritonAotKernels.cpp"
     tmp = target.with_suffix(".tmp")
     tmp.write_text(source)

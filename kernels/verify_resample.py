@@ -892,6 +892,27 @@ def _truncated_summaries_kernel(
         tl.store(ws_float + F_SUM_EXP * plane, tl.where(first, 1.0, 0.0), mask=write)
 
 
+def settle_shape(splits: int, candidates: int = CANDIDATES) -> tuple[int, dict, int]:
+    """The stage-2 launch for ``splits`` splits of ``candidates`` keys each: (L, the keys a kept
+    set is settled in; the block constexprs of ``_truncated_summaries_kernel``; its warps). The
+    constexprs depend on ``next_power_of_2(splits)`` only (for a power-of-2 ``candidates``), so
+    the CUDA library compiles one kernel per power of 2 (``kernels/aot.py``)."""
+    handed = splits * candidates
+    kept = min(MAX_KEPT, handed)
+    block_handed = triton.next_power_of_2(handed)
+    block_kept = max(2, triton.next_power_of_2(kept))
+    constexprs = {
+        "C": candidates,
+        # the hand-ins are sorted runs of C keys (1: sort them, when L < C)
+        "RUN": candidates if candidates & (candidates - 1) == 0 and block_kept >= candidates else 1,
+        "BLOCK_HANDED": block_handed,
+        "BLOCK_KEPT": block_kept,
+        "BLOCK_S": triton.next_power_of_2(splits),
+    }
+    # the top-k's cross-warp steps: fewer with more warps (16 at 200 splits)
+    return kept, constexprs, min(16, max(4, block_handed // 512))
+
+
 def _truncated_summaries(
     workspace: VerifyWorkspace,
     candidates: torch.Tensor,
@@ -937,14 +958,11 @@ def _truncated_summaries(
     """
     rows, splits, width_c = candidates.shape
     n = temperature.shape[0]
-    c = width_c - 1  # CANDIDATES
-    handed = splits * c
-    kept = min(MAX_KEPT, handed)
-    block_handed = triton.next_power_of_2(handed)
-    block_kept = max(2, triton.next_power_of_2(kept))
+    kept, shape, num_warps = settle_shape(splits, width_c - 1)
+    block_kept = shape["BLOCK_KEPT"]
     unsettled = torch.empty(rows, dtype=torch.int8, device=candidates.device)
     selected = unsettled  # placeholder pointer, never read (BLOCK_HANDED <= 2 · BLOCK_KEPT)
-    if block_handed > 2 * block_kept:
+    if shape["BLOCK_HANDED"] > 2 * block_kept:
         (selected,) = launch_workspace(
             candidates.device, "truncation_selected", ((rows, 2 * block_kept), torch.int64)
         )
@@ -968,17 +986,12 @@ def _truncated_summaries(
         rows // n,
         splits,
         kept,
-        C=c,
         TOP_K=top_k is not None,
         TOP_P=top_p is not None,
         LIBDEVICE=use_libdevice(candidates),
         ROWS=rows_per_program,
-        BLOCK_HANDED=block_handed,
-        RUN=c if c & (c - 1) == 0 and block_kept >= c else 1,
-        BLOCK_KEPT=block_kept,
-        BLOCK_S=triton.next_power_of_2(splits),
-        # the top-k's cross-warp steps: fewer with more warps (16 at 200 splits)
-        num_warps=min(16, max(4, block_handed // 512)),
+        **shape,
+        num_warps=num_warps,
         enable_fp_fusion=False,  # Σ s · exp(m - M) rounded as torch's product, then sum
     )
     return unsettled.view(torch.bool)

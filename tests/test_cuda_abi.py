@@ -213,8 +213,9 @@ def test_the_optional_verify_inputs_are_checked(optional, named):
 
 def test_the_truncated_workspace_holds_the_candidates_and_the_exact_recompute():
     """With top_k / top_p a call's workspace adds, after the plain one, 32 candidate keys and a
-    floor per (row, split), a flag per row and the exact recompute's [rows, V] fp32 logits, each
-    part 256-byte aligned (plugins/verifyResample/truncation.cuh)."""
+    floor per (row, split), two flags per row (unsettled; truncated, the compiled kernels' input)
+    and the exact recompute's [rows, V] fp32 logits, each part 256-byte aligned
+    (plugins/verifyResample/truncation.cuh)."""
     lib = cuda.library()
 
     def up(x):
@@ -226,7 +227,7 @@ def test_the_truncated_workspace_holds_the_candidates_and_the_exact_recompute():
         (512, 132, 4096, 32),
     ):
         plain = lib.flashspecVerifyResampleWorkspaceSize(rows, splits, hidden)
-        extra = up(rows * splits * 32 * 8) + up(rows * splits * 8) + up(rows * 4)
+        extra = up(rows * splits * 32 * 8) + up(rows * splits * 8) + 2 * up(rows * 4)
         extra += up(rows * vocab * 4)
         got = lib.flashspecVerifyResampleTruncatedWorkspaceSize(rows, splits, hidden, vocab)
         assert got == up(plain) + extra

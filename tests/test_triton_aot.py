@@ -14,9 +14,10 @@ import pytest
 
 pytest.importorskip("triton", reason="needs triton (pip install -e '.[triton]')")
 
-from flashspec_export.kernels import aot
+from flashspec_export.kernels import aot, verify_resample
 from flashspec_export.kernels.tiles import (
     HOPPER_TUNED,
+    TRUNCATION_TUNED,
     TUNED,
     TUNED_BY_DEVICE,
     hopper_row,
@@ -109,8 +110,58 @@ def test_a_gpus_own_rows_come_first():
 
 def test_other_architectures_get_only_the_portable_kernels():
     specs, rows = aot.tile_kernels(["bfloat16"], [4096], arch=80)
-    assert {s.kind for s in specs} == {"verify_tiles", "argmax_tiles"}
+    assert {s.kind for s in specs} == {"verify_tiles", "argmax_tiles", "verify_truncating_tiles"}
     assert all(r.block_k == 0 for r in rows)
+
+
+def test_truncation_rows_are_the_truncation_launch_table():
+    """Per (dtype, H) one op ``verify_truncated`` row per TRUNCATION_TUNED row, each the
+    portable kernel handing in CANDIDATES keys, in the four variants, with the row's warps and
+    stages."""
+    specs, rows = aot.tile_kernels(["bfloat16", "float16"], [3840, 4096])
+    by_symbol = {s.symbol: s for s in specs}
+    for dtype in ("bfloat16", "float16"):
+        for hidden in (3840, 4096):
+            mine = [
+                r
+                for r in rows
+                if (r.op, r.dtype, r.hidden_size) == ("verify_truncated", dtype, hidden)
+            ]
+            assert [r.max_rows for r in mine] == [
+                -1 if b is None else b for b, _ in TRUNCATION_TUNED
+            ]
+            for r, (_, config) in zip(mine, TRUNCATION_TUNED, strict=True):
+                block_n, block_v, warps, waves, stages = config
+                assert (r.block_n, r.block_v, r.waves, r.block_k) == (block_n, block_v, waves, 0)
+                wanted = ((False, False), (True, False), (False, True), (True, True))
+                symbols = (r.kernel, r.logprobs_kernel, r.masked_kernel, r.masked_logprobs_kernel)
+                for symbol, flags in zip(symbols, wanted, strict=True):
+                    spec = by_symbol[symbol]
+                    constexprs = dict(spec.constexprs)
+                    assert spec.kind == "verify_truncating_tiles"
+                    assert (spec.num_warps, spec.num_stages) == (warps, stages)
+                    assert (constexprs["RETURN_LOGPROBS"], constexprs["MASKED"]) == flags
+                    assert constexprs["CANDIDATES"] == verify_resample.CANDIDATES
+                    assert (constexprs["BLOCK_N"], constexprs["BLOCK_V"]) == (block_n, block_v)
+                    assert constexprs["EPI_ROWS"] <= block_n
+
+
+def test_settle_kernels_are_the_jits_for_every_split_count_they_take():
+    """Stage 2 of top-k / top-p: per power of 2 of the split count and (top-k, top-p), the
+    constexprs and warps ``_truncated_summaries`` launches with for every split count the
+    launcher gives the kernel (blockS / 2 < S <= blockS), so its sums are the JIT's."""
+    specs, rows = aot.settle_kernels()
+    by_symbol = {s.symbol: s for s in specs}
+    assert {(r.top_k, r.top_p) for r in rows} == {(True, False), (False, True), (True, True)}
+    for r in rows:
+        spec = by_symbol[r.kernel]
+        constexprs = dict(spec.constexprs)
+        assert (constexprs["TOP_K"], constexprs["TOP_P"]) == (r.top_k, r.top_p)
+        assert not spec.enable_fp_fusion
+        for splits in range(r.block_s // 2 + 1, r.block_s + 1):
+            _, shape, warps = verify_resample.settle_shape(splits)
+            assert {k: constexprs[k] for k in shape} == shape and spec.num_warps == warps
+    assert max(r.block_s for r in rows) >= 2 * 132  # two programs per SM of an H100 / H200
 
 
 def test_hidden_sizes_must_be_16_divisible():
@@ -134,7 +185,8 @@ def test_kernel_signatures_match_the_launcher():
     parameter list: a change to a kernel's parameters fails here, not on a GPU."""
     tiles, _ = aot.tile_kernels(["bfloat16"], [4096])
     finals, _ = aot.finalize_kernels()
-    for spec in (*tiles, *finals):
+    settles, _ = aot.settle_kernels()
+    for spec in (*tiles, *finals, *settles):
         signature, constexprs, _ = aot._signature(spec)
         runtime = [name for name, ty in signature.items() if ty != "constexpr"]
         assert runtime == [name for name, _ in aot.RUNTIME_ARGS[spec.kind]]
@@ -162,6 +214,13 @@ def test_kernels_compile_for_sm90_without_a_driver():
         "spec = next(s for s in tiles if s.symbol.startswith(spec.symbol) and "
         "dict(s.constexprs)['MASKED'])\n"
         "assert aot.compile_kernel(spec, 90)[1] == 'hopper_tiles_kernel'\n"
+        # top-k / top-p: a truncating tile kernel and the largest stage 2 (16 warps, no scratch)
+        "spec = next(s for s in tiles if s.kind == 'verify_truncating_tiles')\n"
+        "assert aot.compile_kernel(spec, 90)[1] == '_verify_tiles_kernel'\n"
+        "settles, _ = aot.settle_kernels()\n"
+        "spec = settles[-1]\n"
+        "cubin, name, shared, warps = aot.compile_kernel(spec, 90)\n"
+        "assert name == '_truncated_summaries_kernel' and warps == 16, (name, warps)\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     result = subprocess.run(

@@ -17,9 +17,10 @@ trained LM's spread at T ~ 1, where a 0.9 nucleus holds a few hundred of 128k to
   while equal — what vLLM-style samplers do;
 - ``matmul``: cuBLAS alone;
 - ``cuda_*``: the CUDA library's (the TensorRT plugins' kernels; with ``plugins/build``), plain
-  and truncating (top-k / top-p: its native kernels, the exact recomputation of unsettled rows
-  included; a mask: its compiled-in kernels' masked variants, ``cuda_mask_native`` the native
-  kernels' mask, as before them).
+  and truncating (top-k / top-p: its compiled-in truncating tile kernels and stage 2, then its
+  native exact recomputation of the unsettled rows, included in the time; a mask: its compiled-in
+  kernels' masked variants, ``cuda_mask_native`` the native kernels' mask, as before them). The
+  path each took is printed and kept in the JSON (``cuda_paths``).
 
 Settle rate: the stdlib-tiny target (fp32, ``transformers``) over held-out standard-library files;
 its final hidden states at every position, verified at γ = 0 in batches of R rows with each
@@ -130,7 +131,7 @@ def speed(head: str, rows_list, out: dict) -> None:
         if library:  # the CUDA library (the TensorRT plugins' kernels)
             cuda.prepare(lm.device)
             fns["cuda_verify"] = functools.partial(cuda.verify_resample, *args)
-        unsettled = {}
+        unsettled, paths = {}, {}
         for name, spec in TRUNCATIONS.items():
             kwargs = {}
             if spec.get("mask"):
@@ -144,6 +145,7 @@ def speed(head: str, rows_list, out: dict) -> None:
                 fns[name + "_stage1"] = functools.partial(_stage1_only, *args, **kwargs)
             if library:  # its fallback runs on the device: no read back, the whole op timed
                 fns["cuda_" + name] = functools.partial(cuda.verify_resample, *args, **kwargs)
+                paths[name] = cuda.kernel_path("verify_resample", *args, **kwargs)
             if library and name == "mask":  # a split count off the table's: the native kernels
                 code = cuda.dtype_codes()[lm.dtype]
                 splits = 1 + cuda.library().flashspecResolveNumSplits(
@@ -167,10 +169,11 @@ def speed(head: str, rows_list, out: dict) -> None:
             fns = {k: f for k, f in fns.items() if k == "verify" or k in PROVIDERS}
         times = {k: statistics.median(v) for k, v in time_graphs(fns, 20, 200).items()}
         entry = {"us": {k: round(v, 1) for k, v in times.items()}, "unsettled": unsettled}
+        entry["cuda_paths"] = paths
         out.setdefault(head, {})[rows] = entry
         base = times["verify"]
         ratios = " ".join(f"{k} {v:.1f} ({v / base:.2f})" for k, v in times.items())
-        print(f"{head} R={rows}: {ratios} | unsettled {unsettled}", flush=True)
+        print(f"{head} R={rows}: {ratios} | unsettled {unsettled} | cuda {paths}", flush=True)
 
 
 def stdlib_tiny_states(device: str, files: int = 8, tokens: int = 512):

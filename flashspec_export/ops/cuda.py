@@ -34,7 +34,7 @@ from flashspec_export.reference.verify_resample import VerifyResult
 # plugins/common/flashspecAbi.h, checked when the library loads; the dtype codes are read from it).
 ABI_VERSION = 7
 # FlashspecOp and FlashspecKernelPath codes (plugins/common/flashspecAbi.h).
-OPS = {"tiled_argmax": 0, "verify_resample": 1, "noise": 2}
+OPS = {"tiled_argmax": 0, "verify_resample": 1, "noise": 2, "verify_truncated": 3}
 PATHS = {0: "native", 1: "triton_aot", 2: "triton_aot_hopper"}
 # cudaErrorStreamCaptureUnsupported: a launch on a capturing stream before the compiled kernels
 # were loaded into its CUDA context (prepare).
@@ -291,10 +291,11 @@ def _verify_call(
     drafts = draft_tokens.to(torch.int64).contiguous()
     temps = temperature.to(torch.float32).contiguous()
     seeds, starts = seed.to(torch.int64).contiguous(), positions.to(torch.int64).contiguous()
-    op = OPS["verify_resample"]
-    splits = lib.flashspecResolveNumSplits(op, rows, hidden_size, vocab_size, dtype, num_splits)
     top_k = _per_sequence(top_k, n, torch.int64, device)
     top_p = _per_sequence(top_p, n, torch.float32, device)
+    # top-k / top-p run a launch table of their own (kernels/tiles.py TRUNCATION_TUNED)
+    op = OPS["verify_truncated" if top_k is not None or top_p is not None else "verify_resample"]
+    splits = lib.flashspecResolveNumSplits(op, rows, hidden_size, vocab_size, dtype, num_splits)
     if allowed_tokens is not None:
         allowed_tokens = allowed_tokens.to(device=device, dtype=torch.int32).contiguous()
         words = -(-vocab_size // 32)

@@ -171,7 +171,7 @@ int32_t FlashspecPlugin::configurePlugin(nvinfer1::DynamicPluginTensorDesc const
     {
         return 0; // shapes TensorRT has not bounded yet: enqueue resolves the splits
     }
-    mNumSplits = resolveNumSplits(kernelOp(),
+    mNumSplits = resolveNumSplits(splitsOp(),
         static_cast<int32_t>(rows), static_cast<int32_t>(max.d[max.nbDims - 1]), mVocabSize, dtype, 0);
     return 0;
 }

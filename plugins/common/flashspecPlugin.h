@@ -97,6 +97,11 @@ protected:
     int32_t workspaceSplits() const noexcept;
     //! The op's FlashspecOp code (its launch table decides the split count).
     virtual int32_t kernelOp() const noexcept = 0;
+    //! The op whose launch table fixes the split count (resolveNumSplits): kernelOp's by default.
+    virtual int32_t splitsOp() const noexcept
+    {
+        return kernelOp();
+    }
 
     int32_t mVocabSize;
     int32_t mNumSplits; // 0 until configurePlugin resolves it (then serialized)

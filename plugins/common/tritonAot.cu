@@ -354,6 +354,21 @@ FinalizeConfig const* findFinalize(int32_t op, int32_t splits, int32_t width, bo
     return best;
 }
 
+//! The truncation's stage-2 kernel for `splits` (blockS = next_power_of_2(splits): the Triton
+//! JIT's constexprs) and the call's top_k / top_p inputs, or nullptr.
+SettleConfig const* findSettle(int32_t splits, bool topK, bool topP)
+{
+    for (size_t i = 0; i < kTable.numSettles; ++i)
+    {
+        SettleConfig const& s = kTable.settles[i];
+        if ((s.topK != 0) == topK && (s.topP != 0) == topP && s.blockS >= splits && s.blockS < 2 * splits)
+        {
+            return &s;
+        }
+    }
+    return nullptr;
+}
+
 //! The common conditions of a plan: the compiled specialisation (16-byte aligned matrices), and
 //! the kernels' int32 workspace offsets (4 planes of numRows x splits floats). The Hopper kernel
 //! splits the vocabulary into its tiles (no other split count), needs the driver's TMA
@@ -516,7 +531,13 @@ int32_t tunedSplits(int32_t op, int32_t numRows, int32_t hiddenSize, int32_t voc
         return 0;
     }
     int32_t const splits = numSplits(*tile, numRows, vocabSize, sms);
-    // Some finalize kernel must take it (γ unknown here: the narrowest verify width).
+    // Some finalize kernel must take it (γ unknown here: the narrowest verify width), and for
+    // top-k / top-p a stage 2 (top-k's: the same blocks as the others').
+    if (op == FLASHSPEC_OP_VERIFY_TRUNCATED)
+    {
+        bool const settles = findSettle(splits, true, false) != nullptr;
+        return settles && findFinalize(FLASHSPEC_OP_VERIFY_RESAMPLE, splits, 1, false) != nullptr ? splits : 0;
+    }
     return findFinalize(op, splits, 1, false) != nullptr ? splits : 0;
 }
 
@@ -546,7 +567,9 @@ void warnNative(int32_t op, int32_t dtype, int32_t hiddenSize)
         warned.push_back(key);
     }
     char const* const dtypes[] = {"float32", "float16", "bfloat16"};
-    char const* const opName = op == FLASHSPEC_OP_VERIFY_RESAMPLE ? "VerifyResample" : "TiledArgmax";
+    char const* const opName = op == FLASHSPEC_OP_VERIFY_RESAMPLE ? "VerifyResample"
+        : op == FLASHSPEC_OP_VERIFY_TRUNCATED                        ? "VerifyResample with top-k / top-p"
+                                                                     : "TiledArgmax";
     char const* const dtypeName = dtype >= 0 && dtype < 3 ? dtypes[dtype] : "?";
     if (emptyOnHopper)
     {
@@ -600,9 +623,10 @@ bool planVerifyResample(VerifyResampleParams const& p, Plan& plan)
     {
         return false; // the kernels' int32 row count and stride
     }
+    bool const truncating = p.topK != nullptr || p.topP != nullptr;
     int32_t sms = 0;
-    TileConfig const* tile
-        = findTile(FLASHSPEC_OP_VERIFY_RESAMPLE, static_cast<int32_t>(numRows), p.hiddenSize, p.dtype, sms);
+    TileConfig const* tile = findTile(truncating ? FLASHSPEC_OP_VERIFY_TRUNCATED : FLASHSPEC_OP_VERIFY_RESAMPLE,
+        static_cast<int32_t>(numRows), p.hiddenSize, p.dtype, sms);
     if (tile == nullptr)
     {
         return false;
@@ -611,12 +635,17 @@ bool planVerifyResample(VerifyResampleParams const& p, Plan& plan)
     int32_t const splits = p.numSplits > 0 ? p.numSplits : numSplits(*tile, rows, p.vocabSize, sms);
     FinalizeConfig const* finalize
         = findFinalize(FLASHSPEC_OP_VERIFY_RESAMPLE, splits, p.gamma + 1, p.logprobs != nullptr);
-    if (finalize == nullptr || !fitsSpecialisation(*tile, p.hidden, p.lmHead, rows, p.vocabSize, splits)
+    SettleConfig const* settle = truncating ? findSettle(splits, p.topK != nullptr, p.topP != nullptr) : nullptr;
+    // Stage 2's scratch lies in the exact recompute's logits: more than 2 x kMaxKept keys handed
+    // in (then V > 64 x 64 on the table's splits) need 16 x kMaxKept bytes of them per row.
+    bool const scratchFits = splits * kHandIn <= 2 * kMaxKept || int64_t{p.vocabSize} * 4 >= 16 * kMaxKept;
+    if (finalize == nullptr || (truncating && (settle == nullptr || !scratchFits))
+        || !fitsSpecialisation(*tile, p.hidden, p.lmHead, rows, p.vocabSize, splits)
         || (p.allowedTokens != nullptr && tile->maskedKernel < 0))
     {
         return false;
     }
-    plan = {tile, finalize, splits, sms};
+    plan = {tile, finalize, splits, sms, settle};
     return true;
 }
 
@@ -694,10 +723,66 @@ cudaError_t launchVerifyResample(VerifyResampleParams const& p, Plan const& plan
                 &vocabSize, &splits, &tilesPerSplit, &numWords, &strideHn, &strideHi, &strideVv},
             stream);
     }
+    return status == cudaSuccess ? launchVerifyFinalize(p, plan, stream) : status;
+}
+
+cudaError_t launchVerifyTruncated(
+    VerifyResampleParams const& p, Plan const& plan, TruncationBuffers const& b, cudaStream_t stream)
+{
+    TileConfig const& t = *plan.tile;
+    int32_t gamma = p.gamma;
+    int32_t numRows = p.batch * (gamma + 1);
+    int32_t vocabSize = p.vocabSize;
+    int32_t splits = plan.splits;
+    int32_t tilesPerSplit = cdiv(cdiv(vocabSize, t.blockV), splits);
+    int32_t strideHn = (gamma + 1) * p.hiddenSize;
+    int32_t strideHi = p.hiddenSize;
+    int32_t strideVv = p.hiddenSize;
+    void const* hidden = p.hidden;
+    void const* lmHead = p.lmHead;
+    float const* temperature = p.temperature;
+    int64_t const* seed = p.seed;
+    int64_t const* positions = p.positions;
+    float* wsFloat = static_cast<float*>(p.workspace); // launchVerifyResample's layout
+    int32_t* wsIndex = reinterpret_cast<int32_t*>(wsFloat + 4 * static_cast<size_t>(numRows) * splits);
+    // The "log-probabilities" variants form the online softmax: top-p's normaliser needs it too
+    // (verify_resample: RETURN_LOGPROBS = return_logprobs or top_p).
+    bool const softmax = p.logprobs != nullptr || p.topP != nullptr;
+    int32_t const kernel = p.allowedTokens != nullptr ? (softmax ? t.maskedLogprobsKernel : t.maskedKernel)
+                                                      : (softmax ? t.logprobsKernel : t.kernel);
+    int32_t const* allowed = p.allowedTokens != nullptr ? p.allowedTokens : wsIndex; // never read unmasked
+    int32_t numWords = cdiv(vocabSize, 32);
+    int32_t const* truncated = b.truncated;
+    int64_t* candidates = b.candidates;
+    cudaError_t status = launch(kernel, cdiv(numRows, t.blockN), splits,
+        {&hidden, &lmHead, &temperature, &seed, &positions, &wsFloat, &wsIndex, &truncated, &allowed, &candidates,
+            &numRows, &gamma, &vocabSize, &splits, &tilesPerSplit, &numWords, &strideHn, &strideHi, &strideVv},
+        stream);
     if (status != cudaSuccess)
     {
         return status;
     }
+    // Stage 2, one program per row; a pointer the kernel is not compiled to read stands in for an
+    // absent top_k / top_p.
+    int64_t const* topK = p.topK != nullptr ? p.topK : seed;
+    float const* topP = p.topP != nullptr ? p.topP : temperature;
+    int32_t* unsettled = b.unsettled;
+    int64_t* selected = b.selected;
+    int32_t width = gamma + 1;
+    int32_t numKept = std::min(kMaxKept, splits * kHandIn);
+    return launch(plan.settle->kernel, numRows, 1,
+        {&wsFloat, &wsIndex, &candidates, &truncated, &topK, &topP, &temperature, &seed, &positions, &unsettled,
+            &selected, &numRows, &width, &splits, &numKept},
+        stream);
+}
+
+cudaError_t launchVerifyFinalize(VerifyResampleParams const& p, Plan const& plan, cudaStream_t stream)
+{
+    int32_t gamma = p.gamma;
+    int32_t numRows = p.batch * (gamma + 1);
+    int32_t splits = plan.splits;
+    float* wsFloat = static_cast<float*>(p.workspace);
+    int32_t* wsIndex = reinterpret_cast<int32_t*>(wsFloat + 4 * static_cast<size_t>(numRows) * splits);
     int64_t const* drafts = p.draftTokens; // [batch, γ]; never read when γ = 0
     int64_t* tokens = p.tokens;
     int64_t* numEmitted = p.numEmitted;

@@ -76,8 +76,22 @@ struct Plan
     TileConfig const* tile;
     FinalizeConfig const* finalize;
     int32_t splits;
-    int32_t sms; // the device's SM count (the Hopper kernel's CTAs)
+    int32_t sms;                      // the device's SM count (the Hopper kernel's CTAs)
+    SettleConfig const* settle = nullptr; // top-k / top-p: the stage 2 of the truncating tile kernel
 };
+
+//! A top-k / top-p call's buffers (in the truncation part of the workspace, truncation.cuh).
+struct TruncationBuffers
+{
+    int32_t const* truncated; //!< [batch]: 1 where top-k or top-p applies
+    int64_t* candidates;      //!< [numRows, splits, kCandidates + 1]: each split's hand-in, then its floor
+    int32_t* unsettled;       //!< [numRows] out: 1 where the hand-in does not settle the kept set
+    int64_t* selected;        //!< [numRows, 2 * kMaxKept] scratch of stage 2 (> 2 * kMaxKept keys handed in)
+};
+
+//! Keys a kept set is settled in (verify_resample.MAX_KEPT), and each split's hand-in (CANDIDATES).
+constexpr int32_t kMaxKept = 1024;
+constexpr int32_t kHandIn = 32;
 
 //! The FlashspecKernelPath of a plan.
 inline int32_t pathOf(Plan const& plan)
@@ -111,12 +125,21 @@ cudaError_t prepare();
 //! default build's architecture) in a library built without them: never silently slow.
 void warnNative(int32_t op, int32_t dtype, int32_t hiddenSize);
 
-//! A plan for the call, or false: the native kernels run it.
+//! A plan for the call, or false: the native kernels run it. A top-k / top-p call plans on the
+//! TRUNCATION_TUNED rows (op FLASHSPEC_OP_VERIFY_TRUNCATED) and a stage-2 kernel for its splits.
 bool planTiledArgmax(TiledArgmaxParams const& params, Plan& plan);
 bool planVerifyResample(VerifyResampleParams const& params, Plan& plan);
 
 cudaError_t launchTiledArgmax(TiledArgmaxParams const& params, Plan const& plan, cudaStream_t stream);
 cudaError_t launchVerifyResample(VerifyResampleParams const& params, Plan const& plan, cudaStream_t stream);
+
+//! A top-k / top-p call's first two stages (its plan has a settle kernel): the truncating tile
+//! pass, then stage 2, which rewrites the summaries of the rows it settles and flags the others
+//! in `buffers.unsettled` (the caller recomputes them before launchVerifyFinalize).
+cudaError_t launchVerifyTruncated(
+    VerifyResampleParams const& params, Plan const& plan, TruncationBuffers const& buffers, cudaStream_t stream);
+//! The finalize of a verify plan: acceptance, the emitted tokens and log-probabilities.
+cudaError_t launchVerifyFinalize(VerifyResampleParams const& params, Plan const& plan, cudaStream_t stream);
 
 } // namespace aot
 } // namespace flashspec

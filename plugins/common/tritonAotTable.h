@@ -26,7 +26,8 @@ struct Kernel
 };
 
 //! A row of the launch tables kernels/tiles.py TUNED (TUNED_BY_DEVICE) / HOPPER_TUNED for one
-//! (op, dtype, H): the stage-1 kernels and the geometry. blockK > 0: the Hopper kernel
+//! (op, dtype, H), or of TRUNCATION_TUNED (op FLASHSPEC_OP_VERIFY_TRUNCATED: the truncating
+//! variants, whose log-probabilities kernels also serve top-p): the stage-1 kernels and the geometry. blockK > 0: the Hopper kernel
 //! (kernels/hopper_tiles.py), a persistent kernel (one CTA per SM) that reads hidden and lm_head
 //! through TMA descriptors.
 struct TileConfig
@@ -57,6 +58,17 @@ struct FinalizeConfig
     int32_t kernel;
 };
 
+//! A stage-2 kernel of top-k / top-p (kernels/verify_resample.py _truncated_summaries_kernel):
+//! settles the kept sets of split counts in (blockS / 2, blockS] (its constexprs are the Triton
+//! JIT's for them).
+struct SettleConfig
+{
+    int32_t topK; // compiled for a top_k input
+    int32_t topP; // compiled for a top_p input
+    int32_t blockS;
+    int32_t kernel;
+};
+
 struct Table
 {
     int32_t arch;         // compute capability major * 10 + minor the cubins are for
@@ -67,6 +79,8 @@ struct Table
     size_t numTiles;
     FinalizeConfig const* finalizes;
     size_t numFinalizes;
+    SettleConfig const* settles;
+    size_t numSettles;
 };
 
 //! Generated (build/tritonAot/tritonAotKernels.cpp), or empty (common/tritonAotEmpty.cpp).

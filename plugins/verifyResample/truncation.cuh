@@ -107,8 +107,12 @@ struct Workspace
     int64_t* candidates; // [numRows, numSplits, kCandidates], descending, kEmptyKey padded
     int64_t* floors;     // [numRows, numSplits]
     int32_t* unsettled;  // [numRows]: 1 where the candidates did not settle the kept set
+    int32_t* truncated;  // [numRows >= batch]: 1 where top-k / top-p apply (the compiled kernels' input)
     float* logits;       // [numRows, vocabSize]: the exact recompute's masked logits
 };
+// The compiled Triton kernels (tritonAot.h TruncationBuffers) use the same region: their hand-in
+// [numRows, numSplits, kCandidates + 1] in candidates and floors (contiguous), their stage 2's
+// scratch in logits (free until the exact recompute writes them).
 
 inline size_t alignUp(size_t bytes)
 {
@@ -122,7 +126,7 @@ inline size_t workspaceBytes(int32_t numRows, int32_t numSplits, int32_t vocabSi
     size_t const rows = static_cast<size_t>(numRows);
     size_t const slots = rows * static_cast<size_t>(numSplits);
     return alignUp(slots * kCandidates * sizeof(int64_t)) + alignUp(slots * sizeof(int64_t))
-        + alignUp(rows * sizeof(int32_t)) + alignUp(rows * static_cast<size_t>(vocabSize) * sizeof(float));
+        + 2 * alignUp(rows * sizeof(int32_t)) + alignUp(rows * static_cast<size_t>(vocabSize) * sizeof(float));
 }
 
 inline Workspace workspaceAt(void* base, int32_t numRows, int32_t numSplits)
@@ -136,6 +140,8 @@ inline Workspace workspaceAt(void* base, int32_t numRows, int32_t numSplits)
     w.floors = reinterpret_cast<int64_t*>(p);
     p += alignUp(slots * sizeof(int64_t));
     w.unsettled = reinterpret_cast<int32_t*>(p);
+    p += alignUp(rows * sizeof(int32_t));
+    w.truncated = reinterpret_cast<int32_t*>(p);
     p += alignUp(rows * sizeof(int32_t));
     w.logits = reinterpret_cast<float*>(p);
     return w;

@@ -765,11 +765,22 @@ bool validParams(VerifyResampleParams const& p)
         && validDtype(p.dtype) && p.numSplits >= 0;
 }
 
-//! A call the compiled Triton kernels cannot take: they have no top-k / top-p (the native kernels
-//! do); they take allowed-token masks (their MASKED variants).
+//! A call with top-k or top-p: on the compiled Triton kernels the truncating tile pass of
+//! TRUNCATION_TUNED and its stage 2 (tritonAot.h launchVerifyTruncated), then the native exact
+//! recompute of the rows they leave unsettled; else the native kernels throughout.
 bool truncating(VerifyResampleParams const& p)
 {
     return p.topK != nullptr || p.topP != nullptr;
+}
+
+//! [batch] int32: 1 where top-k or top-p applies (the compiled kernels' `truncated` input).
+__global__ void truncatedFlagsKernel(RowInputs in, int32_t* truncated, int batch)
+{
+    int const n = blockIdx.x * blockDim.x + threadIdx.x;
+    if (n < batch)
+    {
+        truncated[n] = truncatesRow(in, n) ? 1 : 0;
+    }
 }
 
 //! Where truncation's state begins in the workspace: after everything a plain call uses.
@@ -783,8 +794,7 @@ size_t truncationOffset(int32_t numRows, int32_t numSplits, int32_t hiddenSize)
 int32_t verifyResamplePath(VerifyResampleParams const& p)
 {
     aot::Plan plan;
-    return validParams(p) && !truncating(p) && aot::planVerifyResample(p, plan) ? aot::pathOf(plan)
-                                                                                 : FLASHSPEC_PATH_NATIVE;
+    return validParams(p) && aot::planVerifyResample(p, plan) ? aot::pathOf(plan) : FLASHSPEC_PATH_NATIVE;
 }
 
 size_t getVerifyResampleWorkspaceSize(int32_t numRows, int32_t numSplits, int32_t hiddenSize)
@@ -797,14 +807,69 @@ size_t getVerifyResampleTruncatedWorkspaceSize(int32_t numRows, int32_t numSplit
     return truncationOffset(numRows, numSplits, hiddenSize) + trunc::workspaceBytes(numRows, numSplits, vocabSize);
 }
 
+namespace
+{
+
+//! A top-k / top-p call on the compiled Triton kernels: the truncating tile pass and its stage 2
+//! (tritonAot.cu), the native exact recompute of the rows stage 2 leaves unsettled (its two
+//! passes return at once where no row of theirs is flagged: no host read, CUDA-graph safe), then
+//! the compiled finalize.
+cudaError_t invokeTruncatedOnCompiled(VerifyResampleParams const& p, aot::Plan const& aotPlan, cudaStream_t stream)
+{
+    int32_t const numRows = p.batch * (p.gamma + 1);
+    int32_t const splits = aotPlan.splits;
+    LaunchPlan const plan = planLaunch(FLASHSPEC_OP_VERIFY_RESAMPLE, p.hidden, p.lmHead, numRows, p.hiddenSize,
+        p.vocabSize, p.dtype, splits); // the recompute's launch shape, over the same splits
+    if (!plan.mma && !hiddenFits(p.hiddenSize, p.dtype, hiddenSmemLimit()))
+    {
+        return cudaErrorInvalidValue;
+    }
+    VerifyWorkspace const ws = verifyWorkspace(p.workspace, numRows, splits);
+    trunc::Workspace const tw = trunc::workspaceAt(
+        static_cast<char*>(p.workspace) + truncationOffset(numRows, splits, p.hiddenSize), numRows, splits);
+    RowInputs const in{p.draftTokens, p.temperature, p.seed, p.positions, p.topK, p.topP,
+        reinterpret_cast<uint32_t const*>(p.allowedTokens), p.gamma, (p.vocabSize + 31) / 32};
+    truncatedFlagsKernel<<<(p.batch + 255) / 256, 256, 0, stream>>>(in, tw.truncated, p.batch);
+    aot::TruncationBuffers const buffers{tw.truncated, tw.candidates, tw.unsettled, reinterpret_cast<int64_t*>(tw.logits)};
+    cudaError_t status = cudaGetLastError();
+    if (status == cudaSuccess)
+    {
+        status = aot::launchVerifyTruncated(p, aotPlan, buffers, stream);
+    }
+    if (status == cudaSuccess && p.unsettled != nullptr)
+    {
+        status = cudaMemcpyAsync(p.unsettled, tw.unsettled, sizeof(int32_t) * numRows, cudaMemcpyDeviceToDevice, stream);
+    }
+    if (status == cudaSuccess)
+    {
+        status = dispatch(p.dtype, plan, [&]<typename T, int ROWS, int VEC, bool MMA>() {
+            return launchTiles<T, ROWS, MMA>(verifyLogitsKernel<T, ROWS, VEC, MMA>, numRows, p.hiddenSize,
+                splits, stream, static_cast<T const*>(p.hidden), static_cast<T const*>(p.lmHead), in, tw,
+                static_cast<int>(numRows), static_cast<int>(p.hiddenSize), static_cast<int>(p.vocabSize));
+        });
+    }
+    if (status == cudaSuccess)
+    {
+        exactKernel<<<numRows, trunc::kSelectThreads, 0, stream>>>(ws, tw, in, splits, p.vocabSize);
+        status = cudaGetLastError();
+    }
+    return status == cudaSuccess ? aot::launchVerifyFinalize(p, aotPlan, stream) : status;
+}
+
+} // namespace
+
 cudaError_t invokeVerifyResample(VerifyResampleParams const& p, cudaStream_t stream)
 {
     if (!validParams(p))
     {
         return cudaErrorInvalidValue;
     }
-    if (aot::Plan aotPlan; !truncating(p) && aot::planVerifyResample(p, aotPlan))
+    if (aot::Plan aotPlan; aot::planVerifyResample(p, aotPlan))
     {
+        if (truncating(p))
+        {
+            return invokeTruncatedOnCompiled(p, aotPlan, stream);
+        }
         cudaError_t const status = aot::launchVerifyResample(p, aotPlan, stream); // the compiled Triton kernels
         if (status == cudaSuccess && p.unsettled != nullptr)
         {
@@ -812,10 +877,7 @@ cudaError_t invokeVerifyResample(VerifyResampleParams const& p, cudaStream_t str
         }
         return status;
     }
-    if (!truncating(p))
-    {
-        aot::warnNative(FLASHSPEC_OP_VERIFY_RESAMPLE, p.dtype, p.hiddenSize);
-    }
+    aot::warnNative(truncating(p) ? FLASHSPEC_OP_VERIFY_TRUNCATED : FLASHSPEC_OP_VERIFY_RESAMPLE, p.dtype, p.hiddenSize);
     int32_t const numRows = p.batch * (p.gamma + 1);
     LaunchPlan const plan = planLaunch(FLASHSPEC_OP_VERIFY_RESAMPLE, p.hidden, p.lmHead, numRows, p.hiddenSize, p.vocabSize, p.dtype, p.numSplits);
     if (!plan.mma && !hiddenFits(p.hiddenSize, p.dtype, hiddenSmemLimit()))

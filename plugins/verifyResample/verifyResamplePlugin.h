@@ -77,6 +77,13 @@ public:
     int32_t enqueue(nvinfer1::PluginTensorDesc const* inputDesc, nvinfer1::PluginTensorDesc const* outputDesc,
         void const* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream) noexcept override;
 
+protected:
+    //! With top_k or top_p inputs the truncating launch table fixes the split count.
+    int32_t splitsOp() const noexcept override
+    {
+        return mOptionalInputs > 0 && (mOptionalInputs & (kTopK | kTopP)) != 0 ? FLASHSPEC_OP_VERIFY_TRUNCATED : kOp;
+    }
+
 private:
     //! The mask of these inputs (optionalInputsOf), checked against the field where it is set; -1
     //! with the error logged where they do not fit.

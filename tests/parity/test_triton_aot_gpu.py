@@ -19,7 +19,13 @@ import torch
 from flashspec_export import ops
 from flashspec_export.config import HeadShape
 from flashspec_export.kernels.tiled_argmax import tiled_argmax
-from flashspec_export.kernels.tiles import HOPPER_TUNED, TUNED, choose_config
+from flashspec_export.kernels.tiles import (
+    HOPPER_TUNED,
+    TRUNCATION_TUNED,
+    TUNED,
+    choose_config,
+    truncation_config,
+)
 from flashspec_export.kernels.verify_resample import verify_resample
 from flashspec_export.ops import cuda
 from tests.parity.test_hopper_tiles_gpu import _allowed
@@ -141,6 +147,65 @@ def test_masked_verify_equals_triton_through_the_compiled_kernels(rows, head, dt
             assert torch.equal(mine, theirs)
     changed = (library[0] != plain_tokens).any(dim=1)
     assert bool(changed.all()), "the forbidden token came back: the mask was not read"
+
+
+# Each TRUNCATION_TUNED row on both sides of its bound, and 512.
+TRUNCATION_ROWS = sorted(
+    {1, 512} | {b + d for b, _ in TRUNCATION_TUNED if b is not None for d in (0, 1)}
+)
+TRUNCATIONS = {  # per-sequence parameters, cycled: k 1024 and p 0.95 leave rows unsettled
+    "top_k": dict(top_k=[50, 1024, 0, 5]),
+    "top_p": dict(top_p=[0.9, 1.0, 0.95, 0.5]),
+    "all": dict(top_k=[50, 0, 1024, 20], top_p=[0.9, 0.95, 1.0, 0.8], allowed_tokens=0.5),
+}
+
+
+@requires_aot
+@pytest.mark.parametrize("truncation", TRUNCATIONS)
+@pytest.mark.parametrize("head", HEADS)
+@pytest.mark.parametrize("rows", TRUNCATION_ROWS)
+def test_truncated_verify_equals_triton_through_the_compiled_kernels(rows, head, truncation):
+    """Top-k / top-p run the compiled truncating tile kernel of the TRUNCATION_TUNED row and
+    its stage 2: the Triton backend's split count, unsettled rows, and on the settled sequences
+    its tokens, counts and log-probabilities bit for bit. The unsettled ones are recomputed by the
+    library's native exact pass (the Triton backend's: the materialised one), so their tokens
+    agree up to bf16 near-ties."""
+    shape = HeadShape.from_name(head)
+    n, gamma = (rows // 4, 3) if rows % 4 == 0 else (rows, 0)
+    case = _case(shape, n=n, gamma=gamma, dtype=torch.bfloat16, seed=rows)
+    device = case[0].device
+    truncate = {}
+    for name, values in TRUNCATIONS[truncation].items():
+        if name == "allowed_tokens":
+            truncate[name] = _allowed(case[2], shape.vocab_size, values, seed=rows)
+        else:
+            dtype = torch.int64 if name == "top_k" else torch.float32
+            truncate[name] = torch.tensor(values, dtype=dtype, device=device).repeat(n)[:n]
+    config = truncation_config(rows, shape.hidden_size, shape.vocab_size, torch.bfloat16, device)
+    assert _splits("verify_truncated", rows, shape, torch.bfloat16) == config.num_splits
+    plain_tokens, _ = ops.verify_resample(*case, backend="cuda")
+    for logprobs in (False, True):
+        path = cuda.kernel_path("verify_resample", *case, return_logprobs=logprobs, **truncate)
+        assert path == "triton_aot", f"{head} R={rows}: the library ran {path}"
+        settled_only, unsettled = verify_resample(
+            *case, return_logprobs=logprobs, settle_only=True, **truncate
+        )
+        flags = torch.full((rows,), -1, dtype=torch.int32, device=device)
+        library = cuda.verify_resample(*case, return_logprobs=logprobs, unsettled=flags, **truncate)
+        assert torch.equal(flags.bool(), unsettled), "the library's stage 2 settled other rows"
+        settled = ~unsettled.view(n, gamma + 1).any(dim=1)
+        assert bool(settled.any())
+        theirs = [t for t in settled_only if t is not None]
+        for mine, want in zip((t for t in library if t is not None), theirs, strict=True):
+            assert torch.equal(mine[settled], want[settled])
+        if not settled.all():  # the recomputed sequences: the Triton backend's own recompute
+            again = verify_resample(*case, return_logprobs=logprobs, **truncate)
+            differ = (library.tokens != again.tokens).any(dim=1) & ~settled
+            assert differ.sum().item() <= max(1, MAX_BF16_MISMATCH_RATE * n)
+    if truncation == "top_k" and n > 1:
+        assert bool(unsettled.any()), "k 1024 settled everywhere: the recompute was not taken"
+    if rows >= 32:
+        assert bool((library.tokens != plain_tokens).any()), "the truncation changed nothing"
 
 
 @requires_aot
