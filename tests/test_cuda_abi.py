@@ -84,6 +84,21 @@ def test_kernel_path_query():
         assert lib.flashspecKernelPath(cuda.OPS["tiled_argmax"], ctypes.byref(params)) == 0
 
 
+def test_truncated_calls_resolve_their_own_split_count():
+    """FLASHSPEC_OP_VERIFY_TRUNCATED (a call with top_k / top_p) is taken by
+    flashspecResolveNumSplits: without a GPU (or without compiled kernels for the shape) both ops
+    give the native count; a requested count is kept."""
+    lib = cuda.library()
+    bf16 = cuda.dtype_codes()[torch.bfloat16]
+    args = (512, 4096, 128_256, bf16)
+    plain = lib.flashspecResolveNumSplits(cuda.OPS["verify_resample"], *args, 0)
+    truncated = lib.flashspecResolveNumSplits(cuda.OPS["verify_truncated"], *args, 0)
+    assert truncated > 0 and plain > 0
+    if not torch.cuda.is_available():
+        assert truncated == plain
+    assert lib.flashspecResolveNumSplits(cuda.OPS["verify_truncated"], *args, 7) == 7
+
+
 # cudaError_t codes flashspecPrepareKernels returns without a usable driver (flashspecCApi.h).
 NO_DEVICE = 100  # cudaErrorNoDevice: no libcuda.so.1
 INSUFFICIENT_DRIVER = 35  # cudaErrorInsufficientDriver: a driver older than CUDA 12.0
