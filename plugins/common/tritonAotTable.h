@@ -27,7 +27,8 @@ struct Kernel
 
 //! A row of the launch tables kernels/tiles.py TUNED (TUNED_BY_DEVICE) / HOPPER_TUNED for one
 //! (op, dtype, H), or of TRUNCATION_TUNED (op FLASHSPEC_OP_VERIFY_TRUNCATED: the truncating
-//! variants, whose log-probabilities kernels also serve top-p): the stage-1 kernels and the geometry. blockK > 0: the Hopper kernel
+//! variants, whose log-probabilities kernels also serve top-p): the stage-1 kernels and the
+//! geometry. blockK > 0: the Hopper kernel
 //! (kernels/hopper_tiles.py), a persistent kernel (one CTA per SM) that reads hidden and lm_head
 //! through TMA descriptors.
 struct TileConfig

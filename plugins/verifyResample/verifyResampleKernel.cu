@@ -830,7 +830,8 @@ cudaError_t invokeTruncatedOnCompiled(VerifyResampleParams const& p, aot::Plan c
     RowInputs const in{p.draftTokens, p.temperature, p.seed, p.positions, p.topK, p.topP,
         reinterpret_cast<uint32_t const*>(p.allowedTokens), p.gamma, (p.vocabSize + 31) / 32};
     truncatedFlagsKernel<<<(p.batch + 255) / 256, 256, 0, stream>>>(in, tw.truncated, p.batch);
-    aot::TruncationBuffers const buffers{tw.truncated, tw.candidates, tw.unsettled, reinterpret_cast<int64_t*>(tw.logits)};
+    aot::TruncationBuffers const buffers{
+        tw.truncated, tw.candidates, tw.unsettled, reinterpret_cast<int64_t*>(tw.logits)};
     cudaError_t status = cudaGetLastError();
     if (status == cudaSuccess)
     {
@@ -838,7 +839,8 @@ cudaError_t invokeTruncatedOnCompiled(VerifyResampleParams const& p, aot::Plan c
     }
     if (status == cudaSuccess && p.unsettled != nullptr)
     {
-        status = cudaMemcpyAsync(p.unsettled, tw.unsettled, sizeof(int32_t) * numRows, cudaMemcpyDeviceToDevice, stream);
+        status = cudaMemcpyAsync(
+            p.unsettled, tw.unsettled, sizeof(int32_t) * numRows, cudaMemcpyDeviceToDevice, stream);
     }
     if (status == cudaSuccess)
     {
@@ -877,7 +879,8 @@ cudaError_t invokeVerifyResample(VerifyResampleParams const& p, cudaStream_t str
         }
         return status;
     }
-    aot::warnNative(truncating(p) ? FLASHSPEC_OP_VERIFY_TRUNCATED : FLASHSPEC_OP_VERIFY_RESAMPLE, p.dtype, p.hiddenSize);
+    int32_t const op = truncating(p) ? FLASHSPEC_OP_VERIFY_TRUNCATED : FLASHSPEC_OP_VERIFY_RESAMPLE;
+    aot::warnNative(op, p.dtype, p.hiddenSize);
     int32_t const numRows = p.batch * (p.gamma + 1);
     LaunchPlan const plan = planLaunch(FLASHSPEC_OP_VERIFY_RESAMPLE, p.hidden, p.lmHead, numRows, p.hiddenSize, p.vocabSize, p.dtype, p.numSplits);
     if (!plan.mma && !hiddenFits(p.hiddenSize, p.dtype, hiddenSmemLimit()))
