@@ -210,6 +210,20 @@ _FUNCTIONS = {
 }
 # 16-divisible in the compiled specialisation (checked by the launcher).
 _DIVISIBLE = ("hidden_ptr", "lm_head_ptr", "stride_hn", "stride_hi", "stride_vv")
+# Stage 2 of top-k / top-p also takes its workspace pointers 16-divisible, as the JIT sees them:
+# without it the per-split loads lay out otherwise and the top-p normaliser's sum over the splits
+# runs in another order (Triton 3.6: other fp32 instructions; an H100 saw 64-ulp log-probabilities).
+# The launcher places them at 16-byte offsets of a 16-byte aligned workspace.
+_DIVISIBLE_BY_KIND = {
+    "truncated_summaries": (
+        "ws_float_ptr",
+        "ws_index_ptr",
+        "cand_ptr",
+        "truncated_ptr",
+        "unsettled_ptr",
+        "sel_ptr",
+    ),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -562,9 +576,10 @@ def _signature(spec: KernelSpec) -> tuple[dict, dict, dict]:
             ty = f"tensordesc<{spec.element[1:]}[{block[0]}, {block[1]}],{layout!r}>"
         types[name] = ty.replace("*T", spec.element)
     signature = {name: types.get(name, "constexpr") for name in fn.arg_names}
+    divisible = (*_DIVISIBLE, *_DIVISIBLE_BY_KIND.get(spec.kind, ()))
     attrs = {
         (fn.arg_names.index(name),): [["tt.divisibility", 16]]
-        for name in _DIVISIBLE
+        for name in divisible
         if name in types and spec.kind != "hopper_tiles"
     }
     return signature, constexprs, attrs

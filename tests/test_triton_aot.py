@@ -162,6 +162,13 @@ def test_settle_kernels_are_the_jits_for_every_split_count_they_take():
             _, shape, warps = verify_resample.settle_shape(splits)
             assert {k: constexprs[k] for k in shape} == shape and spec.num_warps == warps
     assert max(r.block_s for r in rows) >= 2 * 132  # two programs per SM of an H100 / H200
+    # Compiled for 16-divisible workspace pointers, as the JIT specialises them: else Triton 3.6
+    # lays the per-split loads out otherwise and sums top-p's normaliser in another order.
+    fn = aot._FUNCTIONS["truncated_summaries"]
+    for spec in specs:
+        _, _, attrs = aot._signature(spec)
+        for name in ("ws_float_ptr", "ws_index_ptr", "cand_ptr", "truncated_ptr", "sel_ptr"):
+            assert attrs[(fn.arg_names.index(name),)] == [["tt.divisibility", 16]], name
 
 
 def test_hidden_sizes_must_be_16_divisible():

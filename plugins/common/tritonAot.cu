@@ -639,7 +639,8 @@ bool planVerifyResample(VerifyResampleParams const& p, Plan& plan)
     // Stage 2's scratch lies in the exact recompute's logits: more than 2 x kMaxKept keys handed
     // in (then V > 64 x 64 on the table's splits) need 16 x kMaxKept bytes of them per row.
     bool const scratchFits = splits * kHandIn <= 2 * kMaxKept || int64_t{p.vocabSize} * 4 >= 16 * kMaxKept;
-    if (finalize == nullptr || (truncating && (settle == nullptr || !scratchFits))
+    // Stage 2 is compiled for 16-divisible workspace pointers (kernels/aot.py _DIVISIBLE_BY_KIND).
+    if (finalize == nullptr || (truncating && (settle == nullptr || !scratchFits || !aligned16(p.workspace)))
         || !fitsSpecialisation(*tile, p.hidden, p.lmHead, rows, p.vocabSize, splits)
         || (p.allowedTokens != nullptr && tile->maskedKernel < 0))
     {

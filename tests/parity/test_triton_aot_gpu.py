@@ -30,7 +30,6 @@ from flashspec_export.kernels.verify_resample import verify_resample
 from flashspec_export.ops import cuda
 from tests.parity.test_hopper_tiles_gpu import _allowed
 from tests.parity.test_llm_shapes_gpu import MAX_BF16_MISMATCH_RATE, _argmax_case, _case
-from tests.tolerances import LOGPROB_ATOL, LOGPROB_RTOL
 
 pytestmark = pytest.mark.cuda_kernels
 
@@ -168,10 +167,11 @@ TRUNCATIONS = {  # per-sequence parameters, cycled: k 100000 is never settled (>
 def test_truncated_verify_equals_triton_through_the_compiled_kernels(rows, head, truncation):
     """Top-k / top-p run the compiled truncating tile kernel of the TRUNCATION_TUNED row and
     its stage 2: the Triton backend's split count, unsettled rows, and on the settled sequences
-    its tokens and counts bit for bit, their log-probabilities to LOGPROB_* (on an H100, 4 top-p
-    rows of 224 differed by up to 4e-6, 64 ulp, with equal tokens; the cause is not found). The
-    unsettled ones are recomputed by the library's native exact pass (the Triton backend's: the
-    materialised one), so their tokens agree up to bf16 near-ties."""
+    its tokens, counts and log-probabilities bit for bit (stage 2 compiled for 16-divisible
+    workspace pointers, as the JIT sees them: without it Triton 3.6 summed top-p's normaliser
+    in another order, 64 ulp). The unsettled ones are recomputed by the library's native exact
+    pass (the Triton backend's: the materialised one), so their tokens agree up to bf16
+    near-ties."""
     shape = HeadShape.from_name(head)
     n, gamma = (rows // 4, 3) if rows % 4 == 0 else (rows, 0)
     case = _case(shape, n=n, gamma=gamma, dtype=torch.bfloat16, seed=rows)
@@ -197,15 +197,9 @@ def test_truncated_verify_equals_triton_through_the_compiled_kernels(rows, head,
         assert torch.equal(flags.bool(), unsettled), "the library's stage 2 settled other rows"
         settled = ~unsettled.view(n, gamma + 1).any(dim=1)
         assert bool(settled.any())
-        assert torch.equal(library.tokens[settled], settled_only.tokens[settled])
-        assert torch.equal(library.num_emitted[settled], settled_only.num_emitted[settled])
-        if logprobs:
-            torch.testing.assert_close(
-                library.logprobs[settled],
-                settled_only.logprobs[settled],
-                rtol=LOGPROB_RTOL,
-                atol=LOGPROB_ATOL,
-            )
+        theirs = [t for t in settled_only if t is not None]
+        for mine, want in zip((t for t in library if t is not None), theirs, strict=True):
+            assert torch.equal(mine[settled], want[settled])
         if not settled.all():  # the recomputed sequences: the Triton backend's own recompute
             again = verify_resample(*case, return_logprobs=logprobs, **truncate)
             differ = (library.tokens != again.tokens).any(dim=1) & ~settled
