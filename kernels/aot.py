@@ -675,7 +675,16 @@ def render_cpp(
             f'    ".incbin \\"{path.as_posix()}\\"\\n.popsection\\n");',
             f'extern "C" unsigned char const {symbol}[];',
         ]
-    lines += ["", "namespace flashspec::aot", "{", "namespace", "{", ""]
+    lines += ["", "namespace flashspec::aot", "{", ""]
+    lines += [
+        f"static_assert(kHandIn == {verify_resample.CANDIDATES} && kMaxKept == "
+        f'{verify_resample.MAX_KEPT}, "kernels/verify_resample.py CANDIDATES / MAX_KEPT: '
+        'update tritonAotTable.h");',
+        "",
+        "namespace",
+        "{",
+        "",
+    ]
     lines.append("Kernel const kKernels[] = {")
     for symbol, (_path, name, size, warps, shared) in kernels.items():
         lines.append(f"    {{{_cpp_string(name)}, {symbol}, {size}, {warps}, {shared}}},")

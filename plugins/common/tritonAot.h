@@ -89,9 +89,6 @@ struct TruncationBuffers
     int64_t* selected;        //!< [numRows, 2 * kMaxKept] scratch of stage 2 (> 2 * kMaxKept keys handed in)
 };
 
-//! Keys a kept set is settled in (verify_resample.MAX_KEPT), and each split's hand-in (CANDIDATES).
-constexpr int32_t kMaxKept = 1024;
-constexpr int32_t kHandIn = 32;
 
 //! The FlashspecKernelPath of a plan.
 inline int32_t pathOf(Plan const& plan)

@@ -59,6 +59,11 @@ struct FinalizeConfig
     int32_t kernel;
 };
 
+//! Each (row, split)'s hand-in of the truncating tile kernels (verify_resample.CANDIDATES) and the
+//! keys stage 2 settles a kept set in (MAX_KEPT): the generated table static_asserts both.
+constexpr int32_t kHandIn = 32;
+constexpr int32_t kMaxKept = 1024;
+
 //! A stage-2 kernel of top-k / top-p (kernels/verify_resample.py _truncated_summaries_kernel):
 //! settles the kept sets of split counts in (blockS / 2, blockS] (its constexprs are the Triton
 //! JIT's for them).

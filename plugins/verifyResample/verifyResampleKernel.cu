@@ -773,6 +773,10 @@ bool truncating(VerifyResampleParams const& p)
     return p.topK != nullptr || p.topP != nullptr;
 }
 
+// The compiled kernels' hand-in (kHandIn keys and a floor per (row, split)) lies in the native
+// candidates and floors (truncation.cuh Workspace).
+static_assert(aot::kHandIn <= trunc::kCandidates, "the compiled hand-in outgrows the candidates");
+
 //! [batch] int32: 1 where top-k or top-p applies (the compiled kernels' `truncated` input).
 __global__ void truncatedFlagsKernel(RowInputs in, int32_t* truncated, int batch)
 {
