@@ -89,48 +89,38 @@ SETTLE_BLOCK_S = tuple(2**i for i in range(10))
 # (TOP_K, TOP_P): the launcher takes the JIT's variant (top_k / top_p given or not)
 _SETTLE_VARIANTS = ((True, False), (False, True), (True, True))
 
+
+def _verify_tiles_args(truncating: bool) -> tuple[tuple[str, str], ...]:
+    """``_verify_tiles_kernel``'s runtime parameters: with top-k / top-p (``CANDIDATES > 0``)
+    also ``truncated_ptr`` and ``cand_ptr``, compiled out otherwise."""
+    return (
+        ("hidden_ptr", "*T"),
+        ("lm_head_ptr", "*T"),
+        ("temperature_ptr", "*fp32"),
+        ("seed_ptr", "*i64"),
+        ("positions_ptr", "*i64"),
+        ("ws_float_ptr", "*fp32"),
+        ("ws_index_ptr", "*i32"),
+        *((("truncated_ptr", "*i32"),) if truncating else ()),
+        ("allowed_ptr", "*i32"),  # MASKED only: any pointer otherwise
+        *((("cand_ptr", "*i64"),) if truncating else ()),
+        ("num_rows", "i32"),
+        ("gamma", "i32"),
+        ("vocab_size", "i32"),
+        ("num_splits", "i32"),
+        ("tiles_per_split", "i32"),
+        ("num_words", "i32"),
+        ("stride_hn", "i32"),
+        ("stride_hi", "i32"),
+        ("stride_vv", "i32"),
+    )
+
+
 # Each kernel's non-constexpr parameters, in order: the launcher's argument arrays mirror these.
 RUNTIME_ARGS = {
-    "verify_tiles": (
-        ("hidden_ptr", "*T"),
-        ("lm_head_ptr", "*T"),
-        ("temperature_ptr", "*fp32"),
-        ("seed_ptr", "*i64"),
-        ("positions_ptr", "*i64"),
-        ("ws_float_ptr", "*fp32"),
-        ("ws_index_ptr", "*i32"),
-        ("allowed_ptr", "*i32"),  # MASKED only: any pointer otherwise
-        ("num_rows", "i32"),
-        ("gamma", "i32"),
-        ("vocab_size", "i32"),
-        ("num_splits", "i32"),
-        ("tiles_per_split", "i32"),
-        ("num_words", "i32"),
-        ("stride_hn", "i32"),
-        ("stride_hi", "i32"),
-        ("stride_vv", "i32"),
-    ),
-    "verify_truncating_tiles": (  # the truncating variants: also the flags in, the hand-in out
-        ("hidden_ptr", "*T"),
-        ("lm_head_ptr", "*T"),
-        ("temperature_ptr", "*fp32"),
-        ("seed_ptr", "*i64"),
-        ("positions_ptr", "*i64"),
-        ("ws_float_ptr", "*fp32"),
-        ("ws_index_ptr", "*i32"),
-        ("truncated_ptr", "*i32"),
-        ("allowed_ptr", "*i32"),  # MASKED only: any pointer otherwise
-        ("cand_ptr", "*i64"),
-        ("num_rows", "i32"),
-        ("gamma", "i32"),
-        ("vocab_size", "i32"),
-        ("num_splits", "i32"),
-        ("tiles_per_split", "i32"),
-        ("num_words", "i32"),
-        ("stride_hn", "i32"),
-        ("stride_hi", "i32"),
-        ("stride_vv", "i32"),
-    ),
+    "verify_tiles": _verify_tiles_args(truncating=False),
+    # the truncating variants: also the truncated flags in and the hand-in out
+    "verify_truncating_tiles": _verify_tiles_args(truncating=True),
     "truncated_summaries": (
         ("ws_float_ptr", "*fp32"),
         ("ws_index_ptr", "*i32"),

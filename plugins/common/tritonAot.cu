@@ -680,48 +680,81 @@ cudaError_t launchTiledArgmax(TiledArgmaxParams const& p, Plan const& plan, cuda
         {&wsMax, &wsIndex, &tokens, &maxLogit, &numRows, &splits}, stream);
 }
 
-cudaError_t launchVerifyResample(VerifyResampleParams const& p, Plan const& plan, cudaStream_t stream)
+namespace
+{
+
+//! The arguments a verify launch passes (kernels/aot.py RUNTIME_ARGS), as addressable locals.
+//! `softmax`: the tile kernel forms the online softmax (log-probabilities, or top-p's normaliser).
+struct VerifyArgs
+{
+    void const* hidden;
+    void const* lmHead;
+    float const* temperature;
+    int64_t const* seed;
+    int64_t const* positions;
+    float* wsFloat;         // [4, numRows, splits]: best score, best logit, max, sum-exp
+    int32_t* wsIndex;       // [numRows, splits]: the native kernels' layout
+    int32_t const* allowed; // the mask, or any pointer where the kernel is not MASKED (never read)
+    int32_t numRows;
+    int32_t gamma;
+    int32_t vocabSize;
+    int32_t splits;
+    int32_t tilesPerSplit;
+    int32_t numWords;
+    int32_t strideHn; // hidden [batch, γ + 1, H] and lm_head [V, H] contiguous
+    int32_t strideHi;
+    int32_t strideVv;
+    int32_t kernel; // the row's variant: plain, softmax, masked or both
+};
+
+VerifyArgs verifyArgs(VerifyResampleParams const& p, Plan const& plan, bool softmax)
 {
     TileConfig const& t = *plan.tile;
-    int32_t gamma = p.gamma;
-    int32_t numRows = p.batch * (gamma + 1);
-    int32_t vocabSize = p.vocabSize;
-    int32_t splits = plan.splits;
-    int32_t tilesPerSplit = cdiv(cdiv(vocabSize, t.blockV), splits);
-    int32_t strideHn = (gamma + 1) * p.hiddenSize; // hidden [batch, γ + 1, H] contiguous
-    int32_t strideHi = p.hiddenSize;
-    int32_t strideVv = p.hiddenSize;
-    void const* hidden = p.hidden;
-    void const* lmHead = p.lmHead;
-    float const* temperature = p.temperature;
-    int64_t const* seed = p.seed;
-    int64_t const* positions = p.positions;
-    // [4, numRows, splits] floats (best score, best logit, max, sum-exp), then [numRows, splits]
-    // int32 indices: the native kernels' layout.
-    float* wsFloat = static_cast<float*>(p.workspace);
-    size_t const plane = static_cast<size_t>(numRows) * splits;
-    int32_t* wsIndex = reinterpret_cast<int32_t*>(wsFloat + 4 * plane);
-    bool const logprobs = p.logprobs != nullptr;
-    int32_t const kernel = p.allowedTokens != nullptr ? (logprobs ? t.maskedLogprobsKernel : t.maskedKernel)
-                                                      : (logprobs ? t.logprobsKernel : t.kernel);
-    // The mask's pointer (any pointer where the kernel is not MASKED: never read) and its words per row.
-    int32_t const* allowed = p.allowedTokens != nullptr ? p.allowedTokens : wsIndex;
-    int32_t numWords = cdiv(vocabSize, 32);
+    VerifyArgs a{};
+    a.hidden = p.hidden;
+    a.lmHead = p.lmHead;
+    a.temperature = p.temperature;
+    a.seed = p.seed;
+    a.positions = p.positions;
+    a.numRows = p.batch * (p.gamma + 1);
+    a.gamma = p.gamma;
+    a.vocabSize = p.vocabSize;
+    a.splits = plan.splits;
+    a.tilesPerSplit = cdiv(cdiv(p.vocabSize, t.blockV), plan.splits);
+    a.numWords = cdiv(p.vocabSize, 32);
+    a.strideHn = (p.gamma + 1) * p.hiddenSize;
+    a.strideHi = p.hiddenSize;
+    a.strideVv = p.hiddenSize;
+    a.wsFloat = static_cast<float*>(p.workspace);
+    a.wsIndex = reinterpret_cast<int32_t*>(a.wsFloat + 4 * static_cast<size_t>(a.numRows) * plan.splits);
+    a.allowed = p.allowedTokens != nullptr ? p.allowedTokens : a.wsIndex;
+    a.kernel = p.allowedTokens != nullptr ? (softmax ? t.maskedLogprobsKernel : t.maskedKernel)
+                                          : (softmax ? t.logprobsKernel : t.kernel);
+    return a;
+}
+
+} // namespace
+
+cudaError_t launchVerifyResample(VerifyResampleParams const& p, Plan const& plan, cudaStream_t stream)
+{
+    VerifyArgs a = verifyArgs(p, plan, p.logprobs != nullptr);
     cudaError_t status = cudaSuccess;
-    if (t.blockK > 0)
+    if (plan.tile->blockK > 0)
     {
+        size_t const plane = static_cast<size_t>(a.numRows) * a.splits;
         auto* rowScratch
-            = reinterpret_cast<int32_t*>(static_cast<char*>(p.workspace) + rowScratchOffset(numRows, splits));
-        status = launchHopper(plan, kernel, hidden, lmHead, numRows, p.hiddenSize, vocabSize,
-            {temperature, seed, positions, wsFloat, wsIndex, wsFloat + plane, wsFloat + 2 * plane, wsFloat + 3 * plane,
-                rowScratch, gamma, allowed},
-            static_cast<char*>(p.workspace) + verifyBlockOffset(numRows, splits), stream);
+            = reinterpret_cast<int32_t*>(static_cast<char*>(p.workspace) + rowScratchOffset(a.numRows, a.splits));
+        status = launchHopper(plan, a.kernel, a.hidden, a.lmHead, a.numRows, p.hiddenSize, a.vocabSize,
+            {a.temperature, a.seed, a.positions, a.wsFloat, a.wsIndex, a.wsFloat + plane, a.wsFloat + 2 * plane,
+                a.wsFloat + 3 * plane, rowScratch, a.gamma, a.allowed},
+            static_cast<char*>(p.workspace) + verifyBlockOffset(a.numRows, a.splits), stream);
     }
     else
     {
-        status = launch(kernel, cdiv(numRows, t.blockN), splits,
-            {&hidden, &lmHead, &temperature, &seed, &positions, &wsFloat, &wsIndex, &allowed, &numRows, &gamma,
-                &vocabSize, &splits, &tilesPerSplit, &numWords, &strideHn, &strideHi, &strideVv},
+        status = launch(a.kernel, cdiv(a.numRows, plan.tile->blockN), a.splits,
+            {&a.hidden, &a.lmHead, &a.temperature, &a.seed, &a.positions, &a.wsFloat, &a.wsIndex, &a.allowed,
+                &a.numRows, &a.gamma, &a.vocabSize, &a.splits, &a.tilesPerSplit, &a.numWords, &a.strideHn,
+                &a.strideHi, &a.strideVv},
             stream);
     }
     return status == cudaSuccess ? launchVerifyFinalize(p, plan, stream) : status;
@@ -730,34 +763,15 @@ cudaError_t launchVerifyResample(VerifyResampleParams const& p, Plan const& plan
 cudaError_t launchVerifyTruncated(
     VerifyResampleParams const& p, Plan const& plan, TruncationBuffers const& b, cudaStream_t stream)
 {
-    TileConfig const& t = *plan.tile;
-    int32_t gamma = p.gamma;
-    int32_t numRows = p.batch * (gamma + 1);
-    int32_t vocabSize = p.vocabSize;
-    int32_t splits = plan.splits;
-    int32_t tilesPerSplit = cdiv(cdiv(vocabSize, t.blockV), splits);
-    int32_t strideHn = (gamma + 1) * p.hiddenSize;
-    int32_t strideHi = p.hiddenSize;
-    int32_t strideVv = p.hiddenSize;
-    void const* hidden = p.hidden;
-    void const* lmHead = p.lmHead;
-    float const* temperature = p.temperature;
-    int64_t const* seed = p.seed;
-    int64_t const* positions = p.positions;
-    float* wsFloat = static_cast<float*>(p.workspace); // launchVerifyResample's layout
-    int32_t* wsIndex = reinterpret_cast<int32_t*>(wsFloat + 4 * static_cast<size_t>(numRows) * splits);
-    // The "log-probabilities" variants form the online softmax: top-p's normaliser needs it too
-    // (verify_resample: RETURN_LOGPROBS = return_logprobs or top_p).
-    bool const softmax = p.logprobs != nullptr || p.topP != nullptr;
-    int32_t const kernel = p.allowedTokens != nullptr ? (softmax ? t.maskedLogprobsKernel : t.maskedKernel)
-                                                      : (softmax ? t.logprobsKernel : t.kernel);
-    int32_t const* allowed = p.allowedTokens != nullptr ? p.allowedTokens : wsIndex; // never read unmasked
-    int32_t numWords = cdiv(vocabSize, 32);
+    // The softmax variants also serve top-p: its normaliser is the online softmax (verify_resample:
+    // RETURN_LOGPROBS = return_logprobs or top_p).
+    VerifyArgs a = verifyArgs(p, plan, p.logprobs != nullptr || p.topP != nullptr);
     int32_t const* truncated = b.truncated;
     int64_t* candidates = b.candidates;
-    cudaError_t status = launch(kernel, cdiv(numRows, t.blockN), splits,
-        {&hidden, &lmHead, &temperature, &seed, &positions, &wsFloat, &wsIndex, &truncated, &allowed, &candidates,
-            &numRows, &gamma, &vocabSize, &splits, &tilesPerSplit, &numWords, &strideHn, &strideHi, &strideVv},
+    cudaError_t const status = launch(a.kernel, cdiv(a.numRows, plan.tile->blockN), a.splits,
+        {&a.hidden, &a.lmHead, &a.temperature, &a.seed, &a.positions, &a.wsFloat, &a.wsIndex, &truncated,
+            &a.allowed, &candidates, &a.numRows, &a.gamma, &a.vocabSize, &a.splits, &a.tilesPerSplit, &a.numWords,
+            &a.strideHn, &a.strideHi, &a.strideVv},
         stream);
     if (status != cudaSuccess)
     {
@@ -765,32 +779,29 @@ cudaError_t launchVerifyTruncated(
     }
     // Stage 2, one program per row; a pointer the kernel is not compiled to read stands in for an
     // absent top_k / top_p.
-    int64_t const* topK = p.topK != nullptr ? p.topK : seed;
-    float const* topP = p.topP != nullptr ? p.topP : temperature;
+    int64_t const* topK = p.topK != nullptr ? p.topK : a.seed;
+    float const* topP = p.topP != nullptr ? p.topP : a.temperature;
     int32_t* unsettled = b.unsettled;
     int64_t* selected = b.selected;
-    int32_t width = gamma + 1;
-    int32_t numKept = std::min(kMaxKept, splits * kHandIn);
-    return launch(plan.settle->kernel, numRows, 1,
-        {&wsFloat, &wsIndex, &candidates, &truncated, &topK, &topP, &temperature, &seed, &positions, &unsettled,
-            &selected, &numRows, &width, &splits, &numKept},
+    int32_t width = a.gamma + 1;
+    int32_t numKept = std::min(kMaxKept, a.splits * kHandIn);
+    return launch(plan.settle->kernel, a.numRows, 1,
+        {&a.wsFloat, &a.wsIndex, &candidates, &truncated, &topK, &topP, &a.temperature, &a.seed, &a.positions,
+            &unsettled, &selected, &a.numRows, &width, &a.splits, &numKept},
         stream);
 }
 
 cudaError_t launchVerifyFinalize(VerifyResampleParams const& p, Plan const& plan, cudaStream_t stream)
 {
-    int32_t gamma = p.gamma;
-    int32_t numRows = p.batch * (gamma + 1);
-    int32_t splits = plan.splits;
-    float* wsFloat = static_cast<float*>(p.workspace);
-    int32_t* wsIndex = reinterpret_cast<int32_t*>(wsFloat + 4 * static_cast<size_t>(numRows) * splits);
+    VerifyArgs a = verifyArgs(p, plan, false);
     int64_t const* drafts = p.draftTokens; // [batch, γ]; never read when γ = 0
     int64_t* tokens = p.tokens;
     int64_t* numEmitted = p.numEmitted;
     float* logprobsOut = p.logprobs; // never written without log-probabilities
-    int32_t strideDn = gamma;
+    int32_t strideDn = a.gamma;
     return launch(plan.finalize->kernel, p.batch, 1,
-        {&wsFloat, &wsIndex, &drafts, &tokens, &numEmitted, &logprobsOut, &numRows, &gamma, &splits, &strideDn},
+        {&a.wsFloat, &a.wsIndex, &drafts, &tokens, &numEmitted, &logprobsOut, &a.numRows, &a.gamma, &a.splits,
+            &strideDn},
         stream);
 }
 
