@@ -349,6 +349,20 @@ def tile_kernels(dtypes, hidden_sizes, arch: int = 90) -> tuple[list[KernelSpec]
     return list(specs.values()), rows
 
 
+def _portable_constexprs(dtype: torch.dtype, hidden_size: int, block_n: int, block_v: int) -> dict:
+    """The constexprs of a portable tile kernel's launch shape: the JIT's for contiguous
+    ``hidden`` / ``lm_head`` of ``dtype`` (unit inner strides) on a GPU."""
+    return {
+        "stride_vh": 1,
+        "HIDDEN_SIZE": hidden_size,
+        **dot_options_of(dtype, compiled=True),
+        "BLOCK_H": block_h_of(dtype),
+        "stride_hh": 1,
+        "BLOCK_N": block_n,
+        "BLOCK_V": block_v,
+    }
+
+
 def _truncating_row(specs, dtype_name, hidden_size, bound, config) -> TileRow:
     """A ``TRUNCATION_TUNED`` row (op ``verify_truncated``): the portable kernel handing in
     ``CANDIDATES`` keys per (row, split); its "log-probabilities" variants also form the online
@@ -363,13 +377,7 @@ def _truncating_row(specs, dtype_name, hidden_size, bound, config) -> TileRow:
     symbols = {}
     for variant in _VERIFY_VARIANTS:
         constexprs = {
-            "stride_vh": 1,
-            "HIDDEN_SIZE": hidden_size,
-            **dot_options_of(dtype, compiled=True),
-            "BLOCK_H": block_h_of(dtype),
-            "stride_hh": 1,
-            "BLOCK_N": block_n,
-            "BLOCK_V": block_v,
+            **_portable_constexprs(dtype, hidden_size, block_n, block_v),
             "LIBDEVICE": True,
             "RETURN_LOGPROBS": variant.logprobs,
             "EPI_ROWS": epi_rows,
@@ -405,15 +413,7 @@ def _portable_row(specs, op, kind, dtype_name, hidden_size, bound, device="") ->
     index = next(i for i, (limit, _) in enumerate(table) if limit is None or at <= limit)
     prefix = f"{device.lower()}_" if device else ""
     base = f"fsAot_{kind}_{dtype_name}_h{hidden_size}_{prefix}r{index}"
-    constexprs = {
-        "stride_vh": 1,
-        "HIDDEN_SIZE": hidden_size,
-        **dot_options_of(dtype, compiled=True),
-        "BLOCK_H": block_h_of(dtype),
-        "stride_hh": 1,
-        "BLOCK_N": block_n,
-        "BLOCK_V": block_v,
-    }
+    constexprs = _portable_constexprs(dtype, hidden_size, block_n, block_v)
     symbols = {}
     epi_rows = epi_rows_of(op, at, device) or block_n
     for variant in _VERIFY_VARIANTS if op == "verify_resample" else (None,):
