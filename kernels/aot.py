@@ -424,7 +424,7 @@ def _portable_row(specs, op, kind, dtype_name, hidden_size, bound, device="") ->
                 "LIBDEVICE": True,
                 "RETURN_LOGPROBS": variant.logprobs,
                 "EPI_ROWS": epi_rows,
-                # no top-k / top-p in the library's compiled kernels: their inputs compiled out
+                # top-k / top-p's inputs compiled out (their kernels: _truncating_row)
                 "truncated_ptr": None,
                 "cand_ptr": None,
                 "MASKED": variant.masked,
