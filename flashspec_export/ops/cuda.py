@@ -3,11 +3,11 @@ C ABI (``plugins/common/flashspecCApi.h``), called with ctypes on torch tensors.
 
 Where the library was built with the Triton kernels compiled in (CMake ``FLASHSPEC_TRITON_AOT``)
 a call runs them on their GPU architecture for the compiled (dtype, H), else the native CUDA
-kernels; ``kernel_path`` says which. A ``verify_resample`` with ``top_k`` / ``top_p`` runs the
-native kernels' truncation (``plugins/verifyResample/truncation.cuh``): fused in the tile pass,
-settled from per-split candidates, the rows those do not settle recomputed exactly on the device
-(no host read: CUDA-graph safe). An ``allowed_tokens`` mask alone runs the compiled kernels'
-masked variants where they serve the call.
+kernels; ``kernel_path`` says which. The truncation runs there too: an ``allowed_tokens`` mask in
+the compiled kernels' masked variants, ``top_k`` / ``top_p`` in their truncating tile kernels and
+stage 2 (the Triton backend's, with its own launch table and split count); on the native path in
+``plugins/verifyResample/truncation.cuh``. Either way the rows the per-split candidates do not
+settle are recomputed exactly on the device (no host read: CUDA-graph safe).
 
 The library is ``plugins/build/libflashspec_kernels.so`` (build: ``cmake -S plugins -B
 plugins/build && cmake --build plugins/build -j``) or the path in ``$FLASHSPEC_KERNELS_LIB``.
@@ -240,9 +240,9 @@ def verify_resample(
     The truncation (``reference/truncation.py``; validated by ``ops.verify_resample``), each None
     for off: ``top_k`` int or [N] int64 (0: off), ``top_p`` float or [N] float32 in (0, 1] (1:
     off), ``allowed_tokens`` [N, γ + 1, ceil(vocab_size / 32)] int32. The mask is read in the
-    tile pass (of the compiled kernels where they serve the call); top-k / top-p run the native
-    kernels: settled from per-split candidates in a second stage, and the rows those do not
-    settle recomputed exactly (``plugins/verifyResample/truncation.cuh``). ``unsettled``: an
+    tile pass; top-k / top-p are settled from per-split candidates in a second stage (of the
+    compiled kernels where they serve the call), and the rows those do not settle recomputed
+    exactly (``plugins/verifyResample/truncation.cuh``). ``unsettled``: an
     [N · (γ + 1)] int32 CUDA tensor that receives 1 for the rows so recomputed (for tests), or
     None."""
     stream = _device_and_stream(hidden)
