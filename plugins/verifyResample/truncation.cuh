@@ -17,10 +17,13 @@
  * kept keys only, and the row's summaries rewritten as one split for the finalizer. A row whose
  * kept set reaches past the known prefix is flagged.
  *
- * The exact recompute (flagged rows only; may be slow): the tile pass again, writing the flagged
- * rows' masked logits to the workspace ([rows, V] fp32, sized only when top-k / top-p are
- * inputs), then one CTA per row finds the k-th key and the nucleus' cut by bisection on the key
- * (64 block-wide counts / sums over the row each), and samples the kept tokens.
+ * The exact recompute (flagged rows only): the tile pass again, writing the flagged rows' masked
+ * logits to the workspace ([rows, V] fp32, sized only when top-k / top-p are inputs), then one
+ * CTA per row: top-k's k-th key by a radix select on the key (a 256-bin count per byte, from the
+ * top, over the row), top-p's cut in the kExactHeld largest kept keys sorted in shared memory (a
+ * scan of their probabilities, as stage 2's), or, for a nucleus of more keys, by bisection on the
+ * key over the row; then the Gumbel-max over the kept tokens. Each step reads the row from L2
+ * with vector loads, several in flight per thread.
  */
 #pragma once
 
@@ -39,6 +42,7 @@ constexpr int kLaneKeys = 8;        // keys each lane keeps while it streams
 constexpr int kCandidates = 32;     // keys each (row, split) hands in
 constexpr int kKnownCap = 1024;     // stage 2 sorts at most this many known keys
 constexpr int kSelectThreads = 512; // stage 2 and the exact recompute: threads per row
+constexpr int kExactHeld = 4096;    // the exact recompute sorts at most this many kept keys
 constexpr int64_t kEmptyKey = INT64_MIN; // no key (below every key of a logit)
 
 //! The order key of (logit, id): larger for a larger logit, and for an equal logit a lower id
@@ -113,6 +117,19 @@ struct Workspace
 // The compiled Triton kernels (tritonAot.h TruncationBuffers) use the same region: their hand-in
 // [numRows, numSplits, kCandidates + 1] in candidates and floors (contiguous), their stage 2's
 // scratch in logits (free until the exact recompute writes them).
+
+//! The exact recompute's shared memory (dynamic: 64 KB of held keys and their scan).
+struct ExactShared
+{
+    int64_t keys[kExactHeld];
+    float scanA[kExactHeld];
+    float scanB[kExactHeld];
+    uint32_t hist[256];
+    int64_t scratch64[32];
+    float scratchF[32];
+    int32_t scratchI[32];
+    int32_t pick[2];
+};
 
 inline size_t alignUp(size_t bytes)
 {
@@ -285,6 +302,142 @@ __device__ int64_t smallestTrue(int64_t lo, int64_t hi, Pred&& below)
         }
     }
     return hi;
+}
+
+//! Calls f(v, logit) for each finite logit of a row of vocabSize fp32 logits, each thread on its
+//! share: 16-byte loads where the row is aligned, four in flight per thread.
+template <typename F>
+__device__ __forceinline__ void forEachFinite(float const* logits, int vocabSize, F&& f)
+{
+    int head = 0; // the logits before it are read as float4
+    if ((reinterpret_cast<uintptr_t>(logits) & 15) == 0)
+    {
+        int const quads = vocabSize >> 2;
+        auto const* q = reinterpret_cast<float4 const*>(logits);
+#pragma unroll 4
+        for (int j = threadIdx.x; j < quads; j += blockDim.x)
+        {
+            float4 const x = q[j];
+            int const v = 4 * j;
+            if (x.x != -INFINITY)
+            {
+                f(v, x.x);
+            }
+            if (x.y != -INFINITY)
+            {
+                f(v + 1, x.y);
+            }
+            if (x.z != -INFINITY)
+            {
+                f(v + 2, x.z);
+            }
+            if (x.w != -INFINITY)
+            {
+                f(v + 3, x.w);
+            }
+        }
+        head = 4 * quads;
+    }
+#pragma unroll 4
+    for (int v = head + threadIdx.x; v < vocabSize; v += blockDim.x)
+    {
+        float const l = logits[v];
+        if (l != -INFINITY)
+        {
+            f(v, l);
+        }
+    }
+}
+
+//! hist[bin] += 1 from every lane that calls it (the lanes with one bin add once together).
+__device__ __forceinline__ void countInto(uint32_t* hist, uint32_t bin)
+{
+    unsigned const peers = __match_any_sync(__activemask(), bin);
+    if ((threadIdx.x & 31) == __ffs(peers) - 1)
+    {
+        atomicAdd(&hist[bin], static_cast<uint32_t>(__popc(peers)));
+    }
+}
+
+//! The k-th largest order key of a row's finite logits (1 <= k <= their count): a radix select on
+//! the key from its top byte, one 256-bin count over the row per byte (hist: [256] shared), until
+//! one key is left to take by a max. Exact, and deterministic (integer counts).
+__device__ int64_t kthLargestKey(float const* logits, int vocabSize, int64_t k, uint32_t* hist,
+    int64_t* scratch64, int32_t* pick /* [2] shared */)
+{
+    uint64_t prefix = 0; // the bytes decided so far, of the key as unsigned (sign bit flipped)
+    uint64_t decided = 0;
+    int64_t rest = k;    // the rank still sought among the keys with the prefix
+    for (int shift = 56; shift >= 0; shift -= 8)
+    {
+        for (int b = threadIdx.x; b < 256; b += blockDim.x)
+        {
+            hist[b] = 0;
+        }
+        __syncthreads();
+        forEachFinite(logits, vocabSize, [&](int v, float l) {
+            uint64_t const u = static_cast<uint64_t>(orderKey(l, v)) ^ (1ull << 63);
+            if ((u & decided) == prefix)
+            {
+                countInto(hist, static_cast<uint32_t>(u >> shift) & 255u);
+            }
+        });
+        __syncthreads();
+        if (threadIdx.x < 32) // warp 0: lane j sums bins 255 - 8j down to 248 - 8j, then scans
+        {
+            int const lane = threadIdx.x;
+            uint32_t own = 0;
+#pragma unroll
+            for (int b = 0; b < 8; ++b)
+            {
+                own += hist[255 - 8 * lane - b];
+            }
+            uint32_t incl = own;
+#pragma unroll
+            for (int offset = 1; offset < 32; offset <<= 1)
+            {
+                uint32_t const x = __shfl_up_sync(0xFFFFFFFFu, incl, offset);
+                incl += lane >= offset ? x : 0u;
+            }
+            unsigned const reached = __ballot_sync(0xFFFFFFFFu, incl >= rest);
+            if (lane == __ffs(reached) - 1)
+            {
+                int64_t acc = incl - own; // the keys in the bins above this lane's
+                for (int b = 0; b < 8; ++b)
+                {
+                    int const bin = 255 - 8 * lane - b;
+                    if (acc + hist[bin] >= rest)
+                    {
+                        pick[0] = bin;
+                        pick[1] = static_cast<int32_t>(rest - acc);
+                        break;
+                    }
+                    acc += hist[bin];
+                }
+            }
+        }
+        __syncthreads();
+        int const bin = pick[0];
+        rest = pick[1];
+        uint32_t const inBin = hist[bin];
+        prefix |= static_cast<uint64_t>(bin) << shift;
+        decided |= 255ull << shift;
+        __syncthreads(); // hist and pick read by every thread before the next round
+        if (inBin == 1 || shift == 0)
+        {
+            break;
+        }
+    }
+    // one key has the prefix (or every byte is decided): it is the k-th largest
+    int64_t found = kEmptyKey;
+    forEachFinite(logits, vocabSize, [&](int v, float l) {
+        int64_t const key = orderKey(l, v);
+        if (((static_cast<uint64_t>(key) ^ (1ull << 63)) & decided) == prefix)
+        {
+            found = key > found ? key : found;
+        }
+    });
+    return blockReduce(found, Max{}, scratch64);
 }
 
 //! Sort keys[0, size) descending in shared memory (size a power of two; bitonic).

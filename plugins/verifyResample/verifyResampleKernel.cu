@@ -654,9 +654,81 @@ __global__ void __launch_bounds__(kThreads) verifyLogitsKernel(T const* hidden, 
         });
 }
 
-//! The exact recompute, pass 2, one CTA per flagged row: top-k's k-th key and top-p's cut by
-//! bisection on the key over the row's logits (each step a block-wide count or sum), then the
-//! Gumbel-max over the kept tokens and the row's summaries rewritten.
+//! Top-p's last kept key in a row whose kept set is the keys >= lowest (kept of them; top-k's k-th
+//! key, or kEmptyKey: every finite logit): the last key whose mass before it is under p (the top
+//! key always kept). Probabilities exp(l - m) / z over the kept set, as softmax forms them; the
+//! kExactHeld largest kept keys sorted in shared memory and their probabilities scanned, as
+//! stage 2 does; a nucleus reaching past them by bisection on the key over the row.
+__device__ int64_t nucleusLastKey(float const* logits, int vocabSize, int64_t lowest, int32_t kept, int64_t top,
+    float m, float p, trunc::ExactShared& sh)
+{
+    using namespace trunc;
+    float z = 0.0f;
+    forEachFinite(logits, vocabSize, [&](int v, float l) { z += orderKey(l, v) >= lowest ? expf(l - m) : 0.0f; });
+    z = blockReduce(z, Sum{}, sh.scratchF);
+    int const held = min(kept, kExactHeld);
+    int64_t const heldFrom
+        = kept > kExactHeld ? kthLargestKey(logits, vocabSize, kExactHeld, sh.hist, sh.scratch64, sh.pick) : lowest;
+    if (threadIdx.x == 0)
+    {
+        sh.pick[0] = 0;
+    }
+    __syncthreads();
+    forEachFinite(logits, vocabSize, [&](int v, float l) {
+        int64_t const key = orderKey(l, v);
+        if (key >= heldFrom)
+        {
+            sh.keys[atomicAdd(&sh.pick[0], 1)] = key;
+        }
+    });
+    int size = 32;
+    while (size < held)
+    {
+        size <<= 1;
+    }
+    for (int j = held + threadIdx.x; j < size; j += blockDim.x)
+    {
+        sh.keys[j] = kEmptyKey;
+    }
+    __syncthreads();
+    sortDescending(sh.keys, size);
+    for (int j = threadIdx.x; j < held; j += blockDim.x)
+    {
+        sh.scanA[j] = expf(keyLogit(sh.keys[j]) - m) / z;
+    }
+    __syncthreads();
+    float const* inclusive = inclusiveScan(sh.scanA, sh.scanB, held);
+    int first = held; // the first held key whose mass before it reaches p
+    for (int j = threadIdx.x; j < held; j += blockDim.x)
+    {
+        float const before = inclusive[j] - expf(keyLogit(sh.keys[j]) - m) / z;
+        first = before >= p && j < first ? j : first;
+    }
+    first = blockReduce(first, Min{}, sh.scratchI);
+    if (first < held)
+    {
+        return sh.keys[max(first, 1) - 1];
+    }
+    if (held == kept)
+    {
+        return lowest; // the nucleus is every kept key
+    }
+    // below(t): the mass of the kept keys above t is under p (true at heldFrom, whose keys all
+    // lie in the nucleus); its smallest t is the last key kept.
+    auto below = [&](int64_t t) {
+        float mass = 0.0f;
+        forEachFinite(logits, vocabSize, [&](int v, float l) {
+            int64_t const key = orderKey(l, v);
+            mass += key >= lowest && key > t ? expf(l - m) / z : 0.0f;
+        });
+        return blockReduce(mass, Sum{}, sh.scratchF) < p;
+    };
+    return below(lowest) ? lowest : smallestTrue(lowest, heldFrom, below);
+}
+
+//! The exact recompute, pass 2, one CTA per flagged row (trunc::ExactShared dynamic shared
+//! memory): top-k's k-th key, top-p's last kept key, then the Gumbel-max over the kept tokens and
+//! the row's summaries rewritten.
 __global__ void __launch_bounds__(trunc::kSelectThreads) exactKernel(
     VerifyWorkspace ws, trunc::Workspace tw, RowInputs in, int numSplits, int vocabSize)
 {
@@ -666,84 +738,36 @@ __global__ void __launch_bounds__(trunc::kSelectThreads) exactKernel(
     {
         return;
     }
+    extern __shared__ __align__(16) unsigned char exactRaw[];
+    ExactShared& sh = *reinterpret_cast<ExactShared*>(exactRaw);
     RowRequest const req = rowRequest(in, row);
-    __shared__ int64_t scratch64[32];
-    __shared__ float scratchF[32];
-    __shared__ int32_t scratchI[32];
     float const* logits = tw.logits + static_cast<size_t>(row) * vocabSize;
 
     int64_t top = kEmptyKey;
     int32_t finite = 0;
-    for (int v = threadIdx.x; v < vocabSize; v += blockDim.x)
-    {
-        float const l = logits[v];
-        if (l != -INFINITY)
-        {
-            ++finite;
-            int64_t const key = orderKey(l, v);
-            top = key > top ? key : top;
-        }
-    }
-    top = blockReduce(top, Max{}, scratch64);
-    finite = blockReduce(finite, Sum{}, scratchI);
+    forEachFinite(logits, vocabSize, [&](int v, float l) {
+        ++finite;
+        int64_t const key = orderKey(l, v);
+        top = key > top ? key : top;
+    });
+    top = blockReduce(top, Max{}, sh.scratch64);
+    finite = blockReduce(finite, Sum{}, sh.scratchI);
     float const m = keyLogit(top); // the row's largest logit (stage 2 flags only rows with one)
-    auto sumAbove = [&](int64_t lowest, int64_t above) { // sum of exp(l - m) over lowest <= key, key > above
-        float z = 0.0f;
-        for (int v = threadIdx.x; v < vocabSize; v += blockDim.x)
-        {
-            float const l = logits[v];
-            if (l != -INFINITY)
-            {
-                int64_t const key = orderKey(l, v);
-                z += key >= lowest && key > above ? expf(l - m) : 0.0f;
-            }
-        }
-        return blockReduce(z, Sum{}, scratchF);
-    };
-    int64_t last = kEmptyKey; // the kept tokens: finite, key >= last
+    int64_t last = kEmptyKey;     // the kept tokens: finite, key >= last
+    int32_t kept = finite;
     if (req.k > 0 && req.k < finite)
     {
-        auto countAtLeast = [&](int64_t t) {
-            int32_t c = 0;
-            for (int v = threadIdx.x; v < vocabSize; v += blockDim.x)
-            {
-                float const l = logits[v];
-                c += l != -INFINITY && orderKey(l, v) >= t;
-            }
-            return blockReduce(c, Sum{}, scratchI);
-        };
-        last = largestWithCountAtLeast(kEmptyKey, top, req.k, countAtLeast);
+        last = kthLargestKey(logits, vocabSize, req.k, sh.hist, sh.scratch64, sh.pick);
+        kept = static_cast<int32_t>(req.k);
     }
     if (req.p < 1.0f)
     {
-        int64_t const lowest = last;
-        float const z = sumAbove(lowest, kEmptyKey);
-        // below(t): the mass of the kept keys above t is under p; its smallest t is the last key
-        // kept (the mass strictly before it is under p, and before the next one it is not).
-        auto below = [&](int64_t t) {
-            float mass = 0.0f;
-            for (int v = threadIdx.x; v < vocabSize; v += blockDim.x)
-            {
-                float const l = logits[v];
-                if (l != -INFINITY)
-                {
-                    int64_t const key = orderKey(l, v);
-                    mass += key >= lowest && key > t ? expf(l - m) / z : 0.0f;
-                }
-            }
-            return blockReduce(mass, Sum{}, scratchF) < req.p;
-        };
-        if (!below(lowest))
-        {
-            last = smallestTrue(lowest, top, below);
-        }
+        last = nucleusLastKey(logits, vocabSize, last, kept, top, m, req.p, sh);
     }
     Best best{-INFINITY, -1};
     float s = 0.0f;
-    for (int v = threadIdx.x; v < vocabSize; v += blockDim.x)
-    {
-        float const l = logits[v];
-        if (l != -INFINITY && orderKey(l, v) >= last)
+    forEachFinite(logits, vocabSize, [&](int v, float l) {
+        if (orderKey(l, v) >= last)
         {
             float const score = keptScore(in, req, l, v);
             if (beats(score, v, best))
@@ -752,10 +776,24 @@ __global__ void __launch_bounds__(trunc::kSelectThreads) exactKernel(
             }
             s += expf(l - m);
         }
-    }
-    best = blockBest(best, scratchF, scratchI);
-    s = blockReduce(s, Sum{}, scratchF);
+    });
+    best = blockBest(best, sh.scratchF, sh.scratchI);
+    s = blockReduce(s, Sum{}, sh.scratchF);
     writeKept(ws, row, numSplits, best.score, best.id, logits[best.id], m, s);
+}
+
+//! Launch the exact recompute's pass 2 over numRows rows (only flagged rows work).
+cudaError_t launchExact(VerifyWorkspace const& ws, trunc::Workspace const& tw, RowInputs const& in, int32_t numRows,
+    int32_t numSplits, int32_t vocabSize, cudaStream_t stream)
+{
+    cudaError_t const attr = allowSmem(exactKernel, sizeof(trunc::ExactShared));
+    if (attr != cudaSuccess)
+    {
+        return attr;
+    }
+    exactKernel<<<numRows, trunc::kSelectThreads, sizeof(trunc::ExactShared), stream>>>(
+        ws, tw, in, numSplits, vocabSize);
+    return cudaGetLastError();
 }
 
 bool validParams(VerifyResampleParams const& p)
@@ -856,8 +894,7 @@ cudaError_t invokeTruncatedOnCompiled(VerifyResampleParams const& p, aot::Plan c
     }
     if (status == cudaSuccess)
     {
-        exactKernel<<<numRows, trunc::kSelectThreads, 0, stream>>>(ws, tw, in, splits, p.vocabSize);
-        status = cudaGetLastError();
+        status = launchExact(ws, tw, in, numRows, splits, p.vocabSize, stream);
     }
     return status == cudaSuccess ? aot::launchVerifyFinalize(p, aotPlan, stream) : status;
 }
@@ -940,7 +977,11 @@ cudaError_t invokeVerifyResample(VerifyResampleParams const& p, cudaStream_t str
         {
             return status;
         }
-        exactKernel<<<numRows, trunc::kSelectThreads, 0, stream>>>(ws, tw, in, splits, p.vocabSize);
+        status = launchExact(ws, tw, in, numRows, splits, p.vocabSize, stream);
+        if (status != cudaSuccess)
+        {
+            return status;
+        }
     }
     else if (p.unsettled != nullptr)
     {

@@ -187,6 +187,28 @@ def test_rows_the_candidates_do_not_settle_are_recomputed_exactly(truncate, rows
     assert by_sequence.nonzero().flatten().tolist() == rows
 
 
+EXACT_HELD = 4096  # truncation.cuh kExactHeld: the kept keys the exact recompute sorts
+
+
+def test_the_exact_recompute_past_its_held_keys():
+    """Kept sets of thousands of tokens (flat logits, V = 12003: rows of the logits workspace
+    that are not 16-byte aligned, and a vocabulary tail past the vector loads), one split, so
+    every sequence is recomputed: top-k past the held keys (the radix select's k-th key), a
+    nucleus inside the 4096 largest of 12003 kept keys (the sorted scan), one of exactly 4096 and
+    one past them (the bisection over the row). Every row equals the reference."""
+    vocab = 12003
+    hidden, lm_head, temperature, seed, positions, _ = _inputs(7, vocab=vocab, scale=0.05)
+    hidden = hidden[:, :1].expand_as(hidden).contiguous()  # one p per sequence fits every row
+    ranks = [0, 3000, 0, EXACT_HELD + 2000, 0, EXACT_HELD - 1]  # nucleus: rank + 1 tokens
+    p = [_nucleus_p(hidden, lm_head, temperature, vocab, r)[i].item() if r else 1.0
+         for i, r in enumerate(ranks)]  # fmt: skip
+    k = _per_row([6000, 0, 1, 0, EXACT_HELD, 0], torch.int64)
+    args = (hidden, lm_head, temperature, seed, positions)
+    recomputed = _compare(args, vocab, 1, top_k=k, top_p=_per_row(p, torch.float32))
+    by_sequence = recomputed.view(N, GAMMA + 1).any(dim=1)
+    assert by_sequence.tolist() == [True, True, False, True, True, True]
+
+
 def test_a_known_prefix_past_its_cap_settles_inside_it_and_recomputes_beyond():
     """32 ids per split (256 splits of V = 8192, fp32): each lane keeps every key it sees, so every
     key is known (no floor) — 8192, past stage 2's sort cap of 1024. The 1024 largest are still a
