@@ -19,8 +19,8 @@
  *
  * The exact recompute (flagged rows only): the tile pass again, writing the flagged rows' masked
  * logits to the workspace ([rows, V] fp32, sized only when top-k / top-p are inputs), then one
- * CTA per row: top-k's k-th key by a radix select on the key (a 256-bin count per byte, from the
- * top, over the row), top-p's cut in the kExactHeld largest kept keys sorted in shared memory (a
+ * CTA per row: top-k's k-th key by a radix select on the key (a 4096-bin count per 12 bits, from
+ * the top, over the row), top-p's cut in the kExactHeld largest kept keys sorted in shared memory (a
  * scan of their probabilities, as stage 2's), or, for a nucleus of more keys, by bisection on the
  * key over the row; then the Gumbel-max over the kept tokens. Each step reads the row from L2
  * with vector loads, several in flight per thread.
@@ -43,6 +43,9 @@ constexpr int kCandidates = 32;     // keys each (row, split) hands in
 constexpr int kKnownCap = 1024;     // stage 2 sorts at most this many known keys
 constexpr int kSelectThreads = 512; // stage 2 and the exact recompute: threads per row
 constexpr int kExactHeld = 4096;    // the exact recompute sorts at most this many kept keys
+constexpr int kRadixBits = 12;      // the exact recompute's radix select: bits a round
+constexpr int kRadixBins = 1 << kRadixBits;
+static_assert(kRadixBins == 8 * kSelectThreads, "pickBin: each thread sums 8 bins");
 constexpr int64_t kEmptyKey = INT64_MIN; // no key (below every key of a logit)
 
 //! The order key of (logit, id): larger for a larger logit, and for an equal logit a lower id
@@ -118,13 +121,14 @@ struct Workspace
 // [numRows, numSplits, kCandidates + 1] in candidates and floors (contiguous), their stage 2's
 // scratch in logits (free until the exact recompute writes them).
 
-//! The exact recompute's shared memory (dynamic: 64 KB of held keys and their scan).
+//! The exact recompute's shared memory (dynamic: 64 KB of held keys and their scan, 16 KB of
+//! radix counts).
 struct ExactShared
 {
     int64_t keys[kExactHeld];
     float scanA[kExactHeld];
     float scanB[kExactHeld];
-    uint32_t hist[256];
+    uint32_t hist[kRadixBins];
     int64_t scratch64[32];
     float scratchF[32];
     int32_t scratchI[32];
@@ -349,86 +353,97 @@ __device__ __forceinline__ void forEachFinite(float const* logits, int vocabSize
     }
 }
 
-//! hist[bin] += 1 from every lane that calls it (the lanes with one bin add once together).
-__device__ __forceinline__ void countInto(uint32_t* hist, uint32_t bin)
+//! The bin of a histogram hist[0, bins) (bins = kRadixBins or fewer, a multiple of 8) counted from
+//! the top that holds the rest-th largest key (1 <= rest <= its total), and rest within that bin:
+//! pick = {bin, rest in it}. Each thread sums 8 bins, then a block-wide scan from the top.
+__device__ __forceinline__ void pickBin(uint32_t const* hist, int bins, int64_t rest, int32_t* warpTotals /* [32] */,
+    int32_t* pick /* [2] */)
 {
-    unsigned const peers = __match_any_sync(__activemask(), bin);
-    if ((threadIdx.x & 31) == __ffs(peers) - 1)
+    int const lane = threadIdx.x & 31;
+    int const warp = threadIdx.x >> 5;
+    int const top = bins - 1 - 8 * static_cast<int>(threadIdx.x); // this thread's bins: top down to top - 7
+    int32_t own = 0;
+    if (top >= 0)
     {
-        atomicAdd(&hist[bin], static_cast<uint32_t>(__popc(peers)));
+#pragma unroll
+        for (int b = 0; b < 8; ++b)
+        {
+            own += static_cast<int32_t>(hist[top - b]);
+        }
     }
+    int32_t incl = own;
+#pragma unroll
+    for (int offset = 1; offset < 32; offset <<= 1)
+    {
+        int32_t const x = __shfl_up_sync(0xFFFFFFFFu, incl, offset);
+        incl += lane >= offset ? x : 0;
+    }
+    if (lane == 31)
+    {
+        warpTotals[warp] = incl;
+    }
+    __syncthreads();
+    for (int w = 0; w < warp; ++w)
+    {
+        incl += warpTotals[w];
+    }
+    int64_t acc = incl - own; // the keys in the bins above this thread's
+    if (top >= 0 && acc < rest && incl >= rest)
+    {
+        for (int b = 0; b < 8; ++b)
+        {
+            if (acc + hist[top - b] >= rest)
+            {
+                pick[0] = top - b;
+                pick[1] = static_cast<int32_t>(rest - acc);
+                break;
+            }
+            acc += hist[top - b];
+        }
+    }
+    __syncthreads();
 }
 
 //! The k-th largest order key of a row's finite logits (1 <= k <= their count): a radix select on
-//! the key from its top byte, one 256-bin count over the row per byte (hist: [256] shared), until
-//! one key is left to take by a max. Exact, and deterministic (integer counts).
-__device__ int64_t kthLargestKey(float const* logits, int vocabSize, int64_t k, uint32_t* hist,
-    int64_t* scratch64, int32_t* pick /* [2] shared */)
+//! the key from its top, 12 bits a round (hist: [kRadixBins] shared), each round one count over
+//! the row, until one key is left to take by a max (two or three rounds where no logits tie).
+//! Exact, and deterministic (integer counts).
+__device__ int64_t kthLargestKey(float const* logits, int vocabSize, int64_t k, ExactShared& sh)
 {
-    uint64_t prefix = 0; // the bytes decided so far, of the key as unsigned (sign bit flipped)
+    uint64_t prefix = 0; // the bits decided so far, of the key as unsigned (sign bit flipped)
     uint64_t decided = 0;
     int64_t rest = k;    // the rank still sought among the keys with the prefix
-    for (int shift = 56; shift >= 0; shift -= 8)
+    for (int shift = 64 - kRadixBits;; shift -= kRadixBits)
     {
-        for (int b = threadIdx.x; b < 256; b += blockDim.x)
+        int const bits = shift >= 0 ? kRadixBits : kRadixBits + shift; // the last round: 64 % 12 bits
+        shift = shift >= 0 ? shift : 0;
+        int const bins = 1 << bits;
+        for (int b = threadIdx.x; b < bins; b += blockDim.x)
         {
-            hist[b] = 0;
+            sh.hist[b] = 0;
         }
         __syncthreads();
         forEachFinite(logits, vocabSize, [&](int v, float l) {
             uint64_t const u = static_cast<uint64_t>(orderKey(l, v)) ^ (1ull << 63);
             if ((u & decided) == prefix)
             {
-                countInto(hist, static_cast<uint32_t>(u >> shift) & 255u);
+                atomicAdd(&sh.hist[(u >> shift) & (bins - 1)], 1u);
             }
         });
         __syncthreads();
-        if (threadIdx.x < 32) // warp 0: lane j sums bins 255 - 8j down to 248 - 8j, then scans
-        {
-            int const lane = threadIdx.x;
-            uint32_t own = 0;
-#pragma unroll
-            for (int b = 0; b < 8; ++b)
-            {
-                own += hist[255 - 8 * lane - b];
-            }
-            uint32_t incl = own;
-#pragma unroll
-            for (int offset = 1; offset < 32; offset <<= 1)
-            {
-                uint32_t const x = __shfl_up_sync(0xFFFFFFFFu, incl, offset);
-                incl += lane >= offset ? x : 0u;
-            }
-            unsigned const reached = __ballot_sync(0xFFFFFFFFu, incl >= rest);
-            if (lane == __ffs(reached) - 1)
-            {
-                int64_t acc = incl - own; // the keys in the bins above this lane's
-                for (int b = 0; b < 8; ++b)
-                {
-                    int const bin = 255 - 8 * lane - b;
-                    if (acc + hist[bin] >= rest)
-                    {
-                        pick[0] = bin;
-                        pick[1] = static_cast<int32_t>(rest - acc);
-                        break;
-                    }
-                    acc += hist[bin];
-                }
-            }
-        }
-        __syncthreads();
-        int const bin = pick[0];
-        rest = pick[1];
-        uint32_t const inBin = hist[bin];
+        pickBin(sh.hist, bins, rest, sh.scratchI, sh.pick);
+        int const bin = sh.pick[0];
+        rest = sh.pick[1];
+        uint32_t const inBin = sh.hist[bin];
         prefix |= static_cast<uint64_t>(bin) << shift;
-        decided |= 255ull << shift;
+        decided |= static_cast<uint64_t>(bins - 1) << shift;
         __syncthreads(); // hist and pick read by every thread before the next round
         if (inBin == 1 || shift == 0)
         {
             break;
         }
     }
-    // one key has the prefix (or every byte is decided): it is the k-th largest
+    // one key has the prefix (or every bit is decided): it is the k-th largest
     int64_t found = kEmptyKey;
     forEachFinite(logits, vocabSize, [&](int v, float l) {
         int64_t const key = orderKey(l, v);
@@ -437,7 +452,7 @@ __device__ int64_t kthLargestKey(float const* logits, int vocabSize, int64_t k, 
             found = key > found ? key : found;
         }
     });
-    return blockReduce(found, Max{}, scratch64);
+    return blockReduce(found, Max{}, sh.scratch64);
 }
 
 //! Sort keys[0, size) descending in shared memory (size a power of two; bitonic).

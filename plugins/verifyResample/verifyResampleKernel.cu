@@ -668,7 +668,7 @@ __device__ int64_t nucleusLastKey(float const* logits, int vocabSize, int64_t lo
     z = blockReduce(z, Sum{}, sh.scratchF);
     int const held = min(kept, kExactHeld);
     int64_t const heldFrom
-        = kept > kExactHeld ? kthLargestKey(logits, vocabSize, kExactHeld, sh.hist, sh.scratch64, sh.pick) : lowest;
+        = kept > kExactHeld ? kthLargestKey(logits, vocabSize, kExactHeld, sh) : lowest;
     if (threadIdx.x == 0)
     {
         sh.pick[0] = 0;
@@ -757,7 +757,7 @@ __global__ void __launch_bounds__(trunc::kSelectThreads) exactKernel(
     int32_t kept = finite;
     if (req.k > 0 && req.k < finite)
     {
-        last = kthLargestKey(logits, vocabSize, req.k, sh.hist, sh.scratch64, sh.pick);
+        last = kthLargestKey(logits, vocabSize, req.k, sh);
         kept = static_cast<int32_t>(req.k);
     }
     if (req.p < 1.0f)

@@ -156,6 +156,23 @@ def test_deployed_shape_bf16(backend, n, kind):
     _assert_same(got, want, atol=LOGPROB_LARGE_H_ATOL)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("backend", ["triton", "cuda"])
+@pytest.mark.parametrize("rows", [9, 24, 160])  # 9: the portable kernels; 24, 160: Hopper's
+@pytest.mark.parametrize("kind", KINDS)
+def test_deployed_shape_bf16_argmax(backend, rows, kind):
+    """The argmax at bf16, H = 4096 (on Hopper from 17 rows the warp-specialised kernel, its MMA
+    warps mapping NaN dots to -inf) against materialised logits."""
+    hidden, lm_head = (t.to(DEVICE) for t in _inputs(kind, 4096, 1000, torch.bfloat16, rows))
+    logits = _rule_logits(hidden, lm_head, 1000)
+    token, max_logit = ops.tiled_argmax(
+        hidden, lm_head, 1000, backend=runnable(backend), check_values=False
+    )
+    assert torch.equal(token, logits.argmax(dim=-1))
+    torch.testing.assert_close(max_logit, logits.amax(dim=-1), atol=1e-4, rtol=1e-5)
+
+
 def test_the_onnx_function_body_follows_the_rule():
     ort = pytest.importorskip("onnxruntime")
     from onnx import TensorProto
