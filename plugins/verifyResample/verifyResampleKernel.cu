@@ -659,8 +659,8 @@ __global__ void __launch_bounds__(kThreads) verifyLogitsKernel(T const* hidden, 
 //! key always kept). Probabilities exp(l - m) / z over the kept set, as softmax forms them; the
 //! kExactHeld largest kept keys sorted in shared memory and their probabilities scanned, as
 //! stage 2 does; a nucleus reaching past them by bisection on the key over the row.
-__device__ int64_t nucleusLastKey(float const* logits, int vocabSize, int64_t lowest, int32_t kept, int64_t top,
-    float m, float p, trunc::ExactShared& sh)
+__device__ int64_t nucleusLastKey(
+    float const* logits, int vocabSize, int64_t lowest, int32_t kept, float m, float p, trunc::ExactShared& sh)
 {
     using namespace trunc;
     float z = 0.0f;
@@ -762,7 +762,7 @@ __global__ void __launch_bounds__(trunc::kSelectThreads) exactKernel(
     }
     if (req.p < 1.0f)
     {
-        last = nucleusLastKey(logits, vocabSize, last, kept, top, m, req.p, sh);
+        last = nucleusLastKey(logits, vocabSize, last, kept, m, req.p, sh);
     }
     Best best{-INFINITY, -1};
     float s = 0.0f;
