@@ -499,5 +499,27 @@ __device__ __forceinline__ float* inclusiveScan(float* x, float* tmp, int count)
     return x;
 }
 
+//! The nucleus's end in keys sorted descending: the first index j < count whose mass before it
+//! (the inclusive prefix sum of prob(0..j), less prob(j)) reaches p, or count if none. prob(j) is
+//! the j-th key's probability (evaluated twice, the same value each time); probs and tmp are
+//! shared buffers of count floats for the scan.
+template <typename Prob>
+__device__ int firstMassReaching(float p, int count, Prob&& prob, float* probs, float* tmp, int32_t* scratchI /* [32] */)
+{
+    for (int j = threadIdx.x; j < count; j += blockDim.x)
+    {
+        probs[j] = prob(j);
+    }
+    __syncthreads();
+    float const* inclusive = inclusiveScan(probs, tmp, count);
+    int first = count;
+    for (int j = threadIdx.x; j < count; j += blockDim.x)
+    {
+        float const before = inclusive[j] - prob(j);
+        first = before >= p && j < first ? j : first;
+    }
+    return blockReduce(first, Min{}, scratchI);
+}
+
 } // namespace trunc
 } // namespace flashspec

@@ -556,19 +556,9 @@ __global__ void __launch_bounds__(trunc::kSelectThreads) settleKernel(
             }
         }
         z = blockReduce(z, Sum{}, scratchF);
-        for (int j = threadIdx.x; j < numKept; j += blockDim.x)
-        {
-            scanA[j] = weight[j] / z; // the probability, as softmax forms it
-        }
-        __syncthreads();
-        float const* inclusive = inclusiveScan(scanA, scanB, numKept);
-        int first = numKept; // the first token whose mass before it reaches p
-        for (int j = threadIdx.x; j < numKept; j += blockDim.x)
-        {
-            float const before = inclusive[j] - weight[j] / z;
-            first = before >= req.p && j < first ? j : first;
-        }
-        first = blockReduce(first, Min{}, scratchI);
+        // the probability as softmax forms it; the first token whose mass before it reaches p
+        auto const prob = [&](int j) { return weight[j] / z; };
+        int const first = firstMassReaching(req.p, numKept, prob, scanA, scanB, scratchI);
         if (first < numKept)
         {
             numKept = max(first, 1); // the top token is always kept
@@ -692,19 +682,9 @@ __device__ int64_t nucleusLastKey(
     }
     __syncthreads();
     sortDescending(sh.keys, size);
-    for (int j = threadIdx.x; j < held; j += blockDim.x)
-    {
-        sh.scanA[j] = expf(keyLogit(sh.keys[j]) - m) / z;
-    }
-    __syncthreads();
-    float const* inclusive = inclusiveScan(sh.scanA, sh.scanB, held);
-    int first = held; // the first held key whose mass before it reaches p
-    for (int j = threadIdx.x; j < held; j += blockDim.x)
-    {
-        float const before = inclusive[j] - expf(keyLogit(sh.keys[j]) - m) / z;
-        first = before >= p && j < first ? j : first;
-    }
-    first = blockReduce(first, Min{}, sh.scratchI);
+    // the first held key whose mass before it reaches p
+    auto const prob = [&](int j) { return expf(keyLogit(sh.keys[j]) - m) / z; };
+    int const first = firstMassReaching(p, held, prob, sh.scanA, sh.scanB, sh.scratchI);
     if (first < held)
     {
         return sh.keys[max(first, 1) - 1];

@@ -169,15 +169,17 @@ def test_order_keys_follow_the_truncation_order():
     assert ids.tolist() == list(range(8))
 
 
-def test_the_hand_in_holds_every_key_above_its_floor():
+@pytest.mark.parametrize("C", [4, 16])
+def test_the_hand_in_holds_every_key_above_its_floor(C):
     """``column_top2`` over a split's tiles, then ``select_candidates``: the floor is the largest
     key not handed in, the hand-in is largest first, and the handed-in keys above the floor are
     exactly the split's keys above it —
     on rows with many, few and no new keys per tile, ties of equal logits, -inf logits, and a
-    column holding three of the largest keys (one of them dropped: the floor)."""
+    column holding three of the largest keys (one of them dropped: the floor); in one round of
+    four keys and in four (a column's pair split across rounds)."""
     import triton.language as tl
 
-    C, ROWS, B, TILES = 4, 8, 16, 3
+    ROWS, B, TILES = 8, 16, 3
 
     @triton.jit
     def hand_in_kernel(x_ptr, out_ptr, floor_ptr, ROWS: tl.constexpr, B: tl.constexpr,
