@@ -175,8 +175,8 @@ def test_the_hand_in_holds_every_key_above_its_floor(C):
     key not handed in, the hand-in is largest first, and the handed-in keys above the floor are
     exactly the split's keys above it —
     on rows with many, few and no new keys per tile, ties of equal logits, -inf logits, and a
-    column holding three of the largest keys (one of them dropped: the floor); in one round of
-    four keys and in four (a column's pair split across rounds)."""
+    column holding three of the largest keys (one of them dropped: the floor); hand-ins of 4 and
+    of 16 keys (16: both keys of a column handed in, the floor past them)."""
     import triton.language as tl
 
     ROWS, B, TILES = 8, 16, 3
