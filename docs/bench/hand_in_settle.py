@@ -58,26 +58,28 @@ def hand_in(keys, block_v, lanes, strided, c):
     return offered[..., :c], torch.maximum(rest, top[..., 2].amax(2))
 
 
-def settle(logits, temperature, top_k, top_p, rule):
-    """(share of rows not settled, mean tiles a refill recomputes)."""
-    _, block_v, lanes, strided, c = rule
+def ranked(logits, temperature):
+    """Per row at ``temperature``: the order keys ``[P, V]`` (a key is -(its rank), larger =
+    earlier) and the probabilities by rank ``[P, V]``."""
     scaled = logits / temperature
     order = scaled.argsort(dim=1, descending=True, stable=True)
-    keys = torch.empty_like(order).scatter_(
-        1, order, -torch.arange(order.shape[1]).expand_as(order)
+    ranks = -torch.arange(order.shape[1]).expand_as(order)
+    return torch.empty_like(order).scatter_(1, order, ranks), torch.softmax(scaled, 1).gather(
+        1, order
     )
+
+
+def settle(keys, mass_by_rank, top_k, top_p, rule):
+    """(share of rows not settled, mean tiles a refill recomputes)."""
+    _, block_v, lanes, strided, c = rule
     handed, floors = hand_in(keys, block_v, lanes, strided, c)
-    union = handed.flatten(1).sort(dim=1, descending=True).values  # a key is -(its rank)
+    union = handed.flatten(1).sort(dim=1, descending=True).values
     union = torch.cat([union, torch.full_like(union[:, :1], EMPTY).expand(-1, 1024)], 1)
     above = union > floors.amax(1, keepdim=True)  # the exact prefix of the row's order
     if top_k:
         settled, cut = above.sum(1) >= top_k, union[:, top_k - 1]
     else:
-        mass = (
-            torch.softmax(scaled, 1)
-            .gather(1, order)
-            .gather(1, (-union).clamp(max=order.shape[1] - 1))
-        )
+        mass = mass_by_rank.gather(1, (-union).clamp(max=keys.shape[1] - 1))
         reached = (mass * (union > EMPTY)).cumsum(1) >= top_p
         settled = (reached & above).any(1)
         cut = union.gather(1, reached.float().argmax(1, keepdim=True))[:, 0]
@@ -92,10 +94,11 @@ def main() -> None:
         logits = hidden @ lm_head.T
     print(f"stdlib-tiny: {logits.shape[0]} positions, V {logits.shape[1]}; per case: unsettled "
           "rows, mean tiles a refill recomputes (of V / block_v)")  # fmt: skip
+    by_temperature = {t: ranked(logits, t) for t in sorted({case[0] for case in CASES})}
     for rule in RULES:
         cells = []
         for temperature, top_k, top_p in CASES:
-            left, refill = settle(logits, temperature, top_k, top_p, rule)
+            left, refill = settle(*by_temperature[temperature], top_k, top_p, rule)
             cells.append(f"T {temperature} k {top_k} p {top_p}: {100 * left:.1f}% / {refill:.1f}")
         print(f"{rule[0]} (tiles of {rule[1]}): " + " | ".join(cells), flush=True)
 
