@@ -137,6 +137,8 @@ RUNTIME_ARGS = {
         ("width", "i32"),
         ("num_splits", "i32"),
         ("num_kept", "i32"),
+        ("count_ptr", "*i32"),  # COUNTED only (never compiled in): any pointer otherwise
+        ("threshold_ptr", "*fp32"),
     ),
     "verify_finalize": (
         ("ws_float_ptr", "*fp32"),
@@ -179,6 +181,12 @@ RUNTIME_ARGS = {
         ("vocab_size", "i32"),
         ("allowed_ptr", "*i32"),  # MASKED only: any pointer otherwise
         ("num_words", "i32"),
+        # HAND_IN only (never compiled in: the library's top-k / top-p run the portable kernel):
+        # any pointer otherwise
+        ("truncated_ptr", "*i32"),
+        ("threshold_ptr", "*fp32"),
+        ("count_ptr", "*i32"),
+        ("hand_in_ptr", "*i64"),
     ),
     "argmax_finalize": (
         ("ws_max_ptr", "*fp32"),
@@ -473,6 +481,7 @@ def _hopper_row(specs, op, dtype_name, hidden_size, bound, config) -> TileRow:
             "EPI_WARPS": config.epi_warps,
             "EPI_REGS": config.epi_regs,
             "MASKED": variant.masked if variant else False,
+            "HAND_IN": False,  # the library's top-k / top-p run the portable kernel
         }
         specs[symbol] = KernelSpec(
             symbol,

@@ -74,6 +74,7 @@ from flashspec_export.kernels.noise import (
     sub_mod,
     token_bits,
 )
+from flashspec_export.kernels.order_keys import order_key
 from flashspec_export.ops.workspace import launch_workspace
 from flashspec_export.reference import verify_resample as reference
 
@@ -94,6 +95,9 @@ RANK_REL: gl.constexpr = gl.constexpr(2.0**-20)
 GREEDY_BELOW: gl.constexpr = gl.constexpr(reference.GREEDY_BELOW)  # T below it: a greedy row
 RANK_OFFSET: gl.constexpr = gl.constexpr(24.0)
 RANK_LIMIT: gl.constexpr = gl.constexpr(2.0**64)
+# Keys a truncated row may hand in (``_hand_in_chunk``): ``verify_resample`` aims its threshold at
+# about half of it; a row that reaches it is recomputed.
+HAND_IN_CAP: gl.constexpr = gl.constexpr(4096)
 
 
 @gluon.jit
@@ -308,6 +312,47 @@ def _allowed_dots(acc, words, v_start, run_layout: gl.constexpr):
 
 
 @gluon.jit
+def _add_combine(x, y):
+    return x + y
+
+
+@gluon.jit
+def _hand_in_chunk(acc, rows, row_ok, threshold_ptr, count_ptr, hand_in_ptr, v_start,
+                   run_layout: gl.constexpr):  # fmt: skip
+    """Top-k / top-p's hand-in: every dot of the chunk ``acc [CHUNK, BLOCK_V]`` (ids from
+    ``v_start``) at or above its row's threshold (``threshold_ptr [R]`` float32; NaN: none, as for
+    rows past ``row_ok``), appended to the row's keys (``hand_in_ptr [R, HAND_IN_CAP]`` int64,
+    ``order_key`` of the raw dot and its id, in no order) at the slots its count
+    (``count_ptr [R]`` int32) hands out. One relaxed atomic per thread and row that keeps a dot
+    (each thread holds a run of one row's ids, ``run_layout``), then one predicated store per
+    kept dot; counts past ``HAND_IN_CAP`` keep counting and store nothing (stage 2 then does not
+    settle the row). No noise: the truncated rows' Gumbel-max is taken over their kept keys in
+    stage 2."""
+    CHUNK: gl.constexpr = acc.shape[0]
+    BLOCK_V: gl.constexpr = acc.shape[1]
+    RUN: gl.constexpr = run_layout.size_per_thread[2]
+    LANES: gl.constexpr = BLOCK_V // RUN
+    lanes_layout: gl.constexpr = gl.SliceLayout(2, run_layout)
+    run_rows: gl.constexpr = gl.SliceLayout(1, lanes_layout)
+    r = gl.convert_layout(rows, run_rows, assert_trivial=True)
+    ok = gl.convert_layout(row_ok, run_rows, assert_trivial=True)
+    theta = gl.load(threshold_ptr + r, mask=ok, other=float("nan"))
+    dots = gl.convert_layout(gl.reshape(acc, [CHUNK, LANES, RUN]), run_layout, assert_trivial=True)
+    keep = dots >= gl.expand_dims(gl.expand_dims(theta, 1), 2)  # NaN threshold: none
+    take = keep.to(gl.int32)
+    lane_count = gl.sum(take, 2)  # [CHUNK, LANES]: inside each thread
+    row_of = gl.expand_dims(r, 1) + gl.zeros([CHUNK, LANES], gl.int32, lanes_layout)
+    base = gl.atomic_add(count_ptr + row_of, lane_count, mask=lane_count > 0, sem="relaxed")
+    slot = gl.expand_dims(base, 2) + gl.associative_scan(take, 2, _add_combine) - take
+    lane = gl.arange(0, LANES, layout=gl.SliceLayout(0, lanes_layout))
+    j_layout: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(0, run_layout))
+    j = gl.expand_dims(gl.expand_dims(gl.arange(0, RUN, layout=j_layout), 0), 0)
+    ids = gl.expand_dims(gl.expand_dims(v_start + lane * RUN, 0), 2) + j
+    offsets = gl.expand_dims(gl.expand_dims(r.to(gl.int64) * HAND_IN_CAP, 1), 2) + slot
+    gl.store(hand_in_ptr + offsets, order_key(dots, ids), mask=keep & (slot < HAND_IN_CAP))
+
+
+@gluon.jit
 def _load_partition(shared):
     """TMA producer: for every K chunk of every tile of this CTA, one ring slot."""
     a_desc, b_desc, a_bufs, b_bufs, ready, empty, params = shared[:7]
@@ -446,11 +491,18 @@ def _mma_argmax_partition(a_desc, a_bufs, b_bufs, ready, empty, params):
 
 @gluon.jit
 def _epilogue_partition(
-    shared, VERIFY: gl.constexpr, RETURN_LOGPROBS: gl.constexpr, MASKED: gl.constexpr
+    shared,
+    VERIFY: gl.constexpr,
+    RETURN_LOGPROBS: gl.constexpr,
+    MASKED: gl.constexpr,
+    HAND_IN: gl.constexpr = False,
 ):
     """Per tile: the op's reduction of the accumulator into per-(row, tile) summaries (with
     ``MASKED``, of the dots the rows' allowed-token masks keep: each chunk's mask words are
-    loaded while the chunk before it is reduced, the first chunk's while the MMA finishes)."""
+    loaded while the chunk before it is reduced, the first chunk's while the MMA finishes). With
+    ``HAND_IN`` (top-k / top-p) the truncated sequences' rows hand in their dots above a threshold
+    (``_hand_in_chunk``) instead of a noisy best, which the other rows still get; a block of
+    truncated rows only scores no noise and writes no best (stage 2 rewrites their summaries)."""
     params = shared[6]
     acc_buf, acc_ready, acc_empty = shared[7:]
     num_tiles = params[0]
@@ -468,6 +520,10 @@ def _epilogue_partition(
     sum_exp_ptr = params[12]
     allowed_ptr = params[14]
     num_words = params[15]
+    truncated_ptr = params[16]
+    threshold_ptr = params[17]
+    count_ptr = params[18]
+    hand_in_ptr = params[19]
     NUM_CHUNKS: gl.constexpr = acc_buf.type.shape[0]
     CHUNK: gl.constexpr = acc_buf.type.shape[1]
     BLOCK_V: gl.constexpr = acc_buf.type.shape[2]
@@ -504,7 +560,11 @@ def _epilogue_partition(
             position = gl.load(positions_ptr + block_seq, mask=block_ok, other=0)
             position += block_rows - block_seq * (gamma + 1)
             block_t = gl.load(temperature_ptr + block_seq, mask=block_ok, other=0.0)
-            any_sampled = gl.max(gl.where(block_t >= GREEDY_BELOW, 1, 0), 0) > 0
+            plain = block_ok
+            if HAND_IN:  # the truncated sequences' rows take no noisy best
+                plain &= gl.load(truncated_ptr + block_seq, mask=block_ok, other=1) == 0
+            any_sampled = gl.max(gl.where(plain & (block_t >= GREEDY_BELOW), 1, 0), 0) > 0
+            any_plain = gl.max(gl.where(plain, 1, 0), 0) > 0
             block_a, block_b = row_keys(seed, position, STREAM_GUMBEL)
             _cta_barrier()  # the previous tile's reads of this CTA's scratch are done
             in_block = gl.arange(0, BLOCK_N, layout=block_layout)
@@ -536,44 +596,53 @@ def _epilogue_partition(
                 )  # fmt: skip
                 acc = _allowed_dots(acc, chunk_words, v_tile * BLOCK_V, run_layout)
             ids = gl.expand_dims(cols, 0) + gl.zeros([CHUNK, BLOCK_V], gl.int32, layout)
+            ws_off = rows * num_splits + v_tile
             if VERIFY:
                 in_chunk = chunk * CHUNK + gl.arange(0, CHUNK, layout=row_layout)
                 temperature = gl.load(keys_ptr + 2 * BLOCK_N + in_chunk)
                 temperature = temperature.to(gl.float32, bitcast=True)
                 greedy = temperature < GREEDY_BELOW  # reference.verify_resample.GREEDY_BELOW
                 scale = gl.where(greedy, 1.0, temperature)
-                if any_sampled:
-                    key_a = gl.load(keys_ptr + in_chunk).to(gl.uint32, bitcast=True)
-                    key_b = gl.load(keys_ptr + BLOCK_N + in_chunk).to(gl.uint32, bitcast=True)
-                    best, best_id, best_logit = _sampled_chunk_best(
-                        acc,
-                        ids,
-                        row_ok,
-                        scale,
-                        greedy,
-                        key_a,
-                        key_b,
-                        v_tile * BLOCK_V,
-                        RUN,
+                if any_plain:
+                    if any_sampled:
+                        key_a = gl.load(keys_ptr + in_chunk).to(gl.uint32, bitcast=True)
+                        key_b = gl.load(keys_ptr + BLOCK_N + in_chunk).to(gl.uint32, bitcast=True)
+                        best, best_id, best_logit = _sampled_chunk_best(
+                            acc,
+                            ids,
+                            row_ok,
+                            scale,
+                            greedy,
+                            key_a,
+                            key_b,
+                            v_tile * BLOCK_V,
+                            RUN,
+                            run_layout,
+                        )
+                    else:  # greedy rows only: the scores are the logits, dot / 1
+                        best, best_id = gl.reduce((acc, ids), 1, _argmax_combine)
+                        best_logit = best
+                    gl.store(best_score_ptr + ws_off, best, mask=row_ok)
+                    gl.store(best_index_ptr + ws_off, best_id, mask=row_ok)
+                    if RETURN_LOGPROBS:
+                        gl.store(best_logit_ptr + ws_off, best_logit, mask=row_ok)
+                if RETURN_LOGPROBS:
+                    # IEEE division, as the reference's `logits / scale`; padded ids: exp = 0.
+                    logits = gl.div_rn(acc, gl.expand_dims(scale, 1))
+                    m = gl.max(logits, 1)
+                    m_ref = gl.where(m == float("-inf"), 0.0, m)
+                    s = gl.sum(gl.exp(logits - gl.expand_dims(m_ref, 1)), 1)
+                    gl.store(max_ptr + ws_off, m, mask=row_ok)
+                    gl.store(sum_exp_ptr + ws_off, s, mask=row_ok)
+                if HAND_IN:
+                    _hand_in_chunk(
+                        acc, rows, row_ok, threshold_ptr, count_ptr, hand_in_ptr, v_tile * BLOCK_V,
                         run_layout,
-                    )
-                else:  # greedy rows only: the scores are the logits, dot / 1
-                    best, best_id = gl.reduce((acc, ids), 1, _argmax_combine)
-                    best_logit = best
+                    )  # fmt: skip
             else:
                 best, best_id = gl.reduce((acc, ids), 1, _argmax_combine)
-            ws_off = rows * num_splits + v_tile
-            gl.store(best_score_ptr + ws_off, best, mask=row_ok)
-            gl.store(best_index_ptr + ws_off, best_id, mask=row_ok)
-            if RETURN_LOGPROBS:
-                # IEEE division, as the reference's `logits / scale`; padded ids: exp = 0.
-                logits = gl.div_rn(acc, gl.expand_dims(scale, 1))
-                m = gl.max(logits, 1)
-                m_ref = gl.where(m == float("-inf"), 0.0, m)
-                s = gl.sum(gl.exp(logits - gl.expand_dims(m_ref, 1)), 1)
-                gl.store(best_logit_ptr + ws_off, best_logit, mask=row_ok)
-                gl.store(max_ptr + ws_off, m, mask=row_ok)
-                gl.store(sum_exp_ptr + ws_off, s, mask=row_ok)
+                gl.store(best_score_ptr + ws_off, best, mask=row_ok)
+                gl.store(best_index_ptr + ws_off, best_id, mask=row_ok)
         _cta_barrier()  # every read of acc_buf is done
         mbarrier.arrive(acc_empty)
 
@@ -604,6 +673,31 @@ def verify_masked_logprobs_epilogue(shared):
 
 
 @gluon.jit
+def verify_hand_in_epilogue(shared):
+    """``verify_epilogue`` with the truncated rows' hand-in (top-k)."""
+    _epilogue_partition(shared, True, False, False, True)
+
+
+@gluon.jit
+def verify_hand_in_logprobs_epilogue(shared):
+    """``verify_logprobs_epilogue`` with the truncated rows' hand-in (top-p, or log-probabilities:
+    the tiles' max and sum-exp normalise top-p)."""
+    _epilogue_partition(shared, True, True, False, True)
+
+
+@gluon.jit
+def verify_masked_hand_in_epilogue(shared):
+    """``verify_masked_epilogue`` with the truncated rows' hand-in."""
+    _epilogue_partition(shared, True, False, True, True)
+
+
+@gluon.jit
+def verify_masked_hand_in_logprobs_epilogue(shared):
+    """``verify_masked_logprobs_epilogue`` with the truncated rows' hand-in."""
+    _epilogue_partition(shared, True, True, True, True)
+
+
+@gluon.jit
 def argmax_epilogue(shared):
     """The TiledArgmax epilogue partition (max logit and its id per row and tile)."""
     _epilogue_partition(shared, False, False, False)
@@ -627,6 +721,10 @@ def hopper_tiles_kernel(
     vocab_size,
     allowed_ptr,  # [R, num_words] int32 allowed-token bit masks (MASKED only)
     num_words,  # ceil(vocab_size / 32)
+    truncated_ptr,  # [N] int32: 1 where top-k / top-p apply (HAND_IN only)
+    threshold_ptr,  # [R] float32: the dot a row hands in from (HAND_IN only; NaN: none)
+    count_ptr,  # [R] int32: keys handed in, zero before the launch (HAND_IN only)
+    hand_in_ptr,  # [R, HAND_IN_CAP] int64: the handed-in keys (HAND_IN only)
     VERIFY: gl.constexpr,  # VerifyResample (else TiledArgmax)
     RETURN_LOGPROBS: gl.constexpr,  # VerifyResample's log-probability summaries too
     STAGES: gl.constexpr,
@@ -634,6 +732,7 @@ def hopper_tiles_kernel(
     EPI_WARPS: gl.constexpr,
     EPI_REGS: gl.constexpr,
     MASKED: gl.constexpr = False,  # VerifyResample over the allowed tokens only
+    HAND_IN: gl.constexpr = False,  # VerifyResample's top-k / top-p hand-in (_hand_in_chunk)
 ):
     BLOCK_N: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
@@ -666,6 +765,10 @@ def hopper_tiles_kernel(
         keys_ptr,
         allowed_ptr,
         num_words,
+        truncated_ptr,
+        threshold_ptr,
+        count_ptr,
+        hand_in_ptr,
     )
     # The worker partitions' one argument (partitions must share a signature): the loader reads
     # its first seven fields, the epilogue the rest and the params.
@@ -681,8 +784,8 @@ def hopper_tiles_kernel(
         )
     else:
         _specialize_with_epilogue(
-            loads, num_tiles, row_blocks, VERIFY, RETURN_LOGPROBS, MASKED, CHUNK, EPI_WARPS,
-            EPI_REGS,
+            loads, num_tiles, row_blocks, VERIFY, RETURN_LOGPROBS, MASKED, HAND_IN, CHUNK,
+            EPI_WARPS, EPI_REGS,
         )  # fmt: skip
 
 
@@ -694,6 +797,7 @@ def _specialize_with_epilogue(
     VERIFY: gl.constexpr,
     RETURN_LOGPROBS: gl.constexpr,
     MASKED: gl.constexpr,
+    HAND_IN: gl.constexpr,
     CHUNK: gl.constexpr,
     EPI_WARPS: gl.constexpr,
     EPI_REGS: gl.constexpr,
@@ -746,7 +850,9 @@ def _specialize_with_epilogue(
     )
     # One call per epilogue: a partition's function is named in the call itself (neither a
     # constexpr argument nor a local can carry it).
-    if not VERIFY:
+    if HAND_IN:
+        _specialize_hand_in(mma_args, worker_args, RETURN_LOGPROBS, MASKED, EPI_WARPS, EPI_REGS)
+    elif not VERIFY:
         gl.warp_specialize(
             [
                 (_mma_partition, mma_args),
@@ -791,6 +897,58 @@ def _specialize_with_epilogue(
             [
                 (_mma_partition, mma_args),
                 (verify_epilogue, worker_args),
+                (_load_partition, worker_args),
+            ],
+            [EPI_WARPS, 1],
+            [EPI_REGS, 24],
+        )
+
+
+@gluon.jit
+def _specialize_hand_in(
+    mma_args,
+    worker_args,
+    RETURN_LOGPROBS: gl.constexpr,
+    MASKED: gl.constexpr,
+    EPI_WARPS: gl.constexpr,
+    EPI_REGS: gl.constexpr,
+):
+    """``_specialize_with_epilogue``'s partitions with a hand-in epilogue."""
+    if MASKED and RETURN_LOGPROBS:
+        gl.warp_specialize(
+            [
+                (_mma_partition, mma_args),
+                (verify_masked_hand_in_logprobs_epilogue, worker_args),
+                (_load_partition, worker_args),
+            ],
+            [EPI_WARPS, 1],
+            [EPI_REGS, 24],
+        )
+    elif MASKED:
+        gl.warp_specialize(
+            [
+                (_mma_partition, mma_args),
+                (verify_masked_hand_in_epilogue, worker_args),
+                (_load_partition, worker_args),
+            ],
+            [EPI_WARPS, 1],
+            [EPI_REGS, 24],
+        )
+    elif RETURN_LOGPROBS:
+        gl.warp_specialize(
+            [
+                (_mma_partition, mma_args),
+                (verify_hand_in_logprobs_epilogue, worker_args),
+                (_load_partition, worker_args),
+            ],
+            [EPI_WARPS, 1],
+            [EPI_REGS, 24],
+        )
+    else:
+        gl.warp_specialize(
+            [
+                (_mma_partition, mma_args),
+                (verify_hand_in_epilogue, worker_args),
                 (_load_partition, worker_args),
             ],
             [EPI_WARPS, 1],
@@ -886,6 +1044,7 @@ def launch(
     positions: torch.Tensor | None = None,
     gamma: int = 0,
     allowed_tokens: torch.Tensor | None = None,
+    hand_in: tuple[torch.Tensor, ...] | None = None,
     config: HopperConfig,
 ) -> None:
     """Stage 1 over ``hidden2d [R, H]``: fills the per-(row, tile) summaries, one split per
@@ -897,6 +1056,12 @@ def launch(
     ``gamma`` (rows are ``n · (γ + 1) + i``) and optionally ``allowed_tokens``, contiguous
     ``[N, γ + 1, ceil(vocab_size / 32)]`` int32 bit masks (``reference/truncation.py``; a row's
     forbidden ids score -inf); TiledArgmax's best score is the max logit.
+
+    ``hand_in`` (VerifyResample's top-k / top-p): ``(truncated [N] int32, thresholds [R] float32,
+    counts [R] int32 zeroed, keys [R, HAND_IN_CAP] int64)``: the truncated sequences' rows append
+    every dot at or above their threshold to their keys (``_hand_in_chunk``) and get no best
+    (their summaries are stage 2's to write); with ``return_logprobs`` every row still gets the
+    tiles' max and sum-exp.
     """
     if verify and config.epi_warps == 0:
         raise ValueError("config.epi_warps: VerifyResample needs an epilogue partition (>= 4)")
@@ -929,6 +1094,7 @@ def launch(
         vocab_size,
         allowed_tokens if allowed_tokens is not None else keys,  # placeholder, never read
         triton.cdiv(vocab_size, 32),
+        *(hand_in if hand_in is not None else (keys,) * 4),  # placeholders, never read
         VERIFY=verify,
         RETURN_LOGPROBS=return_logprobs,
         STAGES=config.stages,
@@ -936,5 +1102,6 @@ def launch(
         EPI_WARPS=config.epi_warps,
         EPI_REGS=config.epi_regs,
         MASKED=allowed_tokens is not None,
+        HAND_IN=hand_in is not None,
         num_warps=config.block_n // 16,
     )

@@ -49,6 +49,12 @@ from flashspec_export.kernels.noise import (
     token_bits,
     use_libdevice,
 )
+from flashspec_export.kernels.order_keys import (
+    EMPTY_KEY,
+    FULL_KEY,
+    decode_key,
+    order_key,
+)
 from flashspec_export.kernels.tiles import (
     KernelConfig,
     check_device,
@@ -84,24 +90,6 @@ def _first_rows(acc, EPI_ROWS: tl.constexpr):
     groups = tl.reshape(acc, [BLOCK_N // EPI_ROWS, EPI_ROWS, BLOCK_V])
     first = tl.arange(0, BLOCK_N // EPI_ROWS)[:, None, None] == 0
     return tl.sum(tl.where(first, groups, -0.0), 0)
-
-
-# The order of the truncation (``reference/truncation.py``: descending logit, then ascending
-# id) as one int64 key: the logit's bits mapped monotonically to int32 in the high word
-# (-0.0 as +0.0, so that equal logits tie), 2**31 - 1 - id in the low word. EMPTY_KEY is below
-# every key (a -inf logit included).
-EMPTY_KEY: tl.constexpr = tl.constexpr(-(2**63))
-_LOW_WORD: tl.constexpr = tl.constexpr(2**31 - 1)
-
-
-@triton.jit
-def order_key(logits, ids):
-    """int64 order keys of fp32 ``logits`` at int ``ids`` (broadcast): larger = earlier."""
-    finite_zero = tl.where(logits == 0.0, 0.0, logits)  # named: the interpreter's .to needs it
-    bits = finite_zero.to(tl.int32, bitcast=True)
-    ordered = tl.where(bits >= 0, bits, bits ^ _LOW_WORD).to(tl.int64)
-    low = _LOW_WORD - ids
-    return (ordered << 32) | low.to(tl.int64)
 
 
 @triton.jit
@@ -427,11 +415,9 @@ def verify_resample(
     chosen = config is None  # the launch shape is ours to pick
     config = resolve_config("verify_resample", hidden2d, lm_head, rows, vocab_size, config)
     truncating = top_k is not None or top_p is not None
-    if truncating and (chosen or config.hopper is not None):
-        # The portable kernel's shape for it (``TRUNCATION_TUNED``). The Hopper kernel's epilogue
-        # hands in no candidates: a hand-in of a few keys per tile settled too few rows of real
-        # logits, whose likely tokens cluster in ids (docs/DESIGN.md, "The truncation in
-        # Triton").
+    if truncating and chosen and config.hopper is None:
+        # The portable kernel's shape for it (``TRUNCATION_TUNED``); the Hopper kernel hands in
+        # the dots above a threshold instead (``_hand_in_thresholds``).
         config = truncation_config(rows, hidden_size, vocab_size, lm_head.dtype, device)
     if config.epi_rows and rows > config.epi_rows:
         raise ValueError(
@@ -473,20 +459,41 @@ def verify_resample(
     if config.hopper is not None:
         floats = workspace.floats
         summaries = (floats[_BEST_SCORE], workspace.index, *floats[_BEST_LOGIT : _SUM_EXP + 1])
+        hand_in = None
+        if truncating:
+            truncated = _truncated_sequences(top_k, top_p, n, device)
+            counts, keys = launch_workspace(
+                device,
+                "hopper_hand_in",
+                ((rows,), torch.int32),
+                ((rows, hopper_tiles.HAND_IN_CAP), torch.int64),
+            )
+            counts.zero_()
+            thresholds = _hand_in_thresholds(
+                hidden2d, lm_head, vocab_size, truncated, top_k, width, allowed_tokens
+            )
+            hand_in = (truncated, thresholds, counts, keys)
         hopper_tiles.launch(
             hidden2d,
             lm_head,
             vocab_size,
             summaries,
             verify=True,
-            return_logprobs=return_logprobs,
+            # top-p's normaliser is the LSE of every allowed token (top-k's: of its kept set)
+            return_logprobs=return_logprobs or top_p is not None,
             temperature=temperature,
             seed=seed,
             positions=positions,
             gamma=gamma,
             allowed_tokens=allowed_tokens,
+            hand_in=hand_in,
             config=config.hopper,
         )
+        if truncating:
+            unsettled = _truncated_summaries(
+                workspace, keys, truncated, top_k, top_p, temperature, seed, positions,
+                hand_in=(counts, thresholds),
+            )  # fmt: skip
     else:
         tiles_per_split = triton.cdiv(triton.cdiv(vocab_size, config.block_v), splits)
         truncated = candidates = None
@@ -570,7 +577,97 @@ CANDIDATES = 32
 MAX_KEPT = 1024
 # the largest key of a -inf logit
 _NEG_INF_LAST: tl.constexpr = tl.constexpr(((-(2**31) + 2**23 - 1) << 32) | (2**31 - 1))
+FLT_MAX: tl.constexpr = tl.constexpr(3.4028234663852886e38)  # the largest finite float32
 _NO_ID: tl.constexpr = tl.constexpr(2**62)  # above every id: the lowest-id reduction's filler
+
+
+# The Hopper kernel's hand-in threshold per truncated row: from the logits of every
+# HAND_IN_STRIDE-th id (1/64 of the LM head read again, by cuBLAS), the value about
+# HAND_IN_TARGET (top-k: 8 · k, at least HAND_IN_MIN) of the row's logits lie above. The threshold
+# only sets how many keys a row hands in: stage 2 settles the row exactly from whatever it gets,
+# or sends it to the recompute (fewer than k above it, more than HAND_IN_CAP, a nucleus past them).
+HAND_IN_STRIDE = 64
+HAND_IN_TARGET = 2048
+HAND_IN_MIN = 512
+
+
+def _hand_in_thresholds(
+    hidden2d: torch.Tensor,
+    lm_head: torch.Tensor,
+    vocab_size: int,
+    truncated: torch.Tensor,
+    top_k: torch.Tensor | None,
+    width: int,
+    allowed_tokens: torch.Tensor | None,
+) -> torch.Tensor:
+    """[R] float32: the dot from which each truncated row hands in (NaN for the other rows;
+    -FLT_MAX, every finite dot, where the sampled ids hold too few allowed finite logits). Two
+    launches: cuBLAS for the sampled ids' logits, then ``_hand_in_threshold_kernel``."""
+    rows = hidden2d.shape[0]
+    sample = hidden2d @ lm_head[:vocab_size:HAND_IN_STRIDE].T  # [R, ceil(V / stride)]
+    thresholds = torch.empty(rows, dtype=torch.float32, device=hidden2d.device)
+    _hand_in_threshold_kernel[(rows,)](
+        sample,
+        allowed_tokens if allowed_tokens is not None else truncated,  # placeholder, never read
+        truncated,
+        top_k if top_k is not None else truncated,  # placeholder, never read
+        thresholds,
+        width,
+        vocab_size,
+        truncation.words_for(vocab_size),
+        sample.shape[1],
+        TOP_K=top_k is not None,
+        MASKED=allowed_tokens is not None,
+        BLOCK=triton.next_power_of_2(sample.shape[1]),
+        STRIDE=HAND_IN_STRIDE,
+        TARGET=HAND_IN_TARGET,
+        MIN_TARGET=HAND_IN_MIN,
+    )
+    return thresholds
+
+
+@triton.jit(do_not_specialize=["width", "vocab_size", "num_words", "num_sampled"])
+def _hand_in_threshold_kernel(
+    sample_ptr,  # [R, num_sampled] the logits of ids 0, STRIDE, 2 · STRIDE, ...
+    allowed_ptr,  # [R, num_words] int32 allowed-token bit masks (MASKED only)
+    truncated_ptr,  # [N] int32: 1 where top-k / top-p apply
+    top_k_ptr,  # [N] int64 (TOP_K only)
+    out_ptr,  # [R] float32 out
+    width,  # γ + 1
+    vocab_size,
+    num_words,
+    num_sampled,
+    TOP_K: tl.constexpr,
+    MASKED: tl.constexpr,
+    BLOCK: tl.constexpr,  # next_power_of_2(num_sampled)
+    STRIDE: tl.constexpr,
+    TARGET: tl.constexpr,
+    MIN_TARGET: tl.constexpr,
+):
+    """One row: its sampled logits (forbidden ids and NaN as -inf), sorted; the threshold is the
+    one of rank ``target · num_sampled / vocab_size`` (target: 8 · k for top-k, at least
+    MIN_TARGET; TARGET otherwise), so that about ``target`` of the row's dots lie above it."""
+    r = tl.program_id(0)
+    n = r // width
+    i = tl.arange(0, BLOCK)
+    ok = i < num_sampled
+    x = tl.load(sample_ptr + r.to(tl.int64) * num_sampled + i, mask=ok, other=float("-inf"))
+    x = x.to(tl.float32)
+    if MASKED:
+        ids = i * STRIDE
+        word = tl.load(allowed_ptr + r.to(tl.int64) * num_words + ids // 32, mask=ok, other=0)
+        x = tl.where(((word >> (ids % 32)) & 1) != 0, x, float("-inf"))
+    x = tl.where(x == x, x, float("-inf"))
+    target = tl.full([], TARGET, tl.int64)
+    if TOP_K:
+        k = tl.load(top_k_ptr + n)
+        target = tl.where(k > 0, tl.minimum(tl.maximum(8 * k, MIN_TARGET), TARGET), target)
+    rank = tl.minimum(tl.maximum(target * num_sampled // vocab_size, 1), num_sampled)
+    ordered = tl.sort(x, descending=True)
+    theta = tl.max(tl.where(i == rank - 1, ordered, float("-inf")), 0)
+    theta = tl.maximum(theta, -FLT_MAX)
+    on = tl.load(truncated_ptr + n) != 0
+    tl.store(out_ptr + r, tl.where(on, theta, float("nan")))
 
 
 def _truncated_sequences(top_k, top_p, n: int, device) -> torch.Tensor:
@@ -581,13 +678,6 @@ def _truncated_sequences(top_k, top_p, n: int, device) -> torch.Tensor:
     if top_p is not None:
         on |= top_p < 1.0
     return on.to(torch.int32)
-
-
-def decode_keys(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logit float32, id int64) of int64 order keys (``order_key``'s inverse)."""
-    ordered = (keys >> 32).to(torch.int32)
-    bits = torch.where(ordered >= 0, ordered, ordered ^ (2**31 - 1))
-    return bits.view(torch.float32), (2**31 - 1) - (keys & (2**32 - 1))
 
 
 @triton.constexpr_function
@@ -685,17 +775,6 @@ def _selection_cut(x, on, need, most):
 
 
 @triton.jit
-def decode_key(keys):
-    """(logit fp32, id int64) of int64 order keys (``order_key``'s inverse, as ``decode_keys``;
-    the low word of a key is ``2**31 - 1 - id`` >= 0, so its bit 31 is clear)."""
-    ordered = (keys >> 32).to(tl.int32)
-    bits = tl.where(ordered >= 0, ordered, ordered ^ _LOW_WORD)
-    logit = bits.to(tl.float32, bitcast=True)
-    low = keys & _LOW_WORD
-    return logit, -low + _LOW_WORD  # 2**31 - 1 - low (the interpreter: the tensor first)
-
-
-@triton.jit
 def _first(x, rank, other):
     """``x[:, 0]`` of a ``[ROWS, B]`` block ``x`` (``rank = tl.arange(0, B)``)."""
     return tl.max(tl.where(rank[None, :] == 0, x, other), 1)
@@ -718,6 +797,8 @@ def _truncated_summaries_kernel(
     width,  # γ + 1
     num_splits,  # S
     num_kept,  # L = min(MAX_KEPT, S · C): the keys a kept set is settled in
+    count_ptr,  # [R] int32: keys each row handed in (COUNTED only)
+    threshold_ptr,  # [R] float32: the dot each row handed in from (COUNTED only)
     C: tl.constexpr,  # CANDIDATES
     TOP_K: tl.constexpr,
     TOP_P: tl.constexpr,
@@ -727,6 +808,7 @@ def _truncated_summaries_kernel(
     BLOCK_HANDED: tl.constexpr,  # next_power_of_2(S · C)
     BLOCK_KEPT: tl.constexpr,  # next_power_of_2(L), at least 2
     BLOCK_S: tl.constexpr,  # next_power_of_2(S)
+    COUNTED: tl.constexpr = False,  # the Hopper kernel's hand-in: cand_ptr [R, BLOCK_HANDED]
 ):
     """Stage 2 of ``ROWS`` truncated rows (``_truncated_summaries``): per row, tau from the S
     floors, the L largest of the S · C handed-in keys in order (``top_sorted``; past
@@ -743,32 +825,57 @@ def _truncated_summaries_kernel(
     if tl.max(on.to(tl.int32), 0) == 0:  # no truncated row: one flag read
         tl.store(unsettled_ptr + r, tl.zeros([ROWS], tl.int8), mask=row_ok)
     else:
-        # ---- tau: the largest finite key some split did not hand in (EMPTY_KEY if none). Above
-        # it the handed-in keys are, in order, an exact prefix of the row's order.
         split = tl.arange(0, BLOCK_S)
         split_ok = on[:, None] & (split < num_splits)[None, :]  # [ROWS, BLOCK_S]
-        row_cand = cand_ptr + r.to(tl.int64)[:, None] * num_splits * (C + 1)
-        floor = tl.load(row_cand + split[None, :] * (C + 1) + C, mask=split_ok, other=EMPTY_KEY)
-        floor_logit, _ = decode_key(floor)
-        hidden_finite = (floor != EMPTY_KEY) & (floor_logit > float("-inf"))
-        tau = tl.max(tl.where(hidden_finite, floor, EMPTY_KEY), 1)  # [ROWS]
+        if COUNTED:
+            # ---- the Hopper kernel's hand-in (``hopper_tiles._hand_in_chunk``): in no order, the
+            # keys of the row's raw dots at or above its threshold theta, here rekeyed by their
+            # logits dot / T. Every dot left out is below theta, so its logit is at most
+            # fl(theta / T): tau is that logit's largest key; FULL_KEY (nothing known) when the
+            # row's count passed the buffer or theta is NaN; EMPTY_KEY when nothing finite was
+            # left out (theta -FLT_MAX keeps every finite dot).
+            count = tl.load(count_ptr + r, mask=on, other=0)
+            theta = tl.load(threshold_ptr + r, mask=on, other=0.0)
+            t_row = tl.load(temperature_ptr + n, mask=on, other=1.0)
+            scale = tl.where(t_row < GREEDY_BELOW, 1.0, t_row)
+            t = tl.arange(0, BLOCK_HANDED)
+            raw = tl.load(
+                cand_ptr + r.to(tl.int64)[:, None] * BLOCK_HANDED + t[None, :],
+                mask=on[:, None] & (t[None, :] < count[:, None]),
+                other=EMPTY_KEY,
+            )  # [ROWS, BLOCK_HANDED]
+            raw_dot, raw_id = decode_key(raw)
+            rekeyed = order_key(tl.math.div_rn(raw_dot, scale[:, None]), raw_id)
+            handed = tl.where(raw == EMPTY_KEY, EMPTY_KEY, rekeyed)
+            top_left = tl.math.div_rn(theta, scale)
+            tau = tl.where(top_left == float("-inf"), EMPTY_KEY, order_key(top_left, 0))
+            tau = tl.where(theta == -FLT_MAX, EMPTY_KEY, tau)
+            tau = tl.where((count > BLOCK_HANDED) | (theta != theta), FULL_KEY, tau)
+        else:
+            # ---- tau: the largest finite key some split did not hand in (EMPTY_KEY if none).
+            # Above it the handed-in keys are, in order, an exact prefix of the row's order.
+            row_cand = cand_ptr + r.to(tl.int64)[:, None] * num_splits * (C + 1)
+            floor = tl.load(row_cand + split[None, :] * (C + 1) + C, mask=split_ok, other=EMPTY_KEY)
+            floor_logit, _ = decode_key(floor)
+            hidden_finite = (floor != EMPTY_KEY) & (floor_logit > float("-inf"))
+            tau = tl.max(tl.where(hidden_finite, floor, EMPTY_KEY), 1)  # [ROWS]
 
-        # ---- the L largest handed-in keys, largest first (one read of the row's candidates,
-        # 8 · S · (C + 1) bytes). Up to 2 · BLOCK_KEPT keys: a bitonic top-k over them, in
-        # registers. A split hands in its keys largest first (``select_candidates``): with RUN = C
-        # they are loaded as the sorted runs ``top_sorted`` starts from (even splits reversed,
-        # unless one split is all), and its first log C stages are skipped. More keys: selected
-        # first, then sorted (below; the top-k of 8448 keys at 264 splits took ~175 µs on an
-        # H200).
-        t = tl.arange(0, BLOCK_HANDED)
-        slot = t % C
-        if RUN > 1 and RUN < BLOCK_HANDED:
-            slot = tl.where((t // C) % 2 == 0, C - 1 - slot, slot)  # ascending runs
-        handed = tl.load(
-            row_cand + ((t // C) * (C + 1) + slot)[None, :],
-            mask=on[:, None] & (t < num_splits * C)[None, :],
-            other=EMPTY_KEY,
-        )  # [ROWS, BLOCK_HANDED]
+            # ---- the handed-in keys (one read of the row's candidates, 8 · S · (C + 1)
+            # bytes). A split hands in its keys largest first (``select_candidates``): with
+            # RUN = C they are loaded as the sorted runs ``top_sorted`` starts from (even splits
+            # reversed, unless one split is all), and its first log C stages are skipped.
+            t = tl.arange(0, BLOCK_HANDED)
+            slot = t % C
+            if RUN > 1 and RUN < BLOCK_HANDED:
+                slot = tl.where((t // C) % 2 == 0, C - 1 - slot, slot)  # ascending runs
+            handed = tl.load(
+                row_cand + ((t // C) * (C + 1) + slot)[None, :],
+                mask=on[:, None] & (t < num_splits * C)[None, :],
+                other=EMPTY_KEY,
+            )  # [ROWS, BLOCK_HANDED]
+        # ---- the L largest handed-in keys, largest first: up to 2 · BLOCK_KEPT keys, a bitonic
+        # top-k over them, in registers; more keys are selected first, then sorted (below; the
+        # top-k of 8448 keys at 264 splits took ~175 µs on an H200).
         known_all = tl.sum(((handed > tau[:, None]) & (handed > _NEG_INF_LAST)).to(tl.int32), 1)
         # every finite logit of the row was handed in, and lies among the L keys
         complete = (tau == EMPTY_KEY) & (known_all <= num_kept)
@@ -892,22 +999,28 @@ def _truncated_summaries_kernel(
         tl.store(ws_float + F_SUM_EXP * plane, tl.where(first, 1.0, 0.0), mask=write)
 
 
-def settle_shape(splits: int, candidates: int = CANDIDATES) -> tuple[int, dict, int]:
-    """The stage-2 launch for ``splits`` splits of ``candidates`` keys each: (L, the keys a kept
-    set is settled in; the block constexprs of ``_truncated_summaries_kernel``; its warps). The
-    constexprs depend on ``next_power_of_2(splits)`` only (for a power-of-2 ``candidates``), so
-    the CUDA library compiles one kernel per power of 2 (``kernels/aot.py``)."""
-    handed = splits * candidates
+def settle_shape(
+    splits: int, candidates: int = CANDIDATES, *, counted: int = 0
+) -> tuple[int, dict, int]:
+    """The stage-2 launch for ``splits`` splits of ``candidates`` keys each, or (``counted``, a
+    power of 2) for the Hopper kernel's hand-in of up to ``counted`` keys a row over ``splits``
+    tiles: (L, the keys a kept set is settled in; the block constexprs of
+    ``_truncated_summaries_kernel``; its warps). The constexprs depend on
+    ``next_power_of_2(splits)`` only (for a power-of-2 ``candidates``), so the CUDA library
+    compiles one kernel per power of 2 (``kernels/aot.py``)."""
+    handed = counted or splits * candidates
     kept = min(MAX_KEPT, handed)
     block_handed = triton.next_power_of_2(handed)
     block_kept = max(2, triton.next_power_of_2(kept))
+    sorted_runs = not counted and candidates & (candidates - 1) == 0 and block_kept >= candidates
     constexprs = {
         "C": candidates,
-        # the hand-ins are sorted runs of C keys (1: sort them, when L < C)
-        "RUN": candidates if candidates & (candidates - 1) == 0 and block_kept >= candidates else 1,
+        # the hand-ins are sorted runs of C keys (1: sort them, when L < C or in no order)
+        "RUN": candidates if sorted_runs else 1,
         "BLOCK_HANDED": block_handed,
         "BLOCK_KEPT": block_kept,
         "BLOCK_S": triton.next_power_of_2(splits),
+        "COUNTED": bool(counted),
     }
     # the top-k's cross-warp steps: fewer with more warps (16 at 200 splits)
     return kept, constexprs, min(16, max(4, block_handed // 512))
@@ -922,6 +1035,7 @@ def _truncated_summaries(
     temperature: torch.Tensor,
     seed: torch.Tensor,
     positions: torch.Tensor,
+    hand_in: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Stage 2 of the truncated rows: their kept set from the candidates, their sample, and their
     summaries rewritten as one split (the finalize then accepts and emits as for any row). One
@@ -946,19 +1060,28 @@ def _truncated_summaries(
     Parameters
     ----------
     workspace : the stage-1 summaries of ``R = N · (γ + 1)`` rows and S splits, rewritten in place
-    candidates : [R, S, CANDIDATES + 1] int64 — each split's hand-in, then its floor
+    candidates : [R, S, CANDIDATES + 1] int64 — each split's hand-in, then its floor; or with
+        ``hand_in``, [R, HAND_IN_CAP] int64 — the Hopper kernel's (``hopper_tiles``)
     truncated : [N] int32 (``_truncated_sequences``)
     top_k : [N] int64 or None, top_p : [N] float32 or None
     temperature, seed, positions : [N] (as ``verify_resample``)
+    hand_in : the Hopper kernel's ``(counts [R] int32, thresholds [R] float32)``: keys handed in
+        per row, and the dot they were handed in from
 
     Returns
     -------
     unsettled : [R] bool — truncated rows whose kept set the candidates do not settle (their
         summaries are left as they were)
     """
-    rows, splits, width_c = candidates.shape
     n = temperature.shape[0]
-    kept, shape, num_warps = settle_shape(splits, width_c - 1)
+    if hand_in is None:
+        rows, splits, width_c = candidates.shape
+        kept, shape, num_warps = settle_shape(splits, width_c - 1)
+        counts = thresholds = truncated  # placeholder pointers, never read
+    else:
+        (rows, cap), splits = candidates.shape, workspace.index.shape[1]
+        kept, shape, num_warps = settle_shape(splits, counted=cap)
+        counts, thresholds = hand_in
     block_kept = shape["BLOCK_KEPT"]
     unsettled = torch.empty(rows, dtype=torch.int8, device=candidates.device)
     selected = unsettled  # placeholder pointer, never read (BLOCK_HANDED <= 2 · BLOCK_KEPT)
@@ -986,6 +1109,8 @@ def _truncated_summaries(
         rows // n,
         splits,
         kept,
+        counts,
+        thresholds,
         TOP_K=top_k is not None,
         TOP_P=top_p is not None,
         LIBDEVICE=use_libdevice(candidates),

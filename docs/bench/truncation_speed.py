@@ -90,7 +90,7 @@ def _stage1_only(*args, **kwargs):
     captures it): the tile pass and the finalize."""
     saved = kernel._truncated_summaries
 
-    def skip(workspace, candidates, *rest):
+    def skip(workspace, candidates, *rest, **options):
         return torch.zeros(candidates.shape[0], dtype=torch.bool, device=candidates.device)
 
     kernel._truncated_summaries = skip

@@ -427,6 +427,7 @@ struct HopperArgs
     int32_t* rowScratch;
     int32_t gamma;
     int32_t const* allowedTokens = nullptr; //!< [numRows, ceil(V / 32)]: read by the MASKED kernels only
+    void* unused = nullptr; //!< the top-k / top-p hand-in's four pointers: the compiled-in kernels take none
 };
 
 //! Stage 1 by the Hopper kernel `kernel` over hidden [numRows, H] and lm_head [vocabSize, H]: one
@@ -473,7 +474,7 @@ cudaError_t launchHopper(Plan const& plan, int32_t kernel, void const* hidden, v
             &rowsOperand.strides[1], &headOperand.map, &headOperand.shape[0], &headOperand.shape[1],
             &headOperand.strides[0], &headOperand.strides[1], &a.temperature, &a.seed, &a.positions, &a.bestScore,
             &a.bestIndex, &a.bestLogit, &a.max, &a.sumExp, &a.rowScratch, &numRows, &a.gamma, &vocabSize,
-            &a.allowedTokens, &numWords},
+            &a.allowedTokens, &numWords, &a.unused, &a.unused, &a.unused, &a.unused},
         stream);
 }
 
@@ -785,9 +786,10 @@ cudaError_t launchVerifyTruncated(
     int64_t* selected = b.selected;
     int32_t width = a.gamma + 1;
     int32_t numKept = std::min(kMaxKept, a.splits * kHandIn);
+    void* unused = nullptr; // the Hopper hand-in's counts and thresholds: the compiled-in kernels take none
     return launch(plan.settle->kernel, a.numRows, 1,
         {&a.wsFloat, &a.wsIndex, &candidates, &truncated, &topK, &topP, &a.temperature, &a.seed, &a.positions,
-            &unsettled, &selected, &a.numRows, &width, &a.splits, &numKept},
+            &unsettled, &selected, &a.numRows, &width, &a.splits, &numKept, &unused, &unused},
         stream);
 }
 

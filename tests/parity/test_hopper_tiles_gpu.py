@@ -336,3 +336,59 @@ def test_run_bits_equal_the_reference_hash(lanes, run):
     ids = first[:, :, None] + torch.arange(run)
     expected = noise.token_bits(key_a[:, None, None], key_b[:, None, None], ids)
     assert torch.equal(out.cpu().to(torch.int64), expected)
+
+
+TRUNCATIONS = {  # name: the per-sequence parameters of ``_truncation``
+    "top_k": ("top_k",),
+    "top_p": ("top_p",),
+    "top_k_top_p_masked": ("top_k", "top_p", "mask"),
+    "large_k": ("large_k",),
+}
+
+
+def _truncation(name: str, drafts, vocab_size: int, seed: int) -> dict:
+    """Top-k in [1, 10) (``large_k``: [200, 1024]), top-p in [0.3, 0.8), a mask of half the ids,
+    per sequence; a quarter of the sequences untruncated (k 0, p 1: the noisy best beside the
+    hand-in)."""
+    n = drafts.shape[0]
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    off = torch.rand(n, device="cuda", generator=g) < 0.25
+    out = {}
+    if "top_k" in TRUNCATIONS[name] or "large_k" in TRUNCATIONS[name]:
+        low, high = (200, 1025) if name == "large_k" else (1, 10)
+        k = torch.randint(low, high, (n,), device="cuda", generator=g)
+        out["top_k"] = torch.where(off, 0, k)
+    if "top_p" in TRUNCATIONS[name]:
+        p = torch.rand(n, device="cuda", generator=g) * 0.5 + 0.3
+        out["top_p"] = torch.where(off, 1.0, p)
+    if "mask" in TRUNCATIONS[name]:
+        out["allowed_tokens"] = _allowed(drafts, vocab_size, 0.5, seed)
+    return out
+
+
+@pytest.mark.parametrize("truncate", TRUNCATIONS)
+@pytest.mark.parametrize("head", ["llama3-8b", "gemma3-12b"])
+@pytest.mark.parametrize("rows", ROWS)
+def test_truncated_verify_equals_the_portable_kernel(rows, head, truncate):
+    """Top-k / top-p through the Hopper kernel's hand-in (``_hand_in_chunk``, stage 2 on its
+    keys): the portable kernel's tokens and counts (its candidates, or its recompute) and
+    log-probabilities, with untruncated sequences in the same launch; the hand-in settles every
+    row (no recompute) at these parameters."""
+    shape = HeadShape.from_name(head)
+    n, gamma = (rows // 4, 3) if rows % 4 == 0 else (rows // 2, 1)
+    case = _case(shape, n=n, gamma=gamma, dtype=torch.bfloat16, seed=rows)
+    options = _truncation(truncate, case[2], shape.vocab_size, seed=rows)
+    fast, portable = _configs("verify_resample", rows, shape, torch.bfloat16)
+    assert fast.hopper is not None and portable.hopper is None
+    for logprobs in (False, True):
+        mine = verify_resample(*case, return_logprobs=logprobs, config=fast, **options)
+        theirs = verify_resample(*case, return_logprobs=logprobs, config=portable, **options)
+        assert torch.equal(mine.tokens, theirs.tokens)
+        assert torch.equal(mine.num_emitted, theirs.num_emitted)
+        if logprobs:  # a kept set's LSE, summed in hand-in order (up to 1024 terms)
+            torch.testing.assert_close(mine.logprobs, theirs.logprobs, rtol=0, atol=1e-4)
+    _, unsettled = verify_resample(*case, config=fast, settle_only=True, **options)
+    assert not bool(unsettled.any()), f"{int(unsettled.sum())} rows unsettled"
+    if truncate != "large_k":  # (k of 200-1024 keeps these peaked rows' samples)
+        plain = verify_resample(*case, config=fast)
+        assert not torch.equal(plain.tokens, mine.tokens), "the truncation changed no token"

@@ -9,10 +9,12 @@ import pytest
 import torch
 
 from flashspec_export import ops
+from flashspec_export.reference import truncation
 from tests.parity.conftest import runnable
 
 triton = pytest.importorskip("triton")
 kernels = pytest.importorskip("flashspec_export.kernels.verify_resample")
+order_keys = pytest.importorskip("flashspec_export.kernels.order_keys")
 tiles = pytest.importorskip("flashspec_export.kernels.tiles")
 
 N, GAMMA, H, V = 6, 3, 32, 1000
@@ -156,7 +158,7 @@ def test_order_keys_follow_the_truncation_order():
     @triton.jit
     def keys_kernel(x_ptr, out_ptr, B: tl.constexpr):
         i = tl.arange(0, B)
-        tl.store(out_ptr + i, kernels.order_key(tl.load(x_ptr + i), i))
+        tl.store(out_ptr + i, order_keys.order_key(tl.load(x_ptr + i), i))
 
     x = torch.tensor(
         [0.0, -0.0, 1.5, -2.0, float("-inf"), float("inf"), 3.0, -1e-30], device=DEVICE
@@ -164,7 +166,7 @@ def test_order_keys_follow_the_truncation_order():
     keys = torch.empty(8, dtype=torch.int64, device=DEVICE)
     keys_kernel[(1,)](x, keys, B=8)
     assert keys.argsort(descending=True).tolist() == [5, 6, 2, 0, 1, 7, 3, 4]
-    logits, ids = kernels.decode_keys(keys)
+    logits, ids = order_keys.decode_keys(keys)
     assert torch.equal(logits, x.abs().where(x == 0, x))  # -0.0 comes back as +0.0
     assert ids.tolist() == list(range(8))
 
@@ -185,14 +187,14 @@ def test_the_hand_in_holds_every_key_above_its_floor(C):
     def hand_in_kernel(x_ptr, out_ptr, floor_ptr, ROWS: tl.constexpr, B: tl.constexpr,
                        C: tl.constexpr, TILES: tl.constexpr):  # fmt: skip
         r = tl.arange(0, ROWS)
-        first = tl.full([ROWS, B], kernels.EMPTY_KEY, tl.int64)
+        first = tl.full([ROWS, B], order_keys.EMPTY_KEY, tl.int64)
         second = first
         dropped = first
         for t in range(TILES):
             ids = t * B + tl.arange(0, B)
             logits = tl.load(x_ptr + r[:, None] * (TILES * B) + ids[None, :])
             first, second, dropped = kernels.column_top2(
-                first, second, dropped, kernels.order_key(logits, ids[None, :])
+                first, second, dropped, order_keys.order_key(logits, ids[None, :])
             )
         cand, floor = kernels.select_candidates(first, second, dropped, C)
         tl.store(out_ptr + r[:, None] * C + tl.arange(0, C)[None, :], cand)
@@ -211,10 +213,10 @@ def test_the_hand_in_holds_every_key_above_its_floor(C):
     hand_in_kernel[(1,)](x, out, floor, ROWS=ROWS, B=B, C=C, TILES=TILES)
     ids = torch.arange(TILES * B, device=DEVICE)
     for row in range(ROWS):
-        handed = set(kernels.decode_keys(out[row])[1].tolist())
+        handed = set(order_keys.decode_keys(out[row])[1].tolist())
         left = [v for v in ids.tolist() if v not in handed]
         best_left = max(left, key=lambda v: (x[row, v].item(), -v))
-        assert kernels.decode_keys(floor[row])[1].item() == best_left
+        assert order_keys.decode_keys(floor[row])[1].item() == best_left
         above = {
             v
             for v in ids.tolist()
@@ -223,7 +225,7 @@ def test_the_hand_in_holds_every_key_above_its_floor(C):
         assert above <= handed
     # largest first: stage 2 merges the hand-ins as sorted runs (``top_sorted``'s RUN)
     assert torch.equal(out, out.sort(dim=1, descending=True).values)
-    assert kernels.decode_keys(floor[4])[0].item() == 1.0  # the dropped third of one column
+    assert order_keys.decode_keys(floor[4])[0].item() == 1.0  # the dropped third of one column
 
 
 @pytest.mark.parametrize(
@@ -298,12 +300,12 @@ def truncated_summaries_torch(workspace, candidates, truncated, top_k, top_p, te
         return t.repeat_interleave(width)
 
     floor = candidates[..., -1]  # [R, S]: the largest key a split did not hand in
-    hidden_finite = (floor != _EMPTY_KEY) & (kernels.decode_keys(floor)[0] > -inf)
+    hidden_finite = (floor != _EMPTY_KEY) & (order_keys.decode_keys(floor)[0] > -inf)
     tau = torch.where(hidden_finite, floor, _EMPTY_KEY).amax(dim=-1)  # [R]
     handed = candidates[..., :-1].reshape(rows, -1)
     # the largest MAX_KEPT handed-in keys, in order: a kept set is settled only inside them
     keys = handed.topk(min(kernels.MAX_KEPT, handed.shape[1]), dim=-1).values
-    logit, ids = kernels.decode_keys(keys)
+    logit, ids = order_keys.decode_keys(keys)
     known = (keys > tau[:, None]) & (keys != _EMPTY_KEY) & (logit > -inf)
     known_all = ((handed > tau[:, None]) & (handed > _NEG_INF_LAST)).sum(dim=-1)
     # every finite logit of the row was handed in, and lies among these keys
@@ -366,7 +368,7 @@ def truncated_summaries_torch(workspace, candidates, truncated, top_k, top_p, te
 
 
 def _order_keys(logits, ids):
-    """int64 order keys of float32 ``logits`` at int64 ``ids``, as ``kernels.order_key``."""
+    """int64 order keys of float32 ``logits`` at int64 ``ids``, as ``order_keys.order_key``."""
     bits = torch.where(logits == 0, 0.0, logits).view(torch.int32)
     ordered = torch.where(bits >= 0, bits, bits ^ (2**31 - 1)).to(torch.int64)
     return (ordered << 32) | ((2**31 - 1) - ids)
@@ -587,3 +589,127 @@ def test_stage2_compiles_for_sm90(splits):
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert int(result.stdout.split()[-1]) > 0
+
+
+# ---- stage 2 on the Hopper kernel's hand-in (``COUNTED``: ``hopper_tiles._hand_in_chunk``)
+
+
+def _counted_hand_in(dots, thresholds, cap, g):
+    """The Hopper kernel's hand-in of raw ``dots [R, V]``: per row the order keys of every dot at
+    or above its threshold, in a random order (the atomics' order is any), the first ``cap`` of
+    them stored, and the full count."""
+    rows, vocab = dots.shape
+    ids = torch.arange(vocab)
+    keys = torch.full((rows, cap), _EMPTY_KEY, dtype=torch.int64)
+    counts = torch.zeros(rows, dtype=torch.int32)
+    for r in range(rows):
+        taken = ids[dots[r] >= thresholds[r]]
+        taken = taken[torch.randperm(taken.numel(), generator=g)]
+        counts[r] = taken.numel()
+        stored = taken[:cap]
+        keys[r, : stored.numel()] = _order_keys(dots[r, stored], stored)
+    return keys, counts
+
+
+@pytest.mark.parametrize("which", ["top_k", "top_p", "both"])
+def test_stage2_settles_the_hopper_hand_in(which):
+    """Stage 2 from the Hopper kernel's hand-in (raw dots above a threshold, in no order, rekeyed
+    by dot / T): each settled row's sample is the reference's truncated Gumbel-max over the whole
+    row (``reference/truncation.py``, ``reference/noise.py``), and exactly the rows the hand-in
+    cannot settle are reported: a threshold above the k-th dot (top-k) or inside the nucleus, a
+    count past the buffer, a NaN threshold. A threshold of -FLT_MAX (every finite dot, as for a
+    mask allowing few ids) settles its row from a complete hand-in."""
+    from flashspec_export.reference import noise, truncation
+
+    g = torch.Generator().manual_seed(7)
+    n, width, vocab, tile, cap = 4, 3, 1024, 128, 256
+    rows = n * width
+    temperature = torch.tensor([1.0, 0.0, 0.7, 1.3])  # a greedy sequence
+    top_k = torch.tensor([5, 40, 8, 3]) if which != "top_p" else None
+    top_p = torch.tensor([0.9, 0.8, 0.6, 0.95]) if which != "top_k" else None
+    dots = torch.randn(rows, vocab, generator=g) * 4
+    dots[4, 10:] = float("-inf")  # a masked row: ten allowed ids
+    scale = torch.where(temperature < 1e-5, 1.0, temperature).repeat_interleave(width)
+    logits = dots / scale[:, None]  # IEEE division, as the kernels' div_rn
+    ordered = dots.sort(dim=1, descending=True).values
+    thresholds = ordered[:, 120].clone()  # 121 dots handed in: every top-k and nucleus here
+    thresholds[0] = ordered[0, 2]  # 3 dots: below k = 5, and (top-p) inside the nucleus
+    thresholds[4] = -torch.finfo(torch.float32).max  # every finite dot: complete
+    thresholds[7] = ordered[7, 400]  # 401 dots: past the buffer of 256
+    thresholds[9] = float("nan")  # no threshold: nothing handed in
+    keys, counts = _counted_hand_in(dots, thresholds, cap, g)
+    splits = vocab // tile
+    m = logits.view(rows, splits, tile).amax(dim=-1)
+    s = torch.exp(logits.view(rows, splits, tile) - m[..., None]).sum(dim=-1)
+    floats = torch.randn(kernels.NUM_FLOAT_FIELDS, rows, splits, generator=g)
+    floats[kernels.F_MAX.value], floats[kernels.F_SUM_EXP.value] = m, s
+    index = torch.randint(0, vocab, (rows, splits), generator=g, dtype=torch.int32)
+    workspace = kernels.VerifyWorkspace(floats.to(DEVICE), index.to(DEVICE))
+    seed, positions = torch.arange(n) * 5 + 2, torch.randint(0, 1000, (n,), generator=g)
+    truncated = torch.ones(n, dtype=torch.int32)
+    args = (truncated, top_k, top_p, temperature, seed, positions)
+    unsettled = kernels._truncated_summaries(
+        workspace, keys.to(DEVICE), *(None if t is None else t.to(DEVICE) for t in args),
+        hand_in=(counts.to(DEVICE), thresholds.to(DEVICE)),
+    ).cpu()  # fmt: skip
+
+    limit = truncation.threshold(logits.view(n, width, vocab), top_k, top_p)
+    ids = torch.arange(vocab)
+    kept = truncation.kept(logits.view(n, width, vocab), ids, limit).view(rows, vocab)
+    position = (positions[:, None] + torch.arange(width)).reshape(rows)
+    a, b = noise.row_keys(seed.repeat_interleave(width), position, noise.STREAM_GUMBEL)
+    gumbel = noise.gumbel_from_bits(noise.token_bits(a[:, None], b[:, None], ids))
+    greedy = (temperature < 1e-5).repeat_interleave(width)[:, None]
+    score = torch.where(kept, torch.where(greedy, logits, logits + gumbel), float("-inf"))
+    want = score.argmax(dim=1)
+
+    expected = torch.zeros(rows, dtype=torch.bool)
+    expected[[7, 9]] = True
+    expected[0] = True  # k = 5 past its 3 dots; or the nucleus past them
+    assert torch.equal(unsettled, expected), (unsettled, expected)
+    settled = ~expected
+    assert torch.equal(workspace.index[:, 0].cpu()[settled], want[settled].to(torch.int32))
+    assert bool((workspace.floats[kernels.F_BEST_SCORE.value, settled, 0].cpu() == 0).all())
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_hand_in_thresholds_take_the_target_rank_of_the_sampled_logits(masked):
+    """``_hand_in_thresholds``: per truncated row, the logit of rank ``target · sampled / V``
+    among every ``HAND_IN_STRIDE``-th id's allowed logits (target 8 · k for top-k, at least
+    ``HAND_IN_MIN``; ``HAND_IN_TARGET`` for k = 0), -FLT_MAX where they hold too few finite
+    ones, NaN for untruncated rows."""
+    g = torch.Generator().manual_seed(3)
+    n, width, h, vocab = 4, 2, 16, 40000
+    stride = kernels.HAND_IN_STRIDE
+    hidden = torch.randn(n * width, h, generator=g)
+    lm_head = torch.randn(vocab, h, generator=g)
+    top_k = torch.tensor([10, 0, 200, 3])
+    truncated = torch.tensor([1, 1, 1, 0], dtype=torch.int32)
+    allowed = None
+    if masked:
+        keep = torch.rand(n, width, vocab, generator=g) < 0.5
+        keep[0, 1] = False
+        keep[0, 1, :stride] = True  # one sampled id allowed: too few
+        allowed = truncation.pack_allowed(keep)
+    got = kernels._hand_in_thresholds(
+        hidden.to(DEVICE), lm_head.to(DEVICE), vocab, truncated.to(DEVICE), top_k.to(DEVICE),
+        width, None if allowed is None else allowed.to(DEVICE),
+    ).cpu()  # fmt: skip
+    sample = hidden @ lm_head[::stride].T
+    if masked:
+        sample = sample.masked_fill(~keep.view(n * width, vocab)[:, ::stride], float("-inf"))
+    sampled = sample.shape[1]
+    for r in range(n * width):
+        k = int(top_k[r // width])
+        target = min(max(8 * k, kernels.HAND_IN_MIN), kernels.HAND_IN_TARGET) if k else (
+            kernels.HAND_IN_TARGET
+        )  # fmt: skip
+        rank = max(1, target * sampled // vocab)
+        want = sample[r].sort(descending=True).values[rank - 1].item()
+        want = max(want, -torch.finfo(torch.float32).max)
+        if truncated[r // width] == 0:
+            assert got[r].isnan(), r
+        else:
+            assert got[r].item() == want, (r, got[r].item(), want)
+    if masked:
+        assert got[1].item() == -torch.finfo(torch.float32).max
