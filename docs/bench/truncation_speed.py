@@ -200,8 +200,10 @@ def stdlib_tiny_states(device: str, files: int = 8, tokens: int = 512):
     return torch.cat(states), model.lm_head.weight.detach().contiguous()
 
 
-def settle_rate(rows_list, out: dict) -> None:
-    hidden, lm = stdlib_tiny_states("cuda")
+def settle_rate(rows_list, out: dict, dtype: torch.dtype = torch.float32) -> None:
+    """The unsettled share per (T, top-k, top-p, R); in bf16 (``--settle-dtype bfloat16``) from
+    17 rows on sm_90 the Hopper kernel's hand-in, else the portable kernel's candidates."""
+    hidden, lm = (t.to(dtype) for t in stdlib_tiny_states("cuda"))
     vocab = lm.shape[0]
     table = {}
     for temperature in (0.7, 1.0):
@@ -226,6 +228,9 @@ def settle_rate(rows_list, out: dict) -> None:
                 key = f"T={temperature} top_k={top_k} top_p={top_p} R={rows}"
                 table[key] = round(left / total, 4)
                 print(f"stdlib-tiny {key}: unsettled {left}/{total}", flush=True)
+    out["stdlib_tiny_unsettled"] = table
+    if dtype != torch.float32:
+        return
     # the op end to end (recomputation included) equals the reference on these rows
     n = 64
     kwargs = dict(
@@ -249,6 +254,7 @@ def main() -> None:
     parser.add_argument("--no-speed", action="store_true", help="the settle rates only")
     parser.add_argument("--no-settle", action="store_true", help="the speed table only")
     parser.add_argument("--providers", nargs="+", default=[], help="time these (and verify)")
+    parser.add_argument("--settle-dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--json", type=pathlib.Path)
     args = parser.parse_args()
     PROVIDERS.extend(args.providers)
@@ -256,7 +262,7 @@ def main() -> None:
     out = {"device": torch.cuda.get_device_name(), "candidates": args.candidates}
     print(out, flush=True)
     if not args.no_settle:
-        settle_rate(args.settle_rows, out)
+        settle_rate(args.settle_rows, out, getattr(torch, args.settle_dtype))
     for head in [] if args.no_speed else args.heads:
         speed(head, args.rows, out)
     if args.json:
