@@ -582,13 +582,15 @@ _NO_ID: tl.constexpr = tl.constexpr(2**62)  # above every id: the lowest-id redu
 
 
 # The Hopper kernel's hand-in threshold per truncated row: from the logits of every
-# HAND_IN_STRIDE-th id (1/64 of the LM head read again, by cuBLAS), the value about
+# HAND_IN_STRIDE-th id (1/128 of the LM head read again, by cuBLAS), the value about
 # HAND_IN_TARGET (top-k: 8 · k, at least HAND_IN_MIN) of the row's logits lie above. The threshold
 # only sets how many keys a row hands in: stage 2 settles the row exactly from whatever it gets,
 # or sends it to the recompute (fewer than k above it, more than HAND_IN_CAP, a nucleus past them).
-HAND_IN_STRIDE = 64
+# Settled on the stdlib-tiny logits at 64 and 128 rows: top-k 20-100 and top-p 0.8-0.9 every row,
+# top-p 0.95 at T 1 all but 1 of 4096 (docs/bench/truncation_settle_bf16_h200.log).
+HAND_IN_STRIDE = 128
 HAND_IN_TARGET = 2048
-HAND_IN_MIN = 512
+HAND_IN_MIN = 1024
 
 
 def _hand_in_thresholds(
@@ -618,10 +620,11 @@ def _hand_in_thresholds(
         sample.shape[1],
         TOP_K=top_k is not None,
         MASKED=allowed_tokens is not None,
-        BLOCK=triton.next_power_of_2(sample.shape[1]),
+        BLOCK=max(triton.next_power_of_2(sample.shape[1]), HAND_IN_TARGET // HAND_IN_STRIDE),
         STRIDE=HAND_IN_STRIDE,
         TARGET=HAND_IN_TARGET,
         MIN_TARGET=HAND_IN_MIN,
+        DEPTH=HAND_IN_TARGET // HAND_IN_STRIDE,
     )
     return thresholds
 
@@ -639,14 +642,17 @@ def _hand_in_threshold_kernel(
     num_sampled,
     TOP_K: tl.constexpr,
     MASKED: tl.constexpr,
-    BLOCK: tl.constexpr,  # next_power_of_2(num_sampled)
+    BLOCK: tl.constexpr,  # next_power_of_2(num_sampled), at least DEPTH
     STRIDE: tl.constexpr,
     TARGET: tl.constexpr,
     MIN_TARGET: tl.constexpr,
+    DEPTH: tl.constexpr,  # TARGET // STRIDE: the deepest rank taken
 ):
-    """One row: its sampled logits (forbidden ids and NaN as -inf), sorted; the threshold is the
-    one of rank ``target · num_sampled / vocab_size`` (target: 8 · k for top-k, at least
-    MIN_TARGET; TARGET otherwise), so that about ``target`` of the row's dots lie above it."""
+    """One row: its sampled logits (forbidden ids and NaN as -inf); the threshold is the one of
+    rank ``target · num_sampled / vocab_size`` (target: 8 · k for top-k, at least MIN_TARGET;
+    TARGET otherwise; at most DEPTH and num_sampled), so that about ``target`` of the row's dots
+    lie above it: the DEPTH largest by ``top_sorted``, a bitonic top-k (a full sort of 2048
+    logits took 34 µs a launch on an H200)."""
     r = tl.program_id(0)
     n = r // width
     i = tl.arange(0, BLOCK)
@@ -663,9 +669,11 @@ def _hand_in_threshold_kernel(
         k = tl.load(top_k_ptr + n)
         target = tl.where(k > 0, tl.minimum(tl.maximum(8 * k, MIN_TARGET), TARGET), target)
     rank = tl.minimum(tl.maximum(target * num_sampled // vocab_size, 1), num_sampled)
-    ordered = tl.sort(x, descending=True)
-    theta = tl.max(tl.where(i == rank - 1, ordered, float("-inf")), 0)
-    theta = tl.maximum(theta, -FLT_MAX)
+    rank = tl.minimum(rank, DEPTH)
+    top = top_sorted(order_key(x, i)[None, :], DEPTH)  # [1, DEPTH], largest first
+    kth = tl.max(tl.where(tl.arange(0, DEPTH)[None, :] == rank - 1, top, EMPTY_KEY), 1)
+    theta, _ = decode_key(kth)
+    theta = tl.maximum(tl.max(theta, 0), -FLT_MAX)
     on = tl.load(truncated_ptr + n) != 0
     tl.store(out_ptr + r, tl.where(on, theta, float("nan")))
 

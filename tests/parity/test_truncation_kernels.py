@@ -679,7 +679,7 @@ def test_hand_in_thresholds_take_the_target_rank_of_the_sampled_logits(masked):
     ``HAND_IN_MIN``; ``HAND_IN_TARGET`` for k = 0), -FLT_MAX where they hold too few finite
     ones, NaN for untruncated rows."""
     g = torch.Generator().manual_seed(3)
-    n, width, h, vocab = 4, 2, 16, 40000
+    n, width, h, vocab = 4, 2, 16, 80000
     stride = kernels.HAND_IN_STRIDE
     hidden = torch.randn(n * width, h, generator=g)
     lm_head = torch.randn(vocab, h, generator=g)
@@ -704,7 +704,7 @@ def test_hand_in_thresholds_take_the_target_rank_of_the_sampled_logits(masked):
         target = min(max(8 * k, kernels.HAND_IN_MIN), kernels.HAND_IN_TARGET) if k else (
             kernels.HAND_IN_TARGET
         )  # fmt: skip
-        rank = max(1, target * sampled // vocab)
+        rank = min(max(1, target * sampled // vocab), kernels.HAND_IN_TARGET // stride)
         want = sample[r].sort(descending=True).values[rank - 1].item()
         want = max(want, -torch.finfo(torch.float32).max)
         if truncated[r // width] == 0:
