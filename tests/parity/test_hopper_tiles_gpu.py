@@ -347,7 +347,7 @@ TRUNCATIONS = {  # name: the per-sequence parameters of ``_truncation``
 
 
 def _truncation(name: str, drafts, vocab_size: int, seed: int) -> dict:
-    """Top-k in [1, 10) (``large_k``: [200, 1024]), top-p in [0.3, 0.8), a mask of half the ids,
+    """Top-k in [1, 4) (``large_k``: [200, 1024]), top-p in [0.3, 0.8), a mask of half the ids,
     per sequence; a quarter of the sequences untruncated (k 0, p 1: the noisy best beside the
     hand-in)."""
     n = drafts.shape[0]
@@ -355,7 +355,7 @@ def _truncation(name: str, drafts, vocab_size: int, seed: int) -> dict:
     off = torch.rand(n, device="cuda", generator=g) < 0.25
     out = {}
     if "top_k" in TRUNCATIONS[name] or "large_k" in TRUNCATIONS[name]:
-        low, high = (200, 1025) if name == "large_k" else (1, 10)
+        low, high = (200, 1025) if name == "large_k" else (1, 4)
         k = torch.randint(low, high, (n,), device="cuda", generator=g)
         out["top_k"] = torch.where(off, 0, k)
     if "top_p" in TRUNCATIONS[name]:
