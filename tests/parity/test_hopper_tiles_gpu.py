@@ -372,8 +372,8 @@ def _truncation(name: str, drafts, vocab_size: int, seed: int) -> dict:
 def test_truncated_verify_equals_the_portable_kernel(rows, head, truncate):
     """Top-k / top-p through the Hopper kernel's hand-in (``_hand_in_chunk``, stage 2 on its
     keys): the portable kernel's tokens and counts (its candidates, or its recompute) and
-    log-probabilities, with untruncated sequences in the same launch; the hand-in settles every
-    row (no recompute) at these parameters."""
+    log-probabilities, with untruncated sequences in the same launch; the hand-in settles all but
+    at most 1% of the rows."""
     shape = HeadShape.from_name(head)
     n, gamma = (rows // 4, 3) if rows % 4 == 0 else (rows // 2, 1)
     case = _case(shape, n=n, gamma=gamma, dtype=torch.bfloat16, seed=rows)
@@ -387,8 +387,11 @@ def test_truncated_verify_equals_the_portable_kernel(rows, head, truncate):
         assert torch.equal(mine.num_emitted, theirs.num_emitted)
         if logprobs:  # a kept set's LSE, summed in hand-in order (up to 1024 terms)
             torch.testing.assert_close(mine.logprobs, theirs.logprobs, rtol=0, atol=1e-4)
+    # A row is left to the recompute when its threshold, from 1/128 of its ids, lets fewer than k
+    # or more than HAND_IN_CAP dots through (~1% of rows for k near 1024) or its nucleus passes
+    # them; the tokens above include those rows' recompute.
     _, unsettled = verify_resample(*case, config=fast, settle_only=True, **options)
-    assert not bool(unsettled.any()), f"{int(unsettled.sum())} rows unsettled"
+    assert float(unsettled.float().mean()) <= 0.01, f"{int(unsettled.sum())} rows unsettled"
     if truncate != "large_k":  # (k of 200-1024 keeps these peaked rows' samples)
         plain = verify_resample(*case, config=fast)
         assert not torch.equal(plain.tokens, mine.tokens), "the truncation changed no token"
