@@ -469,9 +469,8 @@ def verify_resample(
                 ((rows,), torch.int32),
                 ((rows, hopper_tiles.HAND_IN_CAP), torch.int64),
             )
-            counts.zero_()
             thresholds = _hand_in_thresholds(
-                hidden2d, lm_head, vocab_size, truncated, top_k, width, allowed_tokens
+                hidden2d, lm_head, vocab_size, truncated, top_k, width, allowed_tokens, counts
             )
             hand_in = (truncated, thresholds, counts, keys)
         hopper_tiles.launch(
@@ -602,10 +601,12 @@ def _hand_in_thresholds(
     top_k: torch.Tensor | None,
     width: int,
     allowed_tokens: torch.Tensor | None,
+    counts: torch.Tensor,
 ) -> torch.Tensor:
     """[R] float32: the dot from which each truncated row hands in (NaN for the other rows;
-    -FLT_MAX, every finite dot, where the sampled ids hold too few allowed finite logits). Two
-    launches: cuBLAS for the sampled ids' logits, then ``_hand_in_threshold_kernel``."""
+    -FLT_MAX, every finite dot, where the sampled ids hold too few allowed finite logits); the
+    hand-in's ``counts [R]`` int32 zeroed on the way. Two launches: cuBLAS for the sampled ids'
+    logits, then ``_hand_in_threshold_kernel``."""
     rows = hidden2d.shape[0]
     sample = hidden2d @ lm_head[:vocab_size:HAND_IN_STRIDE].T  # [R, ceil(V / stride)]
     thresholds = torch.empty(rows, dtype=torch.float32, device=hidden2d.device)
@@ -615,6 +616,7 @@ def _hand_in_thresholds(
         truncated,
         top_k if top_k is not None else truncated,  # placeholder, never read
         thresholds,
+        counts,
         width,
         vocab_size,
         truncation.words_for(vocab_size),
@@ -637,6 +639,7 @@ def _hand_in_threshold_kernel(
     truncated_ptr,  # [N] int32: 1 where top-k / top-p apply
     top_k_ptr,  # [N] int64 (TOP_K only)
     out_ptr,  # [R] float32 out
+    count_ptr,  # [R] int32 out: zero (the hand-in's counts, before the Hopper kernel)
     width,  # γ + 1
     vocab_size,
     num_words,
@@ -677,6 +680,7 @@ def _hand_in_threshold_kernel(
     theta = tl.maximum(tl.max(theta, 0), -FLT_MAX)
     on = tl.load(truncated_ptr + n) != 0
     tl.store(out_ptr + r, tl.where(on, theta, float("nan")))
+    tl.store(count_ptr + r, 0)
 
 
 def _truncated_sequences(top_k, top_p, n: int, device) -> torch.Tensor:

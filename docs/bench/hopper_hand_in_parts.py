@@ -47,8 +47,10 @@ def parts(rows: int, lm: torch.Tensor, shape: HeadShape) -> dict:
     keys = torch.empty(rows, hopper_tiles.HAND_IN_CAP, dtype=torch.int64, device="cuda")
     vocab = shape.vocab_size
 
+    spare = torch.empty_like(counts)  # the thresholds zero it: the timed stage 2 keeps counts
+
     def thresholds():
-        return vr._hand_in_thresholds(h2, lm, vocab, truncated, top_k, WIDTH, None)
+        return vr._hand_in_thresholds(h2, lm, vocab, truncated, top_k, WIDTH, None, spare)
 
     theta = thresholds()
     common = dict(

@@ -677,7 +677,7 @@ def test_hand_in_thresholds_take_the_target_rank_of_the_sampled_logits(masked):
     """``_hand_in_thresholds``: per truncated row, the logit of rank ``target · sampled / V``
     among every ``HAND_IN_STRIDE``-th id's allowed logits (target 8 · k for top-k, at least
     ``HAND_IN_MIN``; ``HAND_IN_TARGET`` for k = 0), -FLT_MAX where they hold too few finite
-    ones, NaN for untruncated rows."""
+    ones, NaN for untruncated rows; and the hand-in's counts zeroed."""
     g = torch.Generator().manual_seed(3)
     n, width, h, vocab = 4, 2, 16, 80000
     stride = kernels.HAND_IN_STRIDE
@@ -691,10 +691,12 @@ def test_hand_in_thresholds_take_the_target_rank_of_the_sampled_logits(masked):
         keep[0, 1] = False
         keep[0, 1, :stride] = True  # one sampled id allowed: too few
         allowed = truncation.pack_allowed(keep)
+    counts = torch.full((n * width,), 7, dtype=torch.int32, device=DEVICE)
     got = kernels._hand_in_thresholds(
         hidden.to(DEVICE), lm_head.to(DEVICE), vocab, truncated.to(DEVICE), top_k.to(DEVICE),
-        width, None if allowed is None else allowed.to(DEVICE),
+        width, None if allowed is None else allowed.to(DEVICE), counts,
     ).cpu()  # fmt: skip
+    assert not bool(counts.any()), "the hand-in's counts not zeroed"
     sample = hidden @ lm_head[::stride].T
     if masked:
         sample = sample.masked_fill(~keep.view(n * width, vocab)[:, ::stride], float("-inf"))
