@@ -462,16 +462,17 @@ def verify_resample(
         summaries = (floats[_BEST_SCORE], workspace.index, *floats[_BEST_LOGIT : _SUM_EXP + 1])
         hand_in = None
         if truncating:
-            truncated = _truncated_sequences(top_k, top_p, n, device)
-            counts, keys = launch_workspace(
+            truncated, counts, keys = launch_workspace(
                 device,
                 "hopper_hand_in",
+                ((n,), torch.int32),
                 ((rows,), torch.int32),
                 ((rows, hopper_tiles.HAND_IN_CAP), torch.int64),
             )
             thresholds = _hand_in_thresholds(
-                hidden2d, lm_head, vocab_size, truncated, top_k, width, allowed_tokens, counts
-            )
+                hidden2d, lm_head, vocab_size, top_k, top_p, width, allowed_tokens, truncated,
+                counts,
+            )  # fmt: skip
             hand_in = (truncated, thresholds, counts, keys)
         hopper_tiles.launch(
             hidden2d,
@@ -597,33 +598,41 @@ def _hand_in_thresholds(
     hidden2d: torch.Tensor,
     lm_head: torch.Tensor,
     vocab_size: int,
-    truncated: torch.Tensor,
     top_k: torch.Tensor | None,
+    top_p: torch.Tensor | None,
     width: int,
     allowed_tokens: torch.Tensor | None,
+    truncated: torch.Tensor,
     counts: torch.Tensor,
 ) -> torch.Tensor:
     """[R] float32: the dot from which each truncated row hands in (NaN for the other rows;
-    -FLT_MAX, every finite dot, where the sampled ids hold too few allowed finite logits); the
-    hand-in's ``counts [R]`` int32 zeroed on the way. Two launches: cuBLAS for the sampled ids'
-    logits, then ``_hand_in_threshold_kernel``."""
+    -FLT_MAX, every finite dot, where the sampled ids hold too few allowed finite logits); on the
+    way ``truncated [N]`` int32 (``_truncated_sequences``) is written and the hand-in's
+    ``counts [R]`` int32 zeroed. Two launches: ``sampled_logits``, then
+    ``_hand_in_threshold_kernel``."""
     rows = hidden2d.shape[0]
-    sample = hidden2d @ lm_head[:vocab_size:HAND_IN_STRIDE].T  # [R, ceil(V / stride)]
+    partials = sampled_logits(hidden2d, lm_head, vocab_size)
     thresholds = torch.empty(rows, dtype=torch.float32, device=hidden2d.device)
+    num_sampled = partials.shape[2]
+    placeholder = truncated  # never read without MASKED / TOP_K / TOP_P
     _hand_in_threshold_kernel[(rows,)](
-        sample,
-        allowed_tokens if allowed_tokens is not None else truncated,  # placeholder, never read
+        partials,
+        allowed_tokens if allowed_tokens is not None else placeholder,
+        top_k.contiguous() if top_k is not None else placeholder,
+        top_p.contiguous() if top_p is not None else placeholder,
         truncated,
-        top_k if top_k is not None else truncated,  # placeholder, never read
         thresholds,
         counts,
+        rows,
         width,
         vocab_size,
         truncation.words_for(vocab_size),
-        sample.shape[1],
+        num_sampled,
         TOP_K=top_k is not None,
+        TOP_P=top_p is not None,
         MASKED=allowed_tokens is not None,
-        BLOCK=max(triton.next_power_of_2(sample.shape[1]), HAND_IN_TARGET // HAND_IN_STRIDE),
+        SPLITS=partials.shape[0],
+        BLOCK=max(triton.next_power_of_2(num_sampled), HAND_IN_TARGET // HAND_IN_STRIDE),
         STRIDE=HAND_IN_STRIDE,
         TARGET=HAND_IN_TARGET,
         MIN_TARGET=HAND_IN_MIN,
@@ -632,55 +641,152 @@ def _hand_in_thresholds(
     return thresholds
 
 
-@triton.jit(do_not_specialize=["width", "vocab_size", "num_words", "num_sampled"])
+# The sampled logits' launch, by rows up to the key: (BLOCK_R, BLOCK_S, BLOCK_K, K_SPLITS,
+# num_warps, num_stages).
+SAMPLED_TUNED = (
+    (16, (16, 16, 128, 8, 4, 3)),
+    (64, (64, 16, 128, 4, 4, 3)),
+    (None, (64, 32, 128, 2, 4, 3)),
+)
+
+
+def sampled_logits(
+    hidden2d: torch.Tensor, lm_head: torch.Tensor, vocab_size: int, tune: tuple | None = None
+) -> torch.Tensor:
+    """[K_SPLITS, R, ceil(vocab_size / HAND_IN_STRIDE)] float32 whose sum over the first axis is
+    ``hidden2d @ lm_head[:vocab_size:HAND_IN_STRIDE].T``, the logits of every HAND_IN_STRIDE-th
+    id: one launch of many programs, each a block of rows and ids over one of K_SPLITS runs of
+    the hidden size (cuBLAS gives this strided GEMM few CTAs and took 9-25 µs at 1-512 rows on
+    an H200). ``tune``: a ``SAMPLED_TUNED`` row's launch instead (benchmarks)."""
+    rows, hidden_size = hidden2d.shape
+    num_sampled = triton.cdiv(vocab_size, HAND_IN_STRIDE)
+    if tune is None:
+        tune = next(t for limit, t in SAMPLED_TUNED if limit is None or rows <= limit)
+    block_r, block_s, block_k, k_splits, num_warps, num_stages = tune
+    block_r = min(block_r, max(16, triton.next_power_of_2(rows)))
+    k_splits = min(k_splits, triton.cdiv(hidden_size, block_k))
+    out = torch.empty((k_splits, rows, num_sampled), dtype=torch.float32, device=hidden2d.device)
+    grid = (triton.cdiv(num_sampled, block_s), triton.cdiv(rows, block_r), k_splits)
+    _sampled_logits_kernel[grid](
+        hidden2d,
+        lm_head,
+        out,
+        rows,
+        num_sampled,
+        hidden_size,
+        hidden2d.stride(0),
+        lm_head.stride(0),
+        triton.cdiv(triton.cdiv(hidden_size, block_k), k_splits) * block_k,
+        **dot_options(hidden2d),
+        STRIDE=HAND_IN_STRIDE,
+        BLOCK_R=block_r,
+        BLOCK_S=block_s,
+        BLOCK_K=block_k,
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
+    return out
+
+
+@triton.jit(do_not_specialize=["rows", "num_sampled", "hidden_size", "k_run"])
+def _sampled_logits_kernel(
+    hidden_ptr,  # [R, H] rows of unit stride
+    head_ptr,  # [V, H] rows of unit stride
+    out_ptr,  # [K_SPLITS, R, num_sampled] float32 out
+    rows,
+    num_sampled,
+    hidden_size,
+    stride_hr,
+    stride_vr,
+    k_run,  # hidden elements per split, a multiple of BLOCK_K
+    DOT_PRECISION: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
+    STRIDE: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """A ``[BLOCK_R, BLOCK_S]`` block of split ``program_id(2)``'s partial sampled logits: rows
+    ``BLOCK_R · program_id(1)`` on against the LM-head rows ``STRIDE · s`` for the block's ``s``,
+    over the hidden elements ``k_run · program_id(2)`` to the next split's."""
+    s = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
+    r = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
+    k = tl.arange(0, BLOCK_K)
+    first = tl.program_id(2) * k_run
+    a_ptrs = hidden_ptr + r.to(tl.int64)[:, None] * stride_hr + k[None, :]
+    b_ptrs = head_ptr + (s * STRIDE).to(tl.int64)[None, :] * stride_vr + k[:, None]
+    acc = tl.zeros([BLOCK_R, BLOCK_S], dtype=tl.float32)
+    for k0 in range(first, tl.minimum(first + k_run, hidden_size), BLOCK_K):
+        k_ok = k0 + k < hidden_size
+        a = tl.load(a_ptrs + k0, mask=(r < rows)[:, None] & k_ok[None, :], other=0.0)
+        b = tl.load(b_ptrs + k0, mask=(s < num_sampled)[None, :] & k_ok[:, None], other=0.0)
+        if DOT_IN_FP32:
+            a, b = a.to(tl.float32), b.to(tl.float32)
+        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+    out = out_ptr + (tl.program_id(2) * rows + r).to(tl.int64)[:, None] * num_sampled + s[None, :]
+    tl.store(out, acc, mask=(r < rows)[:, None] & (s < num_sampled)[None, :])
+
+
+@triton.jit(do_not_specialize=["rows", "width", "vocab_size", "num_words", "num_sampled"])
 def _hand_in_threshold_kernel(
-    sample_ptr,  # [R, num_sampled] the logits of ids 0, STRIDE, 2 · STRIDE, ...
+    sample_ptr,  # [SPLITS, R, num_sampled] partial logits of ids 0, STRIDE, 2 · STRIDE, ...
     allowed_ptr,  # [R, num_words] int32 allowed-token bit masks (MASKED only)
-    truncated_ptr,  # [N] int32: 1 where top-k / top-p apply
     top_k_ptr,  # [N] int64 (TOP_K only)
+    top_p_ptr,  # [N] float32 (TOP_P only)
+    truncated_ptr,  # [N] int32 out: 1 where top-k / top-p apply (``_truncated_sequences``)
     out_ptr,  # [R] float32 out
     count_ptr,  # [R] int32 out: zero (the hand-in's counts, before the Hopper kernel)
+    rows,
     width,  # γ + 1
     vocab_size,
     num_words,
     num_sampled,
     TOP_K: tl.constexpr,
+    TOP_P: tl.constexpr,
     MASKED: tl.constexpr,
+    SPLITS: tl.constexpr,  # partial sums per logit
     BLOCK: tl.constexpr,  # next_power_of_2(num_sampled), at least DEPTH
     STRIDE: tl.constexpr,
     TARGET: tl.constexpr,
     MIN_TARGET: tl.constexpr,
     DEPTH: tl.constexpr,  # TARGET // STRIDE: the deepest rank taken
 ):
-    """One row: its sampled logits (forbidden ids and NaN as -inf); the threshold is the one of
-    rank ``target · num_sampled / vocab_size`` (target: 8 · k for top-k, at least MIN_TARGET;
-    TARGET otherwise; at most DEPTH and num_sampled), so that about ``target`` of the row's dots
-    lie above it: the DEPTH largest by ``top_sorted``, a bitonic top-k (a full sort of 2048
-    logits took 34 µs a launch on an H200)."""
+    """One row: its sampled logits (the partials summed in split order; forbidden ids and NaN as
+    -inf); the threshold is the one of rank ``target · num_sampled / vocab_size`` (target: 8 · k
+    for top-k, at least MIN_TARGET; TARGET otherwise; at most DEPTH and num_sampled), so that
+    about ``target`` of the row's dots lie above it: the DEPTH largest by ``top_sorted``, a
+    bitonic top-k (a full sort of 2048 logits took 34 µs a launch on an H200)."""
     r = tl.program_id(0)
     n = r // width
     i = tl.arange(0, BLOCK)
     ok = i < num_sampled
-    x = tl.load(sample_ptr + r.to(tl.int64) * num_sampled + i, mask=ok, other=float("-inf"))
-    x = x.to(tl.float32)
+    x = tl.zeros([BLOCK], tl.float32)
+    for split in tl.static_range(SPLITS):
+        row = (split * rows + r).to(tl.int64) * num_sampled
+        x += tl.load(sample_ptr + row + i, mask=ok, other=float("-inf"))
     if MASKED:
         ids = i * STRIDE
         word = tl.load(allowed_ptr + r.to(tl.int64) * num_words + ids // 32, mask=ok, other=0)
         x = tl.where(((word >> (ids % 32)) & 1) != 0, x, float("-inf"))
     x = tl.where(x == x, x, float("-inf"))
     target = tl.full([], TARGET, tl.int64)
+    on = tl.full([], 0, tl.int1)
     if TOP_K:
         k = tl.load(top_k_ptr + n)
         target = tl.where(k > 0, tl.minimum(tl.maximum(8 * k, MIN_TARGET), TARGET), target)
+        on |= k > 0
+    if TOP_P:
+        on |= tl.load(top_p_ptr + n) < 1.0
     rank = tl.minimum(tl.maximum(target * num_sampled // vocab_size, 1), num_sampled)
     rank = tl.minimum(rank, DEPTH)
     top = top_sorted(order_key(x, i)[None, :], DEPTH)  # [1, DEPTH], largest first
     kth = tl.max(tl.where(tl.arange(0, DEPTH)[None, :] == rank - 1, top, EMPTY_KEY), 1)
     theta, _ = decode_key(kth)
     theta = tl.maximum(tl.max(theta, 0), -FLT_MAX)
-    on = tl.load(truncated_ptr + n) != 0
     tl.store(out_ptr + r, tl.where(on, theta, float("nan")))
     tl.store(count_ptr + r, 0)
+    if r == n * width:
+        tl.store(truncated_ptr + n, on.to(tl.int32))
 
 
 def _truncated_sequences(top_k, top_p, n: int, device) -> torch.Tensor:
@@ -1035,8 +1141,10 @@ def settle_shape(
         "BLOCK_S": triton.next_power_of_2(splits),
         "COUNTED": bool(counted),
     }
-    # the top-k's cross-warp steps: fewer with more warps (16 at 200 splits)
-    return kept, constexprs, min(16, max(4, block_handed // 512))
+    # the top-k's cross-warp steps: fewer with more warps (16 at 200 splits); the hand-in's 4096
+    # keys with 16 warps: top-p 33 µs a launch against 43 with 8 (H200, 32-128 rows;
+    # docs/bench/hand_in_small_rows_h200.log)
+    return kept, constexprs, 16 if counted else min(16, max(4, block_handed // 512))
 
 
 def _truncated_summaries(

@@ -1,5 +1,6 @@
 """Where the Hopper hand-in's time goes (issue 35): the thresholds (cuBLAS over every
-HAND_IN_STRIDE-th id, then ``_hand_in_threshold_kernel``), the tile pass with and without the
+HAND_IN_STRIDE-th id by ``sampled_logits``, beside cuBLAS, then ``_hand_in_threshold_kernel``), the
+tile pass with and without the
 hand-in, stage 2 on its keys (top-k 50; top-p 0.9). Llama-3-8B head, logits of std 4, γ 3, all
 rows truncated; CUDA graphs (``scripts/kernel_bench.time_graphs``), median µs; with the keys
 handed in per row (mean, max).
@@ -40,7 +41,7 @@ def parts(rows: int, lm: torch.Tensor, shape: HeadShape) -> dict:
     )
     ws = vr.make_workspace(rows, config.num_splits, lm.device)
     summaries = (ws.floats[0], ws.index, *ws.floats[1:4])
-    truncated = torch.ones(n, dtype=torch.int32, device="cuda")
+    truncated = torch.empty(n, dtype=torch.int32, device="cuda")
     top_k = torch.full((n,), 50, device="cuda")
     top_p = torch.full((n,), 0.9, device="cuda")
     counts = torch.zeros(rows, dtype=torch.int32, device="cuda")
@@ -50,7 +51,7 @@ def parts(rows: int, lm: torch.Tensor, shape: HeadShape) -> dict:
     spare = torch.empty_like(counts)  # the thresholds zero it: the timed stage 2 keeps counts
 
     def thresholds():
-        return vr._hand_in_thresholds(h2, lm, vocab, truncated, top_k, WIDTH, None, spare)
+        return vr._hand_in_thresholds(h2, lm, vocab, top_k, None, WIDTH, None, truncated, spare)
 
     theta = thresholds()
     common = dict(
@@ -72,7 +73,8 @@ def parts(rows: int, lm: torch.Tensor, shape: HeadShape) -> dict:
         "tile_hand_in": lambda: tile(True),
         "tile_hand_in_lp": lambda: tile(True, True),
         "thresholds": thresholds,
-        "sample_mm": lambda: h2 @ lm[: vocab : vr.HAND_IN_STRIDE].T,
+        "sample_cublas": lambda: h2 @ lm[: vocab : vr.HAND_IN_STRIDE].T,
+        "sample": lambda: vr.sampled_logits(h2, lm, vocab),
         "stage2": lambda: vr._truncated_summaries(
             ws, keys, truncated, top_k, None, temperature, seed, positions, (counts, theta)
         ),
@@ -92,7 +94,7 @@ def main() -> None:
     lm = torch.randn(shape.padded_vocab, shape.hidden_size, device="cuda", dtype=torch.bfloat16)
     lm *= shape.hidden_size**-0.5
     out = {"device": torch.cuda.get_device_name()}
-    for rows in (32, 64, 128, 512):
+    for rows in (32, 64, 128, 256, 512):
         out[rows] = parts(rows, lm, shape)
         print(rows, out[rows], flush=True)
     if len(sys.argv) > 1:

@@ -672,6 +672,24 @@ def test_stage2_settles_the_hopper_hand_in(which):
     assert bool((workspace.floats[kernels.F_BEST_SCORE.value, settled, 0].cpu() == 0).all())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("rows", "tune"), [(3, None), (40, None), (40, (16, 16, 16, 3, 4, 3))])
+def test_sampled_logits_are_the_strided_head_s(rows, tune, dtype):
+    """``sampled_logits``: its partials sum to the logits of every ``HAND_IN_STRIDE``-th id below
+    the vocabulary, for a hidden size that is not a multiple of the kernel's K block, a partial
+    last block of sampled ids, and three splits of the hidden size (the last one short)."""
+    g = torch.Generator().manual_seed(5)
+    vocab, h = 5000, 72
+    hidden = torch.randn(rows, h, generator=g).to(dtype)
+    lm_head = torch.randn(vocab + 40, h, generator=g).to(dtype)  # padding rows past the vocab
+    partials = kernels.sampled_logits(hidden.to(DEVICE), lm_head.to(DEVICE), vocab, tune)
+    assert partials.shape[0] == (1 if tune is None else 3)
+    got = partials.sum(0).cpu()
+    want = hidden.float() @ lm_head[: vocab : kernels.HAND_IN_STRIDE].float().T
+    assert got.shape == want.shape == (rows, -(-vocab // kernels.HAND_IN_STRIDE))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+
+
 @pytest.mark.parametrize("masked", [False, True])
 def test_hand_in_thresholds_take_the_target_rank_of_the_sampled_logits(masked):
     """``_hand_in_thresholds``: per truncated row, the logit of rank ``target · sampled / V``
@@ -683,8 +701,8 @@ def test_hand_in_thresholds_take_the_target_rank_of_the_sampled_logits(masked):
     stride = kernels.HAND_IN_STRIDE
     hidden = torch.randn(n * width, h, generator=g)
     lm_head = torch.randn(vocab, h, generator=g)
-    top_k = torch.tensor([10, 0, 200, 3])
-    truncated = torch.tensor([1, 1, 1, 0], dtype=torch.int32)
+    top_k = torch.tensor([10, 0, 200, 0])
+    top_p = torch.tensor([1.0, 0.9, 1.0, 1.0])
     allowed = None
     if masked:
         keep = torch.rand(n, width, vocab, generator=g) < 0.5
@@ -692,12 +710,16 @@ def test_hand_in_thresholds_take_the_target_rank_of_the_sampled_logits(masked):
         keep[0, 1, :stride] = True  # one sampled id allowed: too few
         allowed = truncation.pack_allowed(keep)
     counts = torch.full((n * width,), 7, dtype=torch.int32, device=DEVICE)
+    truncated = torch.full((n,), 7, dtype=torch.int32, device=DEVICE)
     got = kernels._hand_in_thresholds(
-        hidden.to(DEVICE), lm_head.to(DEVICE), vocab, truncated.to(DEVICE), top_k.to(DEVICE),
-        width, None if allowed is None else allowed.to(DEVICE), counts,
+        hidden.to(DEVICE), lm_head.to(DEVICE), vocab, top_k.to(DEVICE), top_p.to(DEVICE), width,
+        None if allowed is None else allowed.to(DEVICE), truncated, counts,
     ).cpu()  # fmt: skip
     assert not bool(counts.any()), "the hand-in's counts not zeroed"
-    sample = hidden @ lm_head[::stride].T
+    assert truncated.tolist() == [1, 1, 1, 0], truncated
+    truncated = truncated.cpu()
+    sample = kernels.sampled_logits(hidden.to(DEVICE), lm_head.to(DEVICE), vocab).sum(0).cpu()
+    torch.testing.assert_close(sample, hidden @ lm_head[::stride].T, rtol=1e-5, atol=1e-5)
     if masked:
         sample = sample.masked_fill(~keep.view(n * width, vocab)[:, ::stride], float("-inf"))
     sampled = sample.shape[1]
