@@ -642,11 +642,14 @@ def _hand_in_thresholds(
 
 
 # The sampled logits' launch, by rows up to the key: (BLOCK_R, BLOCK_S, BLOCK_K, K_SPLITS,
-# num_warps, num_stages).
+# num_warps, num_stages). H200, Llama-3-8B head: 3.4-3.6 µs at 1-16 rows, 4.6-6.2 at 32-128,
+# 10.0 at 256, 15.5 at 512 (cuBLAS 4.3-8.9, 9.9-13.5, 17.3, 25.0;
+# docs/bench/sampled_logits_tune{.py,_h200.log}).
 SAMPLED_TUNED = (
-    (16, (16, 16, 128, 8, 4, 3)),
-    (64, (64, 16, 128, 4, 4, 3)),
-    (None, (64, 32, 128, 2, 4, 3)),
+    (16, (16, 32, 128, 8, 4, 3)),
+    (128, (64, 32, 128, 4, 4, 3)),
+    (256, (64, 32, 128, 2, 4, 3)),
+    (None, (64, 64, 128, 1, 4, 3)),
 )
 
 
@@ -656,8 +659,8 @@ def sampled_logits(
     """[K_SPLITS, R, ceil(vocab_size / HAND_IN_STRIDE)] float32 whose sum over the first axis is
     ``hidden2d @ lm_head[:vocab_size:HAND_IN_STRIDE].T``, the logits of every HAND_IN_STRIDE-th
     id: one launch of many programs, each a block of rows and ids over one of K_SPLITS runs of
-    the hidden size (cuBLAS gives this strided GEMM few CTAs and took 9-25 µs at 1-512 rows on
-    an H200). ``tune``: a ``SAMPLED_TUNED`` row's launch instead (benchmarks)."""
+    the hidden size (cuBLAS gives this strided GEMM few CTAs: 4-25 µs at 1-512 rows on an H200,
+    against 3.4-15.5). ``tune``: a ``SAMPLED_TUNED`` row's launch instead (benchmarks)."""
     rows, hidden_size = hidden2d.shape
     num_sampled = triton.cdiv(vocab_size, HAND_IN_STRIDE)
     if tune is None:
@@ -688,7 +691,7 @@ def sampled_logits(
     return out
 
 
-@triton.jit(do_not_specialize=["rows", "num_sampled", "hidden_size", "k_run"])
+@triton.jit(do_not_specialize=["rows", "num_sampled"])  # H and its split: 16-aligned loads
 def _sampled_logits_kernel(
     hidden_ptr,  # [R, H] rows of unit stride
     head_ptr,  # [V, H] rows of unit stride
@@ -1119,12 +1122,12 @@ def _truncated_summaries_kernel(
 
 
 def settle_shape(
-    splits: int, candidates: int = CANDIDATES, *, counted: int = 0
+    splits: int, candidates: int = CANDIDATES, *, counted: int = 0, top_p: bool = False
 ) -> tuple[int, dict, int]:
     """The stage-2 launch for ``splits`` splits of ``candidates`` keys each, or (``counted``, a
     power of 2) for the Hopper kernel's hand-in of up to ``counted`` keys a row over ``splits``
-    tiles: (L, the keys a kept set is settled in; the block constexprs of
-    ``_truncated_summaries_kernel``; its warps). The constexprs depend on
+    tiles (``top_p``: with top-p): (L, the keys a kept set is settled in; the block constexprs
+    of ``_truncated_summaries_kernel``; its warps). The constexprs depend on
     ``next_power_of_2(splits)`` only (for a power-of-2 ``candidates``), so the CUDA library
     compiles one kernel per power of 2 (``kernels/aot.py``)."""
     handed = counted or splits * candidates
@@ -1142,9 +1145,11 @@ def settle_shape(
         "COUNTED": bool(counted),
     }
     # the top-k's cross-warp steps: fewer with more warps (16 at 200 splits); the hand-in's 4096
-    # keys with 16 warps: top-p 33 µs a launch against 43 with 8 (H200, 32-128 rows;
-    # docs/bench/hand_in_small_rows_h200.log)
-    return kept, constexprs, 16 if counted else min(16, max(4, block_handed // 512))
+    # keys under top-p with 16 warps: 33 µs a launch at 32-128 rows against 43 with 8, 127 at 512
+    # rows against 172 (H200); top-k alone gains nothing from 16 at 32-128 rows and loses at 256
+    # (docs/bench/hand_in_parts_h200.log)
+    warps = 16 if counted and top_p else min(16, max(4, block_handed // 512))
+    return kept, constexprs, warps
 
 
 def _truncated_summaries(
@@ -1201,7 +1206,7 @@ def _truncated_summaries(
         counts = thresholds = truncated  # placeholder pointers, never read
     else:
         (rows, cap), splits = candidates.shape, workspace.index.shape[1]
-        kept, shape, num_warps = settle_shape(splits, counted=cap)
+        kept, shape, num_warps = settle_shape(splits, counted=cap, top_p=top_p is not None)
         counts, thresholds = hand_in
     block_kept = shape["BLOCK_KEPT"]
     unsettled = torch.empty(rows, dtype=torch.int8, device=candidates.device)
