@@ -863,40 +863,25 @@ def top_sorted(x, K: tl.constexpr, RUN: tl.constexpr = 1):
 
 
 @triton.jit
-def _selection_cut(x, on, need, most, WAYS: tl.constexpr):
+def _selection_cut(x, on, need, most):
     """A cut of each row of ``x [ROWS, B]`` among its keys ``on`` (more than ``need`` of them;
     rows with none: unspecified) above which lie their ``need`` largest: ``(cut, exact)``. Not
     exact: ``need`` to ``most`` of them are above the cut. Exact (more than ``most`` keys tied on
     the high word at the boundary): the cut is their ``need``-th largest, fewer lie above it.
-    A ``WAYS``-way search on the high word (the logit's order; a power of two, 2: bisection):
-    each step counts the keys above ``WAYS - 1`` pivots in one add-reduction over the row and
-    keeps the part the ``need``-th key lies in, until at most ``most`` keys are above — a few
-    steps when ``most`` is twice ``need`` — then, only when exact, a bisection on the low word
-    (the id) among the keys tied on it. The steps' reductions cross the program's warps, so
-    their number, not their work, sets the time (top-k's cut of 4096 keys: about 24 bisection
-    steps)."""
+    Bisection on the high word (the logit's order; one compare and one add-reduction over the
+    row a step) until at most ``most`` keys are above — a few steps when ``most`` is twice
+    ``need`` — then, only when exact, on the low word (the id) among the keys tied on it."""
     high = (x >> 32).to(tl.int32)
     lo = tl.min(tl.where(on, high, 2**31 - 1), 1)  # count(high >= lo) = all >= need
     hi = tl.max(tl.where(on, high, -(2**31)), 1)
     count = tl.sum(on.to(tl.int32), 1)  # [ROWS]: the keys with high >= lo
-    need = need + tl.zeros_like(count)  # [ROWS] (a scalar need broadcast)
-    way = tl.arange(0, WAYS)
     while tl.max(((lo < hi) & (count > most)).to(tl.int32), 0) > 0:
         go = (lo < hi) & (count > most)
-        # pivots lo + ceil(span · j / WAYS), j = 0 .. WAYS - 1: increasing, above lo from j = 1
-        span = hi.to(tl.int64) - lo.to(tl.int64)
-        step = (span[:, None] * way[None, :] + WAYS - 1) // WAYS
-        pivot = (lo.to(tl.int64)[:, None] + step).to(tl.int32)  # [ROWS, WAYS]
-        above = on[:, None, :] & (high[:, None, :] >= pivot[:, :, None])
-        c = tl.sum(above.to(tl.int32), 2)  # [ROWS, WAYS], non-increasing along j
-        part = tl.sum((c >= need[:, None]).to(tl.int32), 1) - 1  # the last pivot with >= need
-        at = way[None, :] == part[:, None]
-        lo_next = tl.sum(tl.where(at, pivot, 0), 1)
-        count_next = tl.sum(tl.where(at, c, 0), 1)
-        next_pivot = tl.sum(tl.where(way[None, :] == part[:, None] + 1, pivot, 0), 1)
-        hi_next = tl.where(part == WAYS - 1, hi, next_pivot - 1)
-        lo, count = tl.where(go, lo_next, lo), tl.where(go, count_next, count)
-        hi = tl.where(go, hi_next, hi)
+        mid = ((lo.to(tl.int64) + hi.to(tl.int64) + 1) >> 1).to(tl.int32)
+        c = tl.sum((on & (high >= mid[:, None])).to(tl.int32), 1)
+        up = go & (c >= need)
+        lo, count = tl.where(up, mid, lo), tl.where(up, c, count)
+        hi = tl.where(go & (c < need), mid - 1, hi)
     exact = count > most
     tie = on & exact[:, None] & (high == lo[:, None])
     need = need - tl.sum((on & (high > lo[:, None])).to(tl.int32), 1)  # of the tied keys
@@ -946,7 +931,6 @@ def _truncated_summaries_kernel(
     BLOCK_KEPT: tl.constexpr,  # next_power_of_2(L), at least 2
     BLOCK_S: tl.constexpr,  # next_power_of_2(S)
     COUNTED: tl.constexpr = False,  # the Hopper kernel's hand-in: cand_ptr [R, BLOCK_HANDED]
-    CUT_WAYS: tl.constexpr = 2,  # _selection_cut's search (CUT_WAYS)
 ):
     """Stage 2 of ``ROWS`` truncated rows (``_truncated_summaries``): per row, tau from the S
     floors, the L largest of the S · C handed-in keys in order (``top_sorted``; past
@@ -1030,9 +1014,7 @@ def _truncated_summaries_kernel(
                 BLOCK_SEL: tl.constexpr = 2 * BLOCK_KEPT
                 above = handed > tl.maximum(tau, _NEG_INF_LAST)[:, None]
                 over = known_all > num_kept  # [ROWS]
-                cut, exact = _selection_cut(
-                    handed, above & over[:, None], num_kept, BLOCK_SEL, CUT_WAYS
-                )
+                cut, exact = _selection_cut(handed, above & over[:, None], num_kept, BLOCK_SEL)
                 chosen = above & (handed > tl.where(over, cut, tau)[:, None])
                 a = tl.sum(chosen.to(tl.int32), 1)
                 filled = tl.where(over & exact, num_kept, a)
@@ -1089,7 +1071,7 @@ def _truncated_summaries_kernel(
             settled = (complete | top_k_known | (~top_k_on & ends_inside)) & any_nucleus
         else:
             # ---- top-k alone needs no order: the kept set is the known keys at or above the
-            # k-th largest (a cut by ``_selection_cut`` with need = most = k), the
+            # k-th largest (a cut by bisection, ``_selection_cut`` with need = most = k), the
             # softmax is over it, and the Gumbel-max is order-free. Settled as the sorted path
             # settles it: k within the L largest known keys, or every finite logit known.
             logit, ids = decode_key(handed)
@@ -1097,7 +1079,7 @@ def _truncated_summaries_kernel(
             k = tl.load(top_k_ptr + n, mask=on, other=0)
             top_k_on = k > 0
             over = top_k_on & (known_all > k)  # [ROWS]: more known keys than k
-            cut, _ = _selection_cut(handed, known & over[:, None], k, k, CUT_WAYS)
+            cut, _ = _selection_cut(handed, known & over[:, None], k, k)
             nucleus = known & tl.where(over[:, None], handed >= cut[:, None], True)
             any_nucleus = tl.max(nucleus.to(tl.int32), 1) > 0
             top_k_known = top_k_on & (k <= tl.minimum(known_all, num_kept))
@@ -1139,10 +1121,6 @@ def _truncated_summaries_kernel(
         tl.store(ws_float + F_SUM_EXP * plane, tl.where(first, 1.0, 0.0), mask=write)
 
 
-# The ways of stage 2's selection cut (``_selection_cut``).
-CUT_WAYS = 8
-
-
 def settle_shape(
     splits: int, candidates: int = CANDIDATES, *, counted: int = 0, top_p: bool = False
 ) -> tuple[int, dict, int]:
@@ -1165,7 +1143,6 @@ def settle_shape(
         "BLOCK_KEPT": block_kept,
         "BLOCK_S": triton.next_power_of_2(splits),
         "COUNTED": bool(counted),
-        "CUT_WAYS": CUT_WAYS,
     }
     # the top-k's cross-warp steps: fewer with more warps (16 at 200 splits); the hand-in's 4096
     # keys under top-p with 16 warps: 33 µs a launch at 32-128 rows against 43 with 8, 127 at 512

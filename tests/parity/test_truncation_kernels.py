@@ -16,7 +16,6 @@ triton = pytest.importorskip("triton")
 kernels = pytest.importorskip("flashspec_export.kernels.verify_resample")
 order_keys = pytest.importorskip("flashspec_export.kernels.order_keys")
 tiles = pytest.importorskip("flashspec_export.kernels.tiles")
-tl = pytest.importorskip("triton.language")
 
 N, GAMMA, H, V = 6, 3, 32, 1000
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # fp32: the interpreter without a GPU
@@ -562,7 +561,7 @@ block = triton.next_power_of_2(splits * c)
 constexprs = dict(
     C=c, TOP_K=True, TOP_P=True, LIBDEVICE=True, ROWS=1, RUN=c, BLOCK_HANDED=block,
     BLOCK_KEPT=min(block, triton.next_power_of_2(kernels.MAX_KEPT)),
-    BLOCK_S=triton.next_power_of_2(splits), CUT_WAYS=kernels.CUT_WAYS,
+    BLOCK_S=triton.next_power_of_2(splits),
 )
 source = triton.compiler.ASTSource(fn, {n: types.get(n, "constexpr") for n in fn.arg_names},
                                    constexprs)
@@ -590,51 +589,6 @@ def test_stage2_compiles_for_sm90(splits):
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert int(result.stdout.split()[-1]) > 0
-
-
-@triton.jit
-def _selection_cut_kernel(x_ptr, on_ptr, need_ptr, most_ptr, cut_ptr, exact_ptr,
-                          ROWS: tl.constexpr, B: tl.constexpr, WAYS: tl.constexpr):  # fmt: skip
-    r = tl.arange(0, ROWS)
-    at = r[:, None] * B + tl.arange(0, B)[None, :]
-    on = tl.load(on_ptr + at) != 0
-    cut, exact = kernels._selection_cut(
-        tl.load(x_ptr + at), on, tl.load(need_ptr + r), tl.load(most_ptr + r), WAYS
-    )
-    tl.store(cut_ptr + r, cut)
-    tl.store(exact_ptr + r, exact.to(tl.int32))
-
-
-@pytest.mark.parametrize("ways", [2, 4, 8, 16])
-def test_selection_cut_puts_need_to_most_keys_above_it(ways):
-    """``_selection_cut``'s ``ways``-way search, on rows of unique order keys whose high words
-    are spread wide (not exact: ``need`` to ``most`` keys of ``on`` above the cut) or tied on a
-    few values (exact when more than ``most`` tie at the boundary: exactly ``need`` at or above
-    the cut, fewer above it), with ``most`` = ``need`` (top-k) and ``2 · need`` (top-p's
-    selection). Mutant caught: the part kept one pivot too high (``c > need``)."""
-    g = torch.Generator().manual_seed(ways)
-    rows, block = 16, 256
-    spread = torch.where(torch.arange(rows) % 2 == 0, 2**31 - 1, 4)[:, None]
-    high = (torch.rand(rows, block, generator=g) * spread - spread / 2).to(torch.int64)
-    ids = torch.randperm(rows * block, generator=g).view(rows, block)
-    x = (high << 32) | ids
-    on = torch.rand(rows, block, generator=g) < 0.8
-    need = torch.randint(1, 150, (rows,), generator=g)
-    most = torch.where(torch.arange(rows) % 4 < 2, need, 2 * need)
-    cut, exact = (torch.empty(rows, dtype=t, device=DEVICE) for t in (torch.int64, torch.int32))
-    _selection_cut_kernel[(1,)](
-        x.to(DEVICE), on.to(torch.int32).to(DEVICE), need.to(torch.int32).to(DEVICE),
-        most.to(torch.int32).to(DEVICE), cut, exact, ROWS=rows, B=block, WAYS=ways,
-    )  # fmt: skip
-    cut, exact = cut.cpu(), exact.cpu().bool()
-    for r in range(rows):
-        keys = x[r][on[r]]
-        above, at_or_above = int((keys > cut[r]).sum()), int((keys >= cut[r]).sum())
-        if exact[r]:
-            assert above < need[r] and at_or_above == need[r], (r, above, at_or_above, need[r])
-        else:
-            assert need[r] <= above <= most[r], (r, above, need[r], most[r])
-    assert bool(exact.any()) and not bool(exact.all()), "both kinds of cut taken"
 
 
 # ---- stage 2 on the Hopper kernel's hand-in (``COUNTED``: ``hopper_tiles._hand_in_chunk``)
