@@ -16,6 +16,7 @@ triton = pytest.importorskip("triton")
 kernels = pytest.importorskip("flashspec_export.kernels.verify_resample")
 order_keys = pytest.importorskip("flashspec_export.kernels.order_keys")
 tiles = pytest.importorskip("flashspec_export.kernels.tiles")
+tl = pytest.importorskip("triton.language")
 
 N, GAMMA, H, V = 6, 3, 32, 1000
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # fp32: the interpreter without a GPU
@@ -589,6 +590,49 @@ def test_stage2_compiles_for_sm90(splits):
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert int(result.stdout.split()[-1]) > 0
+
+
+@triton.jit
+def _selection_cut_kernel(x_ptr, on_ptr, need_ptr, most_ptr, cut_ptr, exact_ptr,
+                          ROWS: tl.constexpr, B: tl.constexpr):  # fmt: skip
+    r = tl.arange(0, ROWS)
+    at = r[:, None] * B + tl.arange(0, B)[None, :]
+    on = tl.load(on_ptr + at) != 0
+    need, most = tl.load(need_ptr + r), tl.load(most_ptr + r)
+    cut, exact = kernels._selection_cut(tl.load(x_ptr + at), on, need, most)
+    tl.store(cut_ptr + r, cut)
+    tl.store(exact_ptr + r, exact.to(tl.int32))
+
+
+def test_selection_cut_puts_need_to_most_keys_above_it():
+    """``_selection_cut`` on rows of unique order keys whose high words are spread wide (not
+    exact: ``need`` to ``most`` keys of ``on`` above the cut) or tied on a few values (exact when
+    more than ``most`` tie at the boundary: exactly ``need`` at or above the cut, fewer above
+    it), with ``most`` = ``need`` (top-k) and ``2 · need`` (top-p's selection). Mutant caught:
+    the bisection moving up past a mid with ``need - 1`` keys above it (``c >= need - 1``)."""
+    g = torch.Generator().manual_seed(0)
+    rows, block = 16, 256
+    spread = torch.where(torch.arange(rows) % 2 == 0, 2**31 - 1, 4)[:, None]
+    high = (torch.rand(rows, block, generator=g) * spread - spread / 2).to(torch.int64)
+    ids = torch.randperm(rows * block, generator=g).view(rows, block)
+    x = (high << 32) | ids
+    on = torch.rand(rows, block, generator=g) < 0.8
+    need = torch.randint(1, 150, (rows,), generator=g)
+    most = torch.where(torch.arange(rows) % 4 < 2, need, 2 * need)
+    cut, exact = (torch.empty(rows, dtype=t, device=DEVICE) for t in (torch.int64, torch.int32))
+    _selection_cut_kernel[(1,)](
+        x.to(DEVICE), on.to(torch.int32).to(DEVICE), need.to(torch.int32).to(DEVICE),
+        most.to(torch.int32).to(DEVICE), cut, exact, ROWS=rows, B=block,
+    )  # fmt: skip
+    cut, exact = cut.cpu(), exact.cpu().bool()
+    for r in range(rows):
+        keys = x[r][on[r]]
+        above, at_or_above = int((keys > cut[r]).sum()), int((keys >= cut[r]).sum())
+        if exact[r]:
+            assert above < need[r] and at_or_above == need[r], (r, above, at_or_above, need[r])
+        else:
+            assert need[r] <= above <= most[r], (r, above, need[r], most[r])
+    assert bool(exact.any()) and not bool(exact.all()), "both kinds of cut taken"
 
 
 # ---- stage 2 on the Hopper kernel's hand-in (``COUNTED``: ``hopper_tiles._hand_in_chunk``)
