@@ -8,6 +8,8 @@ trained LM's spread at T ~ 1, where a 0.9 nucleus holds a few hundred of 128k to
 
 - ``verify``: the shipped op without truncation (the Hopper kernel from 17 rows on sm_90);
 - ``verify_portable``: the portable kernel the truncation runs in, without truncation;
+- ``verify_hopper``, ``<truncation>_hopper`` (below 17 rows on sm_90): the Hopper kernel and its
+  hand-in forced where the portable kernel is the op's choice;
 - ``mask``: an allowed-token mask (random bits, half the vocabulary);
 - ``top_k_50``, ``top_k_1024``, ``top_p_0.9``, ``top_k_50_top_p_0.9``: the fused truncation with
   ``settle_only`` (no host read; the recomputation of unsettled rows is not timed, their share is
@@ -47,8 +49,9 @@ from kernel_bench import time_graphs  # noqa: E402
 
 from flashspec_export import ops  # noqa: E402
 from flashspec_export.config import HeadShape  # noqa: E402
+from flashspec_export.kernels import hopper_tiles  # noqa: E402
 from flashspec_export.kernels import verify_resample as kernel  # noqa: E402
-from flashspec_export.kernels.tiles import choose_config  # noqa: E402
+from flashspec_export.kernels.tiles import KernelConfig, choose_config, hopper_row  # noqa: E402
 from flashspec_export.ops import cuda  # noqa: E402
 
 GAMMA = 3
@@ -127,6 +130,17 @@ def speed(head: str, rows_list, out: dict) -> None:
             "verify_portable": functools.partial(kernel.verify_resample, *args, config=portable),
             "matmul": functools.partial(torch.matmul, hidden.view(-1, shape.hidden_size), lm.T),
         }
+        # Below 17 rows (the portable kernel's), the Hopper kernel's hand-in forced: its 17-128
+        # row shape, plain (``verify_hopper``) and truncating (``<truncation>_hopper``)
+        hopper = None
+        if rows < 17 and hopper_tiles.runs_on(hidden.view(rows, -1), lm):
+            wide = hopper_row("verify_resample", 17)
+            splits = -(-shape.vocab_size // wide.block_v)
+            hopper = KernelConfig(
+                wide.block_n, wide.block_v, wide.block_k, splits, wide.block_n // 16, wide.stages,
+                wide,
+            )  # fmt: skip
+            fns["verify_hopper"] = functools.partial(kernel.verify_resample, *args, config=hopper)
         library = cuda.available()
         if library:  # the CUDA library (the TensorRT plugins' kernels)
             cuda.prepare(lm.device)
@@ -143,6 +157,10 @@ def speed(head: str, rows_list, out: dict) -> None:
             fns[name] = functools.partial(kernel.verify_resample, *args, settle_only=True, **kwargs)
             if name == "top_k_50":
                 fns[name + "_stage1"] = functools.partial(_stage1_only, *args, **kwargs)
+            if hopper is not None and name != "mask":
+                fns[name + "_hopper"] = functools.partial(
+                    kernel.verify_resample, *args, settle_only=True, config=hopper, **kwargs
+                )
             if library:  # its fallback runs on the device: no read back, the whole op timed
                 fns["cuda_" + name] = functools.partial(cuda.verify_resample, *args, **kwargs)
                 paths[name] = cuda.kernel_path("verify_resample", *args, **kwargs)
