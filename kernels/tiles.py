@@ -47,6 +47,9 @@ class KernelConfig(NamedTuple):
         17 rows): one split per ``block_v`` ids; the other fields restate its shape
     epi_rows : VerifyResample scores only the first ``epi_rows`` rows of each block (a power of
         two below ``block_n``, for launches of at most that many rows); 0: all ``block_n``
+    candidates : VerifyResample's top-k / top-p hand in CANDIDATES keys per split (the CUDA
+        library's truncating tile kernels; ``truncation_config``) instead of every dot above a
+        threshold
     """
 
     block_n: int
@@ -57,6 +60,7 @@ class KernelConfig(NamedTuple):
     num_stages: int = 3
     hopper: HopperConfig | None = None
     epi_rows: int = 0
+    candidates: bool = False
 
 
 # Tuned on an H100 (Llama-3-8B head, bf16; scripts/tune_kernels.py, docs/BENCHMARKS.md): per op,
@@ -209,8 +213,9 @@ def choose_config(
     return KernelConfig(block_n, block_v, block_h, splits, num_warps, num_stages, None, epi_rows)
 
 
-# The truncating tile pass of VerifyResample (top-k / top-p: the portable kernel, whose splits
-# each select a hand-in of candidates once): rows up to the key -> (BLOCK_N, BLOCK_V, num_warps,
+# The CUDA library's truncating tile pass of VerifyResample (top-k / top-p: the portable kernel,
+# whose splits each select a hand-in of candidates once; the Triton backend's hands in every dot
+# above a threshold from the plain launch): rows up to the key -> (BLOCK_N, BLOCK_V, num_warps,
 # waves, num_stages). A split's selection is a run of reductions at its end, and stage 2 reads
 # every split's 32 keys, so programs are few (2 per SM). A truncating program holds its
 # candidates' state: 205 registers at 16 x 64 and 4 warps against plain verify's 105, which
@@ -235,12 +240,14 @@ TRUNCATION_TUNED = (
 def truncation_config(
     rows: int, hidden_size: int, vocab_size: int, dtype: torch.dtype, device: torch.device
 ) -> KernelConfig:
-    """The launch of a truncating VerifyResample tile pass (``TRUNCATION_TUNED``); under the
+    """The launch of the CUDA library's truncating VerifyResample tile pass
+    (``TRUNCATION_TUNED``, ``candidates``: each split hands in CANDIDATES keys); under the
     interpreter, the portable kernel's one shape (``choose_config``)."""
     if device.type != "cuda" or triton.knobs.runtime.interpret:
-        return choose_config(
+        config = choose_config(
             "verify_resample", rows, hidden_size, vocab_size, dtype, device, hopper=False
         )
+        return config._replace(candidates=True)
     row = next(config for limit, config in TRUNCATION_TUNED if limit is None or rows <= limit)
     block_n, block_v, num_warps, waves, num_stages = row
     index = device.index if device.index is not None else torch.cuda.current_device()
@@ -248,7 +255,7 @@ def truncation_config(
     fewer = triton.next_power_of_2(rows)  # below BLOCK_N: only these rows are scored
     epi_rows = fewer if fewer < block_n else 0
     return KernelConfig(
-        block_n, block_v, block_h_of(dtype), splits, num_warps, num_stages, None, epi_rows
+        block_n, block_v, block_h_of(dtype), splits, num_warps, num_stages, None, epi_rows, True
     )
 
 

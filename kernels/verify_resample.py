@@ -62,7 +62,6 @@ from flashspec_export.kernels.tiles import (
     dot_tile,
     fold_best,
     resolve_config,
-    truncation_config,
 )
 from flashspec_export.ops.workspace import launch_workspace
 from flashspec_export.reference import truncation
@@ -133,6 +132,26 @@ def _allowed(allowed_ptr, rows, row_ok, tile, num_words, BLOCK_V: tl.constexpr):
     return tl.reshape(bits, [rows.shape[0], BLOCK_V]) != 0
 
 
+_HAND_IN_CAP: tl.constexpr = hopper_tiles.HAND_IN_CAP
+
+
+@triton.jit
+def _hand_in_tile(keep, dots, cols, rows, count_ptr, hand_in_ptr):
+    """The portable kernel's hand-in of a tile (``hopper_tiles._hand_in_chunk``'s): the order
+    keys of the raw ``dots [ROWS, BLOCK_V]`` that ``keep`` (at or above the row's threshold,
+    allowed, finite) appended to their rows' keys (``hand_in_ptr [R, HAND_IN_CAP]``, in no order)
+    at the slots one relaxed atomic per row hands out (``count_ptr [R]``); counts past
+    HAND_IN_CAP keep counting and store nothing (stage 2 then does not settle the row)."""
+    take = keep.to(tl.int32)
+    count = tl.sum(take, 1)
+    base = tl.atomic_add(count_ptr + rows, count, mask=count > 0, sem="relaxed")
+    slot = base[:, None] + tl.cumsum(take, 1) - take
+    offsets = rows.to(tl.int64)[:, None] * _HAND_IN_CAP + slot
+    tl.store(
+        hand_in_ptr + offsets, order_key(dots, cols[None, :]), mask=keep & (slot < _HAND_IN_CAP)
+    )
+
+
 @triton.jit(do_not_specialize=["num_rows", "gamma", "num_splits", "tiles_per_split"])
 def _verify_tiles_kernel(
     hidden_ptr,  # [N, γ + 1, H]
@@ -145,6 +164,9 @@ def _verify_tiles_kernel(
     truncated_ptr,  # [N] int32: 1 where top-k / top-p apply (only with CANDIDATES)
     allowed_ptr,  # [R, W] int32 allowed-token bit masks (only with MASKED)
     cand_ptr,  # [R, S, CANDIDATES + 1] int64 out: the split's hand-in and its floor (last)
+    threshold_ptr,  # [R] float32: the dot a row hands in from (HAND_IN only; NaN: none)
+    count_ptr,  # [R] int32: keys handed in, zero before the launch (HAND_IN only)
+    hand_in_ptr,  # [R, HAND_IN_CAP] int64 out: the handed-in keys (HAND_IN only)
     num_rows,  # R = N · (γ + 1)
     gamma,
     vocab_size,
@@ -167,6 +189,7 @@ def _verify_tiles_kernel(
     EPI_ROWS: tl.constexpr,  # rows the epilogue scores: BLOCK_N, or fewer when R is below it
     MASKED: tl.constexpr = False,  # apply allowed_tokens (read once per tile)
     CANDIDATES: tl.constexpr = 0,  # > 0: hand in CANDIDATES (logit, id) keys per split
+    HAND_IN: tl.constexpr = False,  # hand in every dot at or above the row's threshold
 ):
     pid_r = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -196,11 +219,15 @@ def _verify_tiles_kernel(
     # so does a block whose sampled rows are all truncated (their winner is taken from the
     # candidates in stage 2, ``_truncated_summaries``).
     sampled = row_ok & (temperature >= GREEDY_BELOW)
-    if CANDIDATES > 0:
+    if CANDIDATES > 0 or HAND_IN:
         sampled &= tl.load(truncated_ptr + seq, mask=row_ok, other=0) == 0
+    if CANDIDATES > 0:
         first = tl.full([EPI_ROWS, BLOCK_V], EMPTY_KEY, tl.int64)
         second = first
         dropped = first
+    if HAND_IN:
+        theta = tl.load(threshold_ptr + rows, mask=row_ok, other=float("nan"))  # NaN: none
+        any_hand_in = tl.max(tl.where(theta == theta, 1, 0), 0) > 0
     any_sampled = tl.max(tl.where(sampled, 1, 0), 0) > 0
 
     m = tl.full([EPI_ROWS], float("-inf"), tl.float32)
@@ -236,11 +263,14 @@ def _verify_tiles_kernel(
         # IEEE division, as the reference's `logits / scale` (not a reciprocal multiply).
         logits = tl.math.div_rn(acc, scale[:, None])
         # padded ids and NaN logits: -inf (never sampled, exp = 0; reference.no_nan)
-        logits = tl.where(col_ok[None, :] & (logits == logits), logits, float("-inf"))
+        valid = col_ok[None, :] & (logits == logits)
         if MASKED:
-            logits = tl.where(
-                _allowed(allowed_ptr, rows, row_ok, tile, num_words, BLOCK_V), logits, float("-inf")
-            )
+            valid &= _allowed(allowed_ptr, rows, row_ok, tile, num_words, BLOCK_V)
+        logits = tl.where(valid, logits, float("-inf"))
+        if HAND_IN:  # noqa: SIM102 (constexpr, then a runtime branch)
+            if any_hand_in:
+                _hand_in_tile(valid & (acc >= theta[:, None]), acc, cols, rows, count_ptr,
+                              hand_in_ptr)  # fmt: skip
         if CANDIDATES > 0:
             first, second, dropped = column_top2(
                 first, second, dropped, order_key(logits, cols[None, :])
@@ -413,13 +443,8 @@ def verify_resample(
     device = hidden.device
     # The [R, H] rows as one view (row r = n · (γ + 1) + i), for the Hopper kernel's TMA.
     hidden2d = hidden.view(rows, hidden_size) if hidden.is_contiguous() else None
-    chosen = config is None  # the launch shape is ours to pick
     config = resolve_config("verify_resample", hidden2d, lm_head, rows, vocab_size, config)
     truncating = top_k is not None or top_p is not None
-    if truncating and chosen and config.hopper is None:
-        # The portable kernel's shape for it (``TRUNCATION_TUNED``); the Hopper kernel hands in
-        # the dots above a threshold instead (``_hand_in_thresholds``).
-        config = truncation_config(rows, hidden_size, vocab_size, lm_head.dtype, device)
     if config.epi_rows and rows > config.epi_rows:
         raise ValueError(
             f"config.epi_rows: {config.epi_rows} scores at most that many rows, got "
@@ -457,23 +482,27 @@ def verify_resample(
         torch.empty((n, width), dtype=torch.float32, device=device) if return_logprobs else None
     )
 
+    # Top-k / top-p: every truncated row hands in its dots at or above a threshold
+    # (``_hand_in_thresholds``), or under a launch of ``truncation_config`` (the CUDA library's
+    # truncating tile kernels) each split of the portable kernel its CANDIDATES largest keys.
+    hand_in = None
+    candidates = truncating and config.hopper is None and config.candidates
+    if truncating and not candidates:
+        truncated, counts, keys = launch_workspace(
+            device,
+            "verify_hand_in",
+            ((n,), torch.int32),
+            ((rows,), torch.int32),
+            ((rows, hopper_tiles.HAND_IN_CAP), torch.int64),
+        )
+        rows2d = hidden2d if hidden2d is not None else hidden.reshape(rows, hidden_size)
+        thresholds = _hand_in_thresholds(
+            rows2d, lm_head, vocab_size, top_k, top_p, width, allowed_tokens, truncated, counts
+        )
+        hand_in = (truncated, thresholds, counts, keys)
     if config.hopper is not None:
         floats = workspace.floats
         summaries = (floats[_BEST_SCORE], workspace.index, *floats[_BEST_LOGIT : _SUM_EXP + 1])
-        hand_in = None
-        if truncating:
-            truncated, counts, keys = launch_workspace(
-                device,
-                "hopper_hand_in",
-                ((n,), torch.int32),
-                ((rows,), torch.int32),
-                ((rows, hopper_tiles.HAND_IN_CAP), torch.int64),
-            )
-            thresholds = _hand_in_thresholds(
-                hidden2d, lm_head, vocab_size, top_k, top_p, width, allowed_tokens, truncated,
-                counts,
-            )  # fmt: skip
-            hand_in = (truncated, thresholds, counts, keys)
         hopper_tiles.launch(
             hidden2d,
             lm_head,
@@ -490,20 +519,14 @@ def verify_resample(
             hand_in=hand_in,
             config=config.hopper,
         )
-        if truncating:
-            unsettled = _truncated_summaries(
-                workspace, keys, truncated, top_k, top_p, temperature, seed, positions,
-                hand_in=(counts, thresholds),
-            )  # fmt: skip
     else:
         tiles_per_split = triton.cdiv(triton.cdiv(vocab_size, config.block_v), splits)
-        truncated = candidates = None
-        if truncating:
+        if candidates:
             truncated = _truncated_sequences(top_k, top_p, n, device)
-            (candidates,) = launch_workspace(
+            (keys,) = launch_workspace(
                 device, "verify_candidates", ((rows, splits, CANDIDATES + 1), torch.int64)
             )
-        words = truncation.words_for(vocab_size)
+        unread = seed  # a placeholder for the pointers a variant never reads
         _verify_tiles_kernel[(triton.cdiv(rows, config.block_n), splits)](
             hidden,
             lm_head,
@@ -512,15 +535,16 @@ def verify_resample(
             positions,
             workspace.floats,
             workspace.index,
-            truncated if truncating else seed,  # placeholder pointers, never read
-            allowed_tokens if allowed_tokens is not None else seed,
-            candidates if truncating else seed,
+            truncated if truncating else unread,
+            allowed_tokens if allowed_tokens is not None else unread,
+            keys if candidates else unread,
+            *(hand_in[1:] if hand_in is not None else (unread,) * 3),
             rows,
             gamma,
             vocab_size,
             splits,
             tiles_per_split,
-            words,
+            truncation.words_for(vocab_size),
             *hidden.stride(),
             *lm_head.stride(),
             HIDDEN_SIZE=hidden_size,
@@ -533,14 +557,16 @@ def verify_resample(
             BLOCK_H=config.block_h,
             EPI_ROWS=config.epi_rows or config.block_n,
             MASKED=allowed_tokens is not None,
-            CANDIDATES=CANDIDATES if truncating else 0,
+            CANDIDATES=CANDIDATES if candidates else 0,
+            HAND_IN=hand_in is not None,
             num_warps=config.num_warps,
             num_stages=config.num_stages,
         )
-        if truncating:
-            unsettled = _truncated_summaries(
-                workspace, candidates, truncated, top_k, top_p, temperature, seed, positions
-            )
+    if truncating:
+        unsettled = _truncated_summaries(
+            workspace, keys, truncated, top_k, top_p, temperature, seed, positions,
+            hand_in=None if hand_in is None else (counts, thresholds),
+        )  # fmt: skip
     _verify_finalize_kernel[(n,)](
         workspace.floats,
         workspace.index,

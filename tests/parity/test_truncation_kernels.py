@@ -62,12 +62,20 @@ CASES = {  # name: (truncation, whether some sequence is recomputed materialised
 }
 
 
+@pytest.mark.parametrize("path", ["hand_in", "candidates"])
 @pytest.mark.parametrize("case", CASES)
-def test_the_fused_truncation_equals_the_reference(case, monkeypatch):
+def test_the_fused_truncation_equals_the_reference(case, path, monkeypatch):
     """Tokens, counts and log-probabilities as the reference's, with every draft accepted (so
     every row's sample is checked) and with the drafts shifted (rejections), and the path the
-    case is built for taken: the candidates settle every row, or some sequence is recomputed."""
+    case is built for taken: stage 2 settles every row, or some sequence is recomputed; through
+    the backend's hand-in (every dot above a threshold) and the CUDA library's candidates
+    (``truncation_config``: each split's largest keys). Mutant caught: the hand-in ignoring the
+    mask (``all_three``)."""
     hidden, lm_head, temperature, seed, positions, allowed = _inputs()
+    config = None
+    if path == "candidates":
+        config = tiles.truncation_config(N * (GAMMA + 1), H, V, torch.float32, hidden.device)
+        assert config.candidates
     truncate, recomputes = CASES[case]
     truncate = {k: (allowed if isinstance(v, str) else v) for k, v in truncate.items()}
     recomputed = []
@@ -81,21 +89,16 @@ def test_the_fused_truncation_equals_the_reference(case, monkeypatch):
     accepted = _alone_drafts(hidden, lm_head, temperature, seed, positions, **truncate)
     wanted = []
     for drafts in (accepted, (accepted + 1) % V):
-        results = {
-            backend: ops.verify_resample(
-                hidden,
-                lm_head,
-                drafts,
-                temperature,
-                seed,
-                positions,
-                return_logprobs=True,
-                backend=runnable(backend),
-                **truncate,
+        args = (hidden, lm_head, drafts, temperature, seed, positions)
+        want = ops.verify_resample(
+            *args, return_logprobs=True, backend=runnable("reference"), **truncate
+        )
+        if config is None:
+            got = ops.verify_resample(
+                *args, return_logprobs=True, backend=runnable("triton"), **truncate
             )
-            for backend in ("reference", "triton")
-        }
-        want, got = results["reference"], results["triton"]
+        else:
+            got = kernels.verify_resample(*args, V, return_logprobs=True, config=config, **truncate)
         wanted.append(want)
         assert torch.equal(got[0], want[0])
         assert torch.equal(got[1], want[1])
@@ -103,8 +106,9 @@ def test_the_fused_truncation_equals_the_reference(case, monkeypatch):
     assert bool(recomputed) == recomputes, recomputed
     # settle_only (no host read): the unsettled rows reported, the settled sequences already right
     (tokens, emitted, _), unsettled = kernels.verify_resample(
-        hidden, lm_head, accepted, temperature, seed, positions, V, settle_only=True, **truncate
-    )
+        hidden, lm_head, accepted, temperature, seed, positions, V, config=config,
+        settle_only=True, **truncate,
+    )  # fmt: skip
     settled = ~unsettled.view(N, GAMMA + 1).any(dim=1)
     assert bool(unsettled.any()) == recomputes
     assert torch.equal(tokens[settled], wanted[0][0][settled])
@@ -116,9 +120,10 @@ def test_the_fused_truncation_equals_the_reference(case, monkeypatch):
 )
 @pytest.mark.parametrize("rows", [1, 8, 9, 32, 33, 64, 65, 200])
 def test_every_truncation_shape_equals_the_reference(rows):
-    """Each row of ``TRUNCATION_TUNED`` (and both sides of each bound) is the launch a truncating
-    call takes, and gives the reference's tokens and counts (top-k and top-p per sequence, fp32,
-    a 4096-id vocabulary)."""
+    """Each row of ``TRUNCATION_TUNED`` (and both sides of each bound; the CUDA library's
+    truncating launches, whose splits hand in candidates) gives the reference's tokens and counts,
+    as does the backend's own launch (the hand-in) — top-k and top-p per sequence, fp32, a
+    4096-id vocabulary."""
     h, v = 64, 4096
     g = torch.Generator().manual_seed(rows)
     n, width = (rows // 4, 4) if rows % 4 == 0 else (rows, 1)
@@ -145,10 +150,14 @@ def test_every_truncation_shape_equals_the_reference(rows):
         assert (config.block_n, config.block_v, config.num_warps, config.num_stages) == (
             row[0], row[1], row[2], row[4],
         )  # fmt: skip
+    assert config.candidates
     args = (hidden, lm_head, drafts, temperature, seed_, positions)
     want = ops.verify_resample(*args, backend="reference", **truncate)
-    got = ops.verify_resample(*args, backend="triton", **truncate)
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    for got in (
+        kernels.verify_resample(*args, v, config=config, **truncate),
+        ops.verify_resample(*args, backend="triton", **truncate),
+    ):
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     assert bool((want[1] == width).all()), "a draft was rejected: not every row's sample compared"
 
 
