@@ -423,9 +423,9 @@ def verify_resample(
     top_k : [N] int64 (0: off), top_p : [N] float32 in (0, 1] (1: off), allowed_tokens :
         [N, γ + 1, ceil(vocab_size / 32)] int32 bit masks — the truncation of
         ``reference/truncation.py``, fused: the mask is read once per tile (by the Hopper kernel
-        too); top-k / top-p: each (row, split) of the portable kernel hands in candidates, or
-        from 17 rows on sm_90 each row of the Hopper kernel its dots above a threshold
-        (``_hand_in_thresholds``), stage 2 settles the kept set from them
+        too); top-k / top-p: each truncated row hands in its dots above a threshold
+        (``_hand_in_thresholds``; under a ``truncation_config`` launch, the CUDA library's, each
+        (row, split) its candidates), stage 2 settles the kept set from them
         (``_truncated_summaries``), and a sequence whose kept set they do not settle is
         recomputed materialised, after one flag read back to the host
     settle_only : return ``(result, unsettled [R] bool)``: with top-k / top-p, instead of
