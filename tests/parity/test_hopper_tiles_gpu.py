@@ -371,7 +371,7 @@ def _truncation(name: str, drafts, vocab_size: int, seed: int) -> dict:
 @pytest.mark.parametrize("rows", ROWS)
 def test_truncated_verify_equals_the_portable_kernel(rows, head, truncate):
     """Top-k / top-p through the Hopper kernel's hand-in (``_hand_in_chunk``, stage 2 on its
-    keys): the portable kernel's tokens and counts (its candidates, or its recompute) and
+    keys): the portable kernel's tokens and counts (its own hand-in, or its recompute) and
     log-probabilities, with untruncated sequences in the same launch; the hand-in settles all but
     at most 1% of the rows."""
     shape = HeadShape.from_name(head)

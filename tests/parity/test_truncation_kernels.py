@@ -601,6 +601,49 @@ def test_stage2_compiles_for_sm90(splits):
     assert int(result.stdout.split()[-1]) > 0
 
 
+_COMPILE_HAND_IN_TILES = """
+import triton
+from triton.backends.compiler import GPUTarget
+from flashspec_export.kernels import verify_resample as kernels
+
+fn = kernels._verify_tiles_kernel
+pointers = dict(
+    hidden_ptr="*bf16", lm_head_ptr="*bf16", temperature_ptr="*fp32", seed_ptr="*i64",
+    positions_ptr="*i64", ws_float_ptr="*fp32", ws_index_ptr="*i32", truncated_ptr="*i32",
+    allowed_ptr="*i32", cand_ptr="*i64", threshold_ptr="*fp32", count_ptr="*i32",
+    hand_in_ptr="*i64",
+)
+constexprs = dict(
+    HIDDEN_SIZE=4096, DOT_PRECISION="tf32", DOT_IN_FP32=False, LIBDEVICE=True,
+    RETURN_LOGPROBS=True, BLOCK_N=16, BLOCK_V=64, BLOCK_H=64, EPI_ROWS=4, MASKED=True,
+    CANDIDATES=0, HAND_IN=True, stride_hh=1, stride_vh=1,
+)
+types = {n: pointers.get(n, "constexpr" if n in constexprs else "i32") for n in fn.arg_names}
+source = triton.compiler.ASTSource(fn, types, constexprs)
+compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": 4, "num_stages": 3})
+print(len(compiled.asm["cubin"]))
+"""
+
+
+def test_hand_in_tile_kernel_compiles_for_sm90():
+    """The portable tile kernel with the hand-in (``_hand_in_tile``: a relaxed atomic per row and
+    tile, a cumulative sum over the tile's ids) compiles for sm_90 without a GPU, masked and with
+    the online softmax top-p needs."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton.backends.nvidia")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run(
+        [sys.executable, "-c", _COMPILE_HAND_IN_TILES],
+        capture_output=True, text=True, env=env, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert int(result.stdout.split()[-1]) > 0
+
+
 @triton.jit
 def _selection_cut_kernel(x_ptr, on_ptr, need_ptr, most_ptr, cut_ptr, exact_ptr,
                           ROWS: tl.constexpr, B: tl.constexpr):  # fmt: skip
