@@ -371,6 +371,11 @@ def _portable_constexprs(dtype: torch.dtype, hidden_size: int, block_n: int, blo
     }
 
 
+# The portable kernel's threshold hand-in (the Triton backend's top-k / top-p) compiled out: the
+# library's truncating tile kernels hand in candidates.
+_NO_HAND_IN = {"threshold_ptr": None, "count_ptr": None, "hand_in_ptr": None, "HAND_IN": False}
+
+
 def _truncating_row(specs, dtype_name, hidden_size, bound, config) -> TileRow:
     """A ``TRUNCATION_TUNED`` row (op ``verify_truncated``): the portable kernel handing in
     ``CANDIDATES`` keys per (row, split); its "log-probabilities" variants also form the online
@@ -391,6 +396,7 @@ def _truncating_row(specs, dtype_name, hidden_size, bound, config) -> TileRow:
             "EPI_ROWS": epi_rows,
             "MASKED": variant.masked,
             "CANDIDATES": verify_resample.CANDIDATES,
+            **_NO_HAND_IN,
         }
         symbol = symbols[variant] = base + variant.suffix
         specs[symbol] = KernelSpec(
@@ -435,6 +441,7 @@ def _portable_row(specs, op, kind, dtype_name, hidden_size, bound, device="") ->
                 # top-k / top-p's inputs compiled out (their kernels: _truncating_row)
                 "truncated_ptr": None,
                 "cand_ptr": None,
+                **_NO_HAND_IN,
                 "MASKED": variant.masked,
                 "CANDIDATES": 0,
             }
