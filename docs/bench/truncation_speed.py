@@ -218,10 +218,13 @@ def stdlib_tiny_states(device: str, files: int = 8, tokens: int = 512):
     return torch.cat(states), model.lm_head.weight.detach().contiguous()
 
 
-def settle_rate(rows_list, out: dict, dtype: torch.dtype = torch.float32) -> None:
-    """The unsettled share per (T, top-k, top-p, R); in bf16 (``--settle-dtype bfloat16``) from
-    17 rows on sm_90 the Hopper kernel's hand-in, else the portable kernel's candidates."""
-    hidden, lm = (t.to(dtype) for t in stdlib_tiny_states("cuda"))
+def settle_rate(
+    rows_list, out: dict, dtype: torch.dtype = torch.float32, device: str = "cuda"
+) -> None:
+    """The unsettled share per (T, top-k, top-p, R) of the backend's hand-in: in bf16
+    (``--settle-dtype bfloat16``) from 17 rows on sm_90 the Hopper kernel's, else the portable
+    kernel's (``--settle-device cpu``: under ``TRITON_INTERPRET=1``)."""
+    hidden, lm = (t.to(dtype) for t in stdlib_tiny_states(device))
     vocab = lm.shape[0]
     table = {}
     for temperature in (0.7, 1.0):
@@ -232,14 +235,14 @@ def settle_rate(rows_list, out: dict, dtype: torch.dtype = torch.float32) -> Non
                 for start in range(0, hidden.shape[0] - rows + 1, rows):
                     h = hidden[start : start + rows, None]
                     n = rows
-                    kwargs = {"top_k": torch.full((n,), top_k, device="cuda")} if top_k else {}
+                    kwargs = {"top_k": torch.full((n,), top_k, device=device)} if top_k else {}
                     if top_p < 1:
-                        kwargs["top_p"] = torch.full((n,), top_p, device="cuda")
+                        kwargs["top_p"] = torch.full((n,), top_p, device=device)
                     _, unsettled = kernel.verify_resample(
-                        h, lm, torch.zeros(n, 0, dtype=torch.int64, device="cuda"),
-                        torch.full((n,), temperature, device="cuda"),
-                        torch.arange(n, device="cuda") + start, torch.full((n,), start,
-                        device="cuda"), vocab, settle_only=True, **kwargs,
+                        h, lm, torch.zeros(n, 0, dtype=torch.int64, device=device),
+                        torch.full((n,), temperature, device=device),
+                        torch.arange(n, device=device) + start, torch.full((n,), start,
+                        device=device), vocab, settle_only=True, **kwargs,
                     )  # fmt: skip
                     left += int(unsettled.sum())
                     total += n
@@ -252,11 +255,11 @@ def settle_rate(rows_list, out: dict, dtype: torch.dtype = torch.float32) -> Non
     # the op end to end (recomputation included) equals the reference on these rows
     n = 64
     kwargs = dict(
-        top_k=torch.full((n,), 50, device="cuda"), top_p=torch.full((n,), 0.9, device="cuda")
+        top_k=torch.full((n,), 50, device=device), top_p=torch.full((n,), 0.9, device=device)
     )
-    args = (hidden[:n, None], lm, torch.zeros(n, 0, dtype=torch.int64, device="cuda"),
-            torch.ones(n, device="cuda"), torch.arange(n, device="cuda"),
-            torch.zeros(n, dtype=torch.int64, device="cuda"))  # fmt: skip
+    args = (hidden[:n, None], lm, torch.zeros(n, 0, dtype=torch.int64, device=device),
+            torch.ones(n, device=device), torch.arange(n, device=device),
+            torch.zeros(n, dtype=torch.int64, device=device))  # fmt: skip
     fused = ops.verify_resample(*args, backend="triton", **kwargs)[0]
     want = ops.verify_resample(*args, backend="reference", **kwargs)[0]
     table["tokens_equal_reference_64_rows"] = bool(torch.equal(fused, want))
@@ -273,14 +276,17 @@ def main() -> None:
     parser.add_argument("--no-settle", action="store_true", help="the speed table only")
     parser.add_argument("--providers", nargs="+", default=[], help="time these (and verify)")
     parser.add_argument("--settle-dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--settle-device", default="cuda", help="cpu: the Triton interpreter's")
     parser.add_argument("--json", type=pathlib.Path)
     args = parser.parse_args()
     PROVIDERS.extend(args.providers)
     kernel.CANDIDATES = args.candidates  # per (row, split); the kernel's constexpr
-    out = {"device": torch.cuda.get_device_name(), "candidates": args.candidates}
+    on_gpu = torch.cuda.is_available() and args.settle_device == "cuda"
+    name = torch.cuda.get_device_name() if on_gpu else "cpu (Triton interpreter)"
+    out = {"device": name, "candidates": args.candidates}
     print(out, flush=True)
     if not args.no_settle:
-        settle_rate(args.settle_rows, out, getattr(torch, args.settle_dtype))
+        settle_rate(args.settle_rows, out, getattr(torch, args.settle_dtype), args.settle_device)
     for head in [] if args.no_speed else args.heads:
         speed(head, args.rows, out)
     if args.json:
