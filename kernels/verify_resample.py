@@ -161,7 +161,7 @@ def _verify_tiles_kernel(
     positions_ptr,  # [N] int64
     ws_float_ptr,  # [4, R, S] float32: best_score, best_logit, max, sum_exp
     ws_index_ptr,  # [R, S] int32: best_index
-    truncated_ptr,  # [N] int32: 1 where top-k / top-p apply (only with CANDIDATES)
+    truncated_ptr,  # [N] int32: 1 where top-k / top-p apply (CANDIDATES / HAND_IN only)
     allowed_ptr,  # [R, W] int32 allowed-token bit masks (only with MASKED)
     cand_ptr,  # [R, S, CANDIDATES + 1] int64 out: the split's hand-in and its floor (last)
     threshold_ptr,  # [R] float32: the dot a row hands in from (HAND_IN only; NaN: none)
@@ -217,7 +217,7 @@ def _verify_tiles_kernel(
     key_a, key_b = row_keys(seed, position, STREAM_GUMBEL)  # [BLOCK_N] uint32 each
     # A block of greedy rows only (T = 0 serving) skips the noise: its scores are the logits;
     # so does a block whose sampled rows are all truncated (their winner is taken from the
-    # candidates in stage 2, ``_truncated_summaries``).
+    # candidates or hand-in in stage 2, ``_truncated_summaries``).
     sampled = row_ok & (temperature >= GREEDY_BELOW)
     if CANDIDATES > 0 or HAND_IN:
         sampled &= tl.load(truncated_ptr + seq, mask=row_ok, other=0) == 0
@@ -608,7 +608,7 @@ FLT_MAX: tl.constexpr = tl.constexpr(3.4028234663852886e38)  # the largest finit
 _NO_ID: tl.constexpr = tl.constexpr(2**62)  # above every id: the lowest-id reduction's filler
 
 
-# The Hopper kernel's hand-in threshold per truncated row: from the logits of every
+# The hand-in threshold per truncated row (either tile kernel): from the logits of every
 # HAND_IN_STRIDE-th id (1/128 of the LM head read again, by cuBLAS), the value about
 # HAND_IN_TARGET (top-k: 8 · k, at least HAND_IN_MIN) of the row's logits lie above. The threshold
 # only sets how many keys a row hands in: stage 2 settles the row exactly from whatever it gets,
@@ -764,7 +764,7 @@ def _hand_in_threshold_kernel(
     top_p_ptr,  # [N] float32 (TOP_P only)
     truncated_ptr,  # [N] int32 out: 1 where top-k / top-p apply (``_truncated_sequences``)
     out_ptr,  # [R] float32 out
-    count_ptr,  # [R] int32 out: zero (the hand-in's counts, before the Hopper kernel)
+    count_ptr,  # [R] int32 out: zero (the hand-in's counts, before the tile pass)
     rows,
     width,  # γ + 1
     vocab_size,
@@ -956,7 +956,7 @@ def _truncated_summaries_kernel(
     BLOCK_HANDED: tl.constexpr,  # next_power_of_2(S · C)
     BLOCK_KEPT: tl.constexpr,  # next_power_of_2(L), at least 2
     BLOCK_S: tl.constexpr,  # next_power_of_2(S)
-    COUNTED: tl.constexpr = False,  # the Hopper kernel's hand-in: cand_ptr [R, BLOCK_HANDED]
+    COUNTED: tl.constexpr = False,  # the threshold hand-in: cand_ptr [R, BLOCK_HANDED]
 ):
     """Stage 2 of ``ROWS`` truncated rows (``_truncated_summaries``): per row, tau from the S
     floors, the L largest of the S · C handed-in keys in order (``top_sorted``; past
@@ -976,12 +976,12 @@ def _truncated_summaries_kernel(
         split = tl.arange(0, BLOCK_S)
         split_ok = on[:, None] & (split < num_splits)[None, :]  # [ROWS, BLOCK_S]
         if COUNTED:
-            # ---- the Hopper kernel's hand-in (``hopper_tiles._hand_in_chunk``): in no order, the
-            # keys of the row's raw dots at or above its threshold theta, here rekeyed by their
-            # logits dot / T. Every dot left out is below theta, so its logit is at most
-            # fl(theta / T): tau is that logit's largest key; FULL_KEY (nothing known) when the
-            # row's count passed the buffer or theta is NaN; EMPTY_KEY when nothing finite was
-            # left out (theta -FLT_MAX keeps every finite dot).
+            # ---- the threshold hand-in (``_hand_in_tile``, ``hopper_tiles._hand_in_chunk``): in
+            # no order, the keys of the row's raw dots at or above its threshold theta, here
+            # rekeyed by their logits dot / T. Every dot left out is below theta, so its logit is
+            # at most fl(theta / T): tau is that logit's largest key; FULL_KEY (nothing known)
+            # when the row's count passed the buffer or theta is NaN; EMPTY_KEY when nothing
+            # finite was left out (theta -FLT_MAX keeps every finite dot).
             count = tl.load(count_ptr + r, mask=on, other=0)
             theta = tl.load(threshold_ptr + r, mask=on, other=0.0)
             t_row = tl.load(temperature_ptr + n, mask=on, other=1.0)
@@ -1151,7 +1151,7 @@ def settle_shape(
     splits: int, candidates: int = CANDIDATES, *, counted: int = 0, top_p: bool = False
 ) -> tuple[int, dict, int]:
     """The stage-2 launch for ``splits`` splits of ``candidates`` keys each, or (``counted``, a
-    power of 2) for the Hopper kernel's hand-in of up to ``counted`` keys a row over ``splits``
+    power of 2) for the threshold hand-in of up to ``counted`` keys a row over ``splits``
     tiles (``top_p``: with top-p): (L, the keys a kept set is settled in; the block constexprs
     of ``_truncated_summaries_kernel``; its warps). The constexprs depend on
     ``next_power_of_2(splits)`` only (for a power-of-2 ``candidates``), so the CUDA library
@@ -1213,11 +1213,11 @@ def _truncated_summaries(
     ----------
     workspace : the stage-1 summaries of ``R = N · (γ + 1)`` rows and S splits, rewritten in place
     candidates : [R, S, CANDIDATES + 1] int64 — each split's hand-in, then its floor; or with
-        ``hand_in``, [R, HAND_IN_CAP] int64 — the Hopper kernel's (``hopper_tiles``)
+        ``hand_in``, [R, HAND_IN_CAP] int64 — the threshold hand-in's
     truncated : [N] int32 (``_truncated_sequences``)
     top_k : [N] int64 or None, top_p : [N] float32 or None
     temperature, seed, positions : [N] (as ``verify_resample``)
-    hand_in : the Hopper kernel's ``(counts [R] int32, thresholds [R] float32)``: keys handed in
+    hand_in : the threshold hand-in's ``(counts [R] int32, thresholds [R] float32)``: keys handed in
         per row, and the dot they were handed in from
 
     Returns
