@@ -259,6 +259,46 @@ def truncation_config(
     )
 
 
+# The portable kernel's launch for a top-p call at 1-16 rows, whose tile pass both hands in the
+# dots above a threshold and sums the online LSE that top-p normalises by: per GPU whose name
+# holds the key ("": any other), rows up to the bound -> (BLOCK_N, BLOCK_V, num_warps, waves,
+# num_stages); past the last bound, ``choose_config``'s launch. With both in its loop, plain
+# verify's launch rows cost 1.5x plain verify at 16 rows on an H200 (top-p 0.9, settle only: its
+# own 16 x 64 tile 380 µs against 246, TUNED's 8-warp 16 x 128 tile 378), though either alone
+# costs a few µs; the 4-warp 16 x 128 tile at 2 programs per SM takes 300 µs. Up to 8 rows
+# the H200's own row stays best (292 µs against 305): docs/bench/top_p_small_rows_h200.log.
+TOP_P_TUNED = {
+    "H200": ((8, (16, 64, 4, 4, 3)), (16, (16, 128, 4, 2, 3))),
+    "": ((16, (16, 128, 4, 2, 3)),),
+}
+
+
+def top_p_row(rows: int, device_name: str) -> tuple[int, int, int, int, int] | None:
+    """The ``TOP_P_TUNED`` row for ``rows`` on the GPU named ``device_name`` (None: past it)."""
+    table = next(t for part, t in TOP_P_TUNED.items() if part in device_name)  # "": the last
+    return next((config for limit, config in table if rows <= limit), None)
+
+
+def top_p_config(
+    rows: int, hidden_size: int, vocab_size: int, dtype: torch.dtype, device: torch.device
+) -> KernelConfig | None:
+    """The portable launch of a top-p VerifyResample call from ``TOP_P_TUNED``; None where
+    ``choose_config``'s serves (past the table's rows, off a GPU, under the interpreter)."""
+    if device.type != "cuda" or triton.knobs.runtime.interpret:
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    row = top_p_row(rows, device_name(index))
+    if row is None:
+        return None
+    block_n, block_v, num_warps, waves, num_stages = row
+    splits = num_splits(rows, vocab_size, block_n, block_v, waves, sm_count(index))
+    fewer = triton.next_power_of_2(rows)  # below BLOCK_N: only these rows are scored
+    return KernelConfig(
+        block_n, block_v, block_h_of(dtype), splits, num_warps, num_stages, None,
+        fewer if fewer < block_n else 0,
+    )  # fmt: skip
+
+
 def _tuned_entry(op: str, rows: int, device_name: str) -> tuple[int | None, tuple]:
     """(bound, row) of the launch-table row for ``rows`` on the GPU named ``device_name``: its
     ``TUNED_BY_DEVICE`` row where one covers ``rows``, else ``TUNED``'s."""

@@ -62,6 +62,7 @@ from flashspec_export.kernels.tiles import (
     dot_tile,
     fold_best,
     resolve_config,
+    top_p_config,
 )
 from flashspec_export.ops.workspace import launch_workspace
 from flashspec_export.reference import truncation
@@ -443,6 +444,8 @@ def verify_resample(
     device = hidden.device
     # The [R, H] rows as one view (row r = n · (γ + 1) + i), for the Hopper kernel's TMA.
     hidden2d = hidden.view(rows, hidden_size) if hidden.is_contiguous() else None
+    if config is None and top_p is not None:
+        config = top_p_config(rows, hidden_size, vocab_size, lm_head.dtype, device)
     config = resolve_config("verify_resample", hidden2d, lm_head, rows, vocab_size, config)
     truncating = top_k is not None or top_p is not None
     if config.epi_rows and rows > config.epi_rows:
@@ -940,7 +943,8 @@ def _truncated_summaries_kernel(
     seed_ptr,  # [N] int64
     positions_ptr,  # [N] int64
     unsettled_ptr,  # [R] int8 out: 1 where a truncated row is not settled
-    sel_ptr,  # [R, 2 · BLOCK_KEPT] int64 scratch: the selected keys (past 2 · BLOCK_KEPT keys)
+    sel_ptr,  # [R, 2 · BLOCK_KEPT] int64 scratch: the selected keys (past 2 · BLOCK_KEPT keys;
+    # top-k alone: its nucleus)
     num_rows,  # R = N · (γ + 1)
     width,  # γ + 1
     num_splits,  # S
@@ -1110,6 +1114,19 @@ def _truncated_summaries_kernel(
             any_nucleus = tl.max(nucleus.to(tl.int32), 1) > 0
             top_k_known = top_k_on & (k <= tl.minimum(known_all, num_kept))
             settled = (complete | top_k_known) & any_nucleus
+            if BLOCK_HANDED > 2 * BLOCK_KEPT:
+                # A settled row's nucleus holds at most L keys (its k <= L, or every finite key,
+                # at most L): compacted through the row's scratch, so that the noise and the
+                # sums below run over BLOCK_KEPT keys, not BLOCK_HANDED (an unsettled row's
+                # keys past BLOCK_KEPT are dropped: its summaries are not written)
+                size = tl.sum(nucleus.to(tl.int32), 1)
+                spot = tl.cumsum(nucleus.to(tl.int32), 1) - 1
+                row_sel = sel_ptr + r.to(tl.int64)[:, None] * (2 * BLOCK_KEPT)
+                tl.store(row_sel + spot, handed, mask=nucleus & (spot < BLOCK_KEPT))
+                tl.debug_barrier()  # the stores seen by every thread of the program
+                j = tl.arange(0, BLOCK_KEPT)[None, :]
+                nucleus = on[:, None] & (j < size[:, None])
+                logit, ids = decode_key(tl.load(row_sel + j, mask=nucleus, other=EMPTY_KEY))
         tl.store(unsettled_ptr + r, (on & ~settled).to(tl.int8), mask=row_ok)
 
         # ---- the Gumbel-max over the nucleus with the tile pass's noise (greedy rows: the
