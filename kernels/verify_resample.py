@@ -926,6 +926,39 @@ def _selection_cut(x, on, need, most):
 
 
 @triton.jit
+def _mass_cut(x, on, w, p):
+    """The nucleus cut of each row of ``x [ROWS, B]`` among its keys ``on`` of weights ``w``:
+    ``(cut, reach)``, ``cut`` the largest key whose keys at or above it weigh ``p`` or more, so
+    that the keys at or above it are those whose weight strictly before them (in descending key
+    order) is below ``p``; ``reach`` False where all of them weigh less (``cut`` unspecified).
+    Bisection on the high word (the logit's order; one masked sum over the row a step), then on
+    the low word (the id) among the keys tied on it. The sums run in the reduction's order, not a
+    running sum's: a key whose weight before it lies within float rounding of ``p`` may fall on
+    the other side than in the reference's cumulative sum."""
+    high = (x >> 32).to(tl.int32)
+    reach = on.to(tl.int32).sum(1) > 0
+    reach &= tl.sum(tl.where(on, w, 0.0), 1) >= p
+    lo = tl.min(tl.where(on, high, 2**31 - 1), 1)  # the keys at or above weigh all: >= p
+    hi = tl.max(tl.where(on, high, -(2**31)), 1)
+    while tl.max((reach & (lo < hi)).to(tl.int32), 0) > 0:
+        go = reach & (lo < hi)
+        mid = ((lo.to(tl.int64) + hi.to(tl.int64) + 1) >> 1).to(tl.int32)
+        up = go & (tl.sum(tl.where(on & (high >= mid[:, None]), w, 0.0), 1) >= p)
+        lo = tl.where(up, mid, lo)
+        hi = tl.where(go & ~up, mid - 1, hi)
+    above = tl.sum(tl.where(on & (high > lo[:, None]), w, 0.0), 1)
+    tie = on & reach[:, None] & (high == lo[:, None])
+    low = x - (high.to(tl.int64) << 32)  # the low word, unsigned: [0, 2**32)
+    lo_w = tl.min(tl.where(tie, low, 2**32), 1)
+    hi_w = tl.max(tl.where(tie, low, -1), 1)
+    while tl.max((lo_w < hi_w).to(tl.int32), 0) > 0:
+        mid = (lo_w + hi_w + 1) >> 1
+        ok = above + tl.sum(tl.where(tie & (low >= mid[:, None]), w, 0.0), 1) >= p
+        lo_w, hi_w = tl.where(ok, mid, lo_w), tl.where(ok, hi_w, mid - 1)
+    return (lo.to(tl.int64) << 32) | lo_w, reach
+
+
+@triton.jit
 def _first(x, rank, other):
     """``x[:, 0]`` of a ``[ROWS, B]`` block ``x`` (``rank = tl.arange(0, B)``)."""
     return tl.max(tl.where(rank[None, :] == 0, x, other), 1)
@@ -1033,7 +1066,42 @@ def _truncated_summaries_kernel(
         complete = (tau == EMPTY_KEY) & (known_all <= num_kept)
         plane = num_rows * num_splits
         row_ws = r[:, None] * num_splits + split[None, :]  # [ROWS, BLOCK_S]
-        if TOP_P:
+        if TOP_P and COUNTED:
+            # ---- the threshold hand-in under top-p: no order needed. The kept set is top-k's
+            # cut (bisection, as for top-k alone), the softmax is over it (top-k on) or over
+            # every allowed token (the stage-1 online sums), and the nucleus is the keys at or
+            # above the largest key whose keys at or above weigh p (``_mass_cut``). Settled as
+            # the sorted path settles it: k within the known keys, the nucleus ending inside
+            # them (top-p alone), or every finite logit known.
+            logit, ids = decode_key(handed)
+            known = (handed > tau[:, None]) & (handed > _NEG_INF_LAST)
+            k = tl.load(top_k_ptr + n, mask=on, other=0) if TOP_K else tl.zeros([ROWS], tl.int64)
+            p = tl.load(top_p_ptr + n, mask=on, other=1.0)
+            top_k_on = k > 0
+            over = top_k_on & (known_all > k)  # [ROWS]: more known keys than k
+            cut, _ = _selection_cut(handed, known & over[:, None], k, k)
+            keep = known & tl.where(over[:, None], handed >= cut[:, None], True)
+            top_k_known = top_k_on & (k <= tl.minimum(known_all, num_kept))
+            m = tl.load(ws_float_ptr + F_MAX * plane + row_ws, mask=split_ok, other=float("-inf"))
+            s = tl.load(ws_float_ptr + F_SUM_EXP * plane + row_ws, mask=split_ok, other=0.0)
+            big_m = tl.max(m, 1)
+            finite_m = tl.where(big_m == float("-inf"), 0.0, big_m)
+            total_all = tl.sum(s * math_exp(m - finite_m[:, None], LIBDEVICE), 1)
+            top = tl.max(tl.where(keep, logit, float("-inf")), 1)  # the largest kept logit
+            top = tl.where(top == float("-inf"), 0.0, top)
+            total_kept = tl.sum(tl.where(keep, math_exp(logit - top[:, None], LIBDEVICE), 0.0), 1)
+            shift = tl.where(top_k_on, top, finite_m)
+            total = tl.where(top_k_on, total_kept, total_all)
+            total = tl.where(total == 0.0, 1.0, total)  # 0: no kept token (no 0 / 0 to mask)
+            weight = math_exp(logit - shift[:, None], LIBDEVICE)
+            total = tl.broadcast_to(total[:, None], [ROWS, BLOCK_HANDED])
+            probs = tl.where(keep, tl.math.div_rn(weight, total), 0.0)
+            nucleus_cut, reach = _mass_cut(handed, keep, probs, tl.where(p < 1.0, p, 2.0))
+            nucleus = keep & tl.where(reach[:, None], handed >= nucleus_cut[:, None], True)
+            ends_inside = tl.max((keep & ~nucleus).to(tl.int32), 1) > 0
+            any_nucleus = tl.max(nucleus.to(tl.int32), 1) > 0
+            settled = (complete | top_k_known | (~top_k_on & ends_inside)) & any_nucleus
+        elif TOP_P:
             if BLOCK_HANDED > 2 * BLOCK_KEPT:
                 # Only keys above max(tau, -inf) may be known, and only the L largest of them: those
                 # are selected — all of them, or (more than L) L to 2 · BLOCK_KEPT keys above a cut
@@ -1165,11 +1233,11 @@ def _truncated_summaries_kernel(
 
 
 def settle_shape(
-    splits: int, candidates: int = CANDIDATES, *, counted: int = 0, top_p: bool = False
+    splits: int, candidates: int = CANDIDATES, *, counted: int = 0
 ) -> tuple[int, dict, int]:
     """The stage-2 launch for ``splits`` splits of ``candidates`` keys each, or (``counted``, a
     power of 2) for the threshold hand-in of up to ``counted`` keys a row over ``splits``
-    tiles (``top_p``: with top-p): (L, the keys a kept set is settled in; the block constexprs
+    tiles: (L, the keys a kept set is settled in; the block constexprs
     of ``_truncated_summaries_kernel``; its warps). The constexprs depend on
     ``next_power_of_2(splits)`` only (for a power-of-2 ``candidates``), so the CUDA library
     compiles one kernel per power of 2 (``kernels/aot.py``)."""
@@ -1187,11 +1255,11 @@ def settle_shape(
         "BLOCK_S": triton.next_power_of_2(splits),
         "COUNTED": bool(counted),
     }
-    # the top-k's cross-warp steps: fewer with more warps (16 at 200 splits); the hand-in's 4096
-    # keys under top-p with 16 warps: 33 µs a launch at 32-128 rows against 43 with 8, 127 at 512
-    # rows against 172 (H200); top-k alone gains nothing from 16 at 32-128 rows and loses at 256
-    # (docs/bench/hand_in_parts_h200.log)
-    warps = 16 if counted and top_p else min(16, max(4, block_handed // 512))
+    # the top-k's cross-warp steps: fewer with more warps (16 at 200 splits). The hand-in's 4096
+    # keys: 8 warps. Its sorted top-p path took 16 (33 µs a launch at 32-128 rows against 43 with
+    # 8, H200); its bisections (top-k alone, and top-p since it cuts by mass) gain nothing from 16
+    # at 32-128 rows and lose at 256 (docs/bench/hopper_hand_in_parts_h200.log)
+    warps = min(16, max(4, block_handed // 512))
     return kept, constexprs, warps
 
 
@@ -1249,7 +1317,7 @@ def _truncated_summaries(
         counts = thresholds = truncated  # placeholder pointers, never read
     else:
         (rows, cap), splits = candidates.shape, workspace.index.shape[1]
-        kept, shape, num_warps = settle_shape(splits, counted=cap, top_p=top_p is not None)
+        kept, shape, num_warps = settle_shape(splits, counted=cap)
         counts, thresholds = hand_in
     block_kept = shape["BLOCK_KEPT"]
     unsettled = torch.empty(rows, dtype=torch.int8, device=candidates.device)

@@ -269,6 +269,7 @@ def test_the_hand_in_holds_every_key_above_its_floor(C):
     assert order_keys.decode_keys(floor[4])[0].item() == 1.0  # the dropped third of one column
 
 
+@pytest.mark.parametrize("settled", [False, True], ids=["recomputed", "settled"])
 @pytest.mark.parametrize(
     ("truncate", "kept"),
     [
@@ -277,25 +278,35 @@ def test_the_hand_in_holds_every_key_above_its_floor(C):
         (dict(top_k=6, top_p=0.5), {0, 1, 2}),  # renormalised over six: 3/6 before token 3
     ],
 )
-def test_boundaries_on_equal_logits(truncate, kept):
+def test_boundaries_on_equal_logits(truncate, kept, settled):
     """Golden cases on eight equal logits (exact probabilities): the strict top-p cutoff and
-    top-k ties to the lower id; 256 seeds make a mutant's extra token all but certain to show."""
-    n = 256
+    top-k ties to the lower id; 64 or 256 seeds make a mutant's extra token all but certain to
+    show (each seed misses it with probability 4/5 at most: 0.8**64 < 1e-6). Alone in a vocabulary of 8 the hand-in knows none of them (all tie with its threshold) and
+    every row is recomputed; masked out of 1000 ids (the threshold then keeps every finite dot),
+    stage 2 settles every row (mutant caught: the nucleus cut by mass inclusive of p)."""
+    n, vocab = (64, 1000) if settled else (256, 8)
     truncate = {
         k: torch.full((n,), v, device=DEVICE, dtype=torch.int64 if k == "top_k" else None)
         for k, v in truncate.items()
     }
-    tokens, _ = ops.verify_resample(
+    if settled:
+        allowed = torch.zeros(n, 1, -(-vocab // 32), dtype=torch.int32, device=DEVICE)
+        allowed[..., 0] = 0xFF  # ids 0-7
+        truncate["allowed_tokens"] = allowed
+    args = (
         torch.zeros(n, 1, 8, device=DEVICE),
-        torch.eye(8, device=DEVICE),
+        torch.eye(vocab, 8, device=DEVICE),
         torch.zeros(n, 0, dtype=torch.int64, device=DEVICE),
-        1.0,
-        torch.arange(n, device=DEVICE),
-        0,
-        backend=runnable("triton"),
-        **truncate,
+    )
+    tokens, _ = ops.verify_resample(
+        *args, 1.0, torch.arange(n, device=DEVICE), 0, backend=runnable("triton"), **truncate
     )
     assert set(tokens[:, 0].tolist()) == kept
+    _, unsettled = kernels.verify_resample(
+        *args, torch.ones(n, device=DEVICE), torch.arange(n, device=DEVICE),
+        torch.zeros(n, dtype=torch.int64, device=DEVICE), vocab, settle_only=True, **truncate,
+    )  # fmt: skip
+    assert bool(unsettled.all()) if not settled else not bool(unsettled.any())
 
 
 def test_a_kept_set_past_max_kept_is_recomputed(monkeypatch):
