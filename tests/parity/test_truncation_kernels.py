@@ -280,12 +280,12 @@ def test_the_hand_in_holds_every_key_above_its_floor(C):
 )
 def test_boundaries_on_equal_logits(truncate, kept, settled):
     """Golden cases on eight equal logits (exact probabilities): the strict top-p cutoff and
-    top-k ties to the lower id; 64 or 256 seeds make a mutant's extra token all but certain to
-    show (each seed misses it with probability 4/5 at most: 0.8**64 < 1e-6). Alone in a
+    top-k ties to the lower id; 64 seeds make a mutant's extra token all but certain to show
+    (each seed misses it with probability 4/5 at most: 0.8**64 < 1e-6). Alone in a
     vocabulary of 8 the hand-in knows none of them (all tie with its threshold) and every row is
     recomputed; masked out of 1000 ids (the threshold then keeps every finite dot),
     stage 2 settles every row (mutant caught: the nucleus cut by mass inclusive of p)."""
-    n, vocab = (64, 1000) if settled else (256, 8)
+    n, vocab = 64, (1000 if settled else 8)
     truncate = {
         k: torch.full((n,), v, device=DEVICE, dtype=torch.int64 if k == "top_k" else None)
         for k, v in truncate.items()
