@@ -926,6 +926,25 @@ def _selection_cut(x, on, need, most):
 
 
 @triton.jit
+def _kept_probs(logit, keep, top, top_k_on, m, s, LIBDEVICE: tl.constexpr):
+    """``[ROWS, B]``: the probabilities of the kept keys ``keep`` of logits ``logit`` (0
+    elsewhere) as the reference's softmax forms them, ``exp(l - max) / Σ exp(l - max)``: over the
+    kept set where top-k is on (``top``: its largest logit), else over every allowed token (the
+    stage-1 online sums ``m``, ``s`` of the row's splits, ``[ROWS, BLOCK_S]``)."""
+    big_m = tl.max(m, 1)
+    finite_m = tl.where(big_m == float("-inf"), 0.0, big_m)
+    total_all = tl.sum(s * math_exp(m - finite_m[:, None], LIBDEVICE), 1)
+    total_kept = tl.sum(tl.where(keep, math_exp(logit - top[:, None], LIBDEVICE), 0.0), 1)
+    shift = tl.where(top_k_on, top, finite_m)
+    total = tl.where(top_k_on, total_kept, total_all)
+    total = tl.where(total == 0.0, 1.0, total)  # 0: no kept token (no 0 / 0 to mask)
+    weight = math_exp(logit - shift[:, None], LIBDEVICE)
+    # IEEE division, as torch's (Triton's `/` on fp32 is not correctly rounded)
+    total = tl.broadcast_to(total[:, None], logit.shape)
+    return tl.where(keep, tl.math.div_rn(weight, total), 0.0)
+
+
+@triton.jit
 def _mass_cut(x, on, w, p):
     """The nucleus cut of each row of ``x [ROWS, B]`` among its keys ``on`` of weights ``w``:
     ``(cut, reach)``, ``cut`` the largest key whose keys at or above it weigh ``p`` or more, so
@@ -1082,20 +1101,11 @@ def _truncated_summaries_kernel(
             cut, _ = _selection_cut(handed, known & over[:, None], k, k)
             keep = known & tl.where(over[:, None], handed >= cut[:, None], True)
             top_k_known = top_k_on & (k <= tl.minimum(known_all, num_kept))
-            m = tl.load(ws_float_ptr + F_MAX * plane + row_ws, mask=split_ok, other=float("-inf"))
-            s = tl.load(ws_float_ptr + F_SUM_EXP * plane + row_ws, mask=split_ok, other=0.0)
-            big_m = tl.max(m, 1)
-            finite_m = tl.where(big_m == float("-inf"), 0.0, big_m)
-            total_all = tl.sum(s * math_exp(m - finite_m[:, None], LIBDEVICE), 1)
             top = tl.max(tl.where(keep, logit, float("-inf")), 1)  # the largest kept logit
             top = tl.where(top == float("-inf"), 0.0, top)
-            total_kept = tl.sum(tl.where(keep, math_exp(logit - top[:, None], LIBDEVICE), 0.0), 1)
-            shift = tl.where(top_k_on, top, finite_m)
-            total = tl.where(top_k_on, total_kept, total_all)
-            total = tl.where(total == 0.0, 1.0, total)  # 0: no kept token (no 0 / 0 to mask)
-            weight = math_exp(logit - shift[:, None], LIBDEVICE)
-            total = tl.broadcast_to(total[:, None], [ROWS, BLOCK_HANDED])
-            probs = tl.where(keep, tl.math.div_rn(weight, total), 0.0)
+            m = tl.load(ws_float_ptr + F_MAX * plane + row_ws, mask=split_ok, other=float("-inf"))
+            s = tl.load(ws_float_ptr + F_SUM_EXP * plane + row_ws, mask=split_ok, other=0.0)
+            probs = _kept_probs(logit, keep, top, top_k_on, m, s, LIBDEVICE)
             nucleus_cut, reach = _mass_cut(handed, keep, probs, tl.where(p < 1.0, p, 2.0))
             nucleus = keep & tl.where(reach[:, None], handed >= nucleus_cut[:, None], True)
             ends_inside = tl.max((keep & ~nucleus).to(tl.int32), 1) > 0
@@ -1143,22 +1153,12 @@ def _truncated_summaries_kernel(
 
             # ---- softmax over the kept set (top-k on) or over every allowed token (the stage-1
             # online sums of the row's splits), then the nucleus: mass strictly before < p
-            m = tl.load(ws_float_ptr + F_MAX * plane + row_ws, mask=split_ok, other=float("-inf"))
-            s = tl.load(ws_float_ptr + F_SUM_EXP * plane + row_ws, mask=split_ok, other=0.0)
-            big_m = tl.max(m, 1)
-            finite_m = tl.where(big_m == float("-inf"), 0.0, big_m)
-            total_all = tl.sum(s * math_exp(m - finite_m[:, None], LIBDEVICE), 1)
             keep_first = _first(keep.to(tl.int32), rank, 0) != 0
             # the largest kept logit
             top = tl.where(keep_first, _first(logit, rank, float("-inf")), 0.0)
-            total_kept = tl.sum(tl.where(keep, math_exp(logit - top[:, None], LIBDEVICE), 0.0), 1)
-            shift = tl.where(top_k_on, top, finite_m)
-            total = tl.where(top_k_on, total_kept, total_all)
-            total = tl.where(total == 0.0, 1.0, total)  # 0: no kept token (no 0 / 0 to mask)
-            weight = math_exp(logit - shift[:, None], LIBDEVICE)
-            # IEEE division, as torch's (Triton's `/` on fp32 is not correctly rounded)
-            total = tl.broadcast_to(total[:, None], [ROWS, BLOCK_KEPT])
-            probs = tl.where(keep, tl.math.div_rn(weight, total), 0.0)
+            m = tl.load(ws_float_ptr + F_MAX * plane + row_ws, mask=split_ok, other=float("-inf"))
+            s = tl.load(ws_float_ptr + F_SUM_EXP * plane + row_ws, mask=split_ok, other=0.0)
+            probs = _kept_probs(logit, keep, top, top_k_on, m, s, LIBDEVICE)
             before = tl.cumsum(probs, 1) - probs
             # (p >= 1) | (before < p), as a select: the interpreter cannot `|` a broadcast
             # comparison

@@ -603,33 +603,35 @@ from triton.backends.compiler import GPUTarget
 from flashspec_export.kernels import verify_resample as kernels
 
 fn = kernels._truncated_summaries_kernel
-splits, c = int(sys.argv[1]), kernels.CANDIDATES
+splits, counted, top_p = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "top_p"
 types = dict(
     ws_float_ptr="*fp32", ws_index_ptr="*i32", cand_ptr="*i64", truncated_ptr="*i32",
     top_k_ptr="*i64", top_p_ptr="*fp32", temperature_ptr="*fp32", seed_ptr="*i64",
     positions_ptr="*i64", unsettled_ptr="*i8", sel_ptr="*i64", num_rows="i32", width="i32",
-    num_splits="i32", num_kept="i32",
+    num_splits="i32", num_kept="i32", count_ptr="*i32", threshold_ptr="*fp32",
 )
-block = triton.next_power_of_2(splits * c)
-constexprs = dict(
-    C=c, TOP_K=True, TOP_P=True, LIBDEVICE=True, ROWS=1, RUN=c, BLOCK_HANDED=block,
-    BLOCK_KEPT=min(block, triton.next_power_of_2(kernels.MAX_KEPT)),
-    BLOCK_S=triton.next_power_of_2(splits),
-)
+_, shape, warps = kernels.settle_shape(splits, counted=counted)  # the launch's
+constexprs = dict(TOP_K=True, TOP_P=top_p, LIBDEVICE=True, ROWS=1, **shape)
 source = triton.compiler.ASTSource(fn, {n: types.get(n, "constexpr") for n in fn.arg_names},
                                    constexprs)
 compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": 4, "enable_fp_fusion": False})
+                          options={"num_warps": warps, "enable_fp_fusion": False})
 print(len(compiled.asm["cubin"]))
 """
 
 
-@pytest.mark.parametrize("splits", [1, 2, 3, 128])
-def test_stage2_compiles_for_sm90(splits):
-    """The stage-2 kernel compiles for sm_90 without a GPU at the launch's small blocks, where the
-    hypercube has no more keys than the program has threads: 32, 64 and 128 handed-in keys in 4
-    warps (Triton 3.6 failed to lay out the 64-key sort of the max_kept case above), and past
-    twice MAX_KEPT's block (4096 keys: the selection before the sort)."""
+@pytest.mark.parametrize(
+    ("splits", "counted", "which"),
+    [(1, 0, "top_p"), (2, 0, "top_p"), (3, 0, "top_p"), (128, 0, "top_p"),
+     (501, 4096, "top_k"), (501, 4096, "top_p")],
+)  # fmt: skip
+def test_stage2_compiles_for_sm90(splits, counted, which):
+    """The stage-2 kernel compiles for sm_90 without a GPU, as launched: from the candidates at
+    the launch's small blocks, where the hypercube has no more keys than the program has threads
+    (32, 64 and 128 handed-in keys in 4 warps; Triton 3.6 failed to lay out the 64-key sort of the
+    max_kept case above) and past twice MAX_KEPT's block (4096 keys: the selection before the
+    sort); from the threshold hand-in's 4096 keys, top-k alone (the nucleus compacted) and with
+    top-p (the cut by mass)."""
     import os
     import subprocess
     import sys
@@ -637,7 +639,7 @@ def test_stage2_compiles_for_sm90(splits):
     pytest.importorskip("triton.backends.nvidia")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     result = subprocess.run(
-        [sys.executable, "-c", _COMPILE_STAGE2, str(splits)],
+        [sys.executable, "-c", _COMPILE_STAGE2, str(splits), str(counted), which],
         capture_output=True, text=True, env=env, timeout=300, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
