@@ -220,36 +220,37 @@ def stdlib_tiny_states(device: str, files: int = 8, tokens: int = 512):
 
 
 def settle_rate(
-    rows_list, out: dict, dtype: torch.dtype = torch.float32, device: str = "cuda"
+    rows_list, out: dict, dtype: torch.dtype = torch.float32, device: str = "cuda", cases=()
 ) -> None:
     """The unsettled share per (T, top-k, top-p, R) of the backend's hand-in: in bf16
     (``--settle-dtype bfloat16``) from 17 rows on sm_90 the Hopper kernel's, else the portable
-    kernel's (``--settle-device cpu``: under ``TRITON_INTERPRET=1``)."""
+    kernel's (``--settle-device cpu``: under ``TRITON_INTERPRET=1``); ``cases``: (T, top-k, top-p)
+    triples instead of the whole table (``--settle-cases 1.0:0:0.95 ...``)."""
     hidden, lm = (t.to(dtype) for t in stdlib_tiny_states(device))
     vocab = lm.shape[0]
     table = {}
-    for temperature in (0.7, 1.0):
-        for top_k, top_p in ((20, 1.0), (50, 1.0), (100, 1.0), (0, 0.8), (0, 0.9), (0, 0.95),
-                             (50, 0.9)):  # fmt: skip
-            for rows in rows_list:
-                left = total = 0
-                for start in range(0, hidden.shape[0] - rows + 1, rows):
-                    h = hidden[start : start + rows, None]
-                    n = rows
-                    kwargs = {"top_k": torch.full((n,), top_k, device=device)} if top_k else {}
-                    if top_p < 1:
-                        kwargs["top_p"] = torch.full((n,), top_p, device=device)
-                    _, unsettled = kernel.verify_resample(
-                        h, lm, torch.zeros(n, 0, dtype=torch.int64, device=device),
-                        torch.full((n,), temperature, device=device),
-                        torch.arange(n, device=device) + start, torch.full((n,), start,
-                        device=device), vocab, settle_only=True, **kwargs,
-                    )  # fmt: skip
-                    left += int(unsettled.sum())
-                    total += n
-                key = f"T={temperature} top_k={top_k} top_p={top_p} R={rows}"
-                table[key] = round(left / total, 4)
-                print(f"stdlib-tiny {key}: unsettled {left}/{total}", flush=True)
+    every = [(t, k, p) for t in (0.7, 1.0) for k, p in ((20, 1.0), (50, 1.0), (100, 1.0), (0, 0.8),
+                                                       (0, 0.9), (0, 0.95), (50, 0.9))]  # fmt: skip
+    for temperature, top_k, top_p in cases or every:
+        for rows in rows_list:
+            left = total = 0
+            for start in range(0, hidden.shape[0] - rows + 1, rows):
+                h = hidden[start : start + rows, None]
+                n = rows
+                kwargs = {"top_k": torch.full((n,), top_k, device=device)} if top_k else {}
+                if top_p < 1:
+                    kwargs["top_p"] = torch.full((n,), top_p, device=device)
+                _, unsettled = kernel.verify_resample(
+                    h, lm, torch.zeros(n, 0, dtype=torch.int64, device=device),
+                    torch.full((n,), temperature, device=device),
+                    torch.arange(n, device=device) + start, torch.full((n,), start,
+                    device=device), vocab, settle_only=True, **kwargs,
+                )  # fmt: skip
+                left += int(unsettled.sum())
+                total += n
+            key = f"T={temperature} top_k={top_k} top_p={top_p} R={rows}"
+            table[key] = round(left / total, 4)
+            print(f"stdlib-tiny {key}: unsettled {left}/{total}", flush=True)
     out["stdlib_tiny_unsettled"] = table
     if dtype != torch.float32:
         return
@@ -278,6 +279,9 @@ def main() -> None:
     parser.add_argument("--providers", nargs="+", default=[], help="time these (and verify)")
     parser.add_argument("--settle-dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--settle-device", default="cuda", help="cpu: the Triton interpreter's")
+    parser.add_argument(
+        "--settle-cases", nargs="+", default=[], help="T:top_k:top_p (default: all)"
+    )
     parser.add_argument("--json", type=pathlib.Path)
     args = parser.parse_args()
     PROVIDERS.extend(args.providers)
@@ -287,7 +291,11 @@ def main() -> None:
     out = {"device": name, "candidates": args.candidates}
     print(out, flush=True)
     if not args.no_settle:
-        settle_rate(args.settle_rows, out, getattr(torch, args.settle_dtype), args.settle_device)
+        cases = [tuple(float(v) if i != 1 else int(v) for i, v in enumerate(c.split(":")))
+                 for c in args.settle_cases]  # fmt: skip
+        settle_rate(
+            args.settle_rows, out, getattr(torch, args.settle_dtype), args.settle_device, cases
+        )
     for head in [] if args.no_speed else args.heads:
         speed(head, args.rows, out)
     if args.json:
