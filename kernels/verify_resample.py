@@ -955,8 +955,7 @@ def _mass_cut(x, on, w, p):
     running sum's: a key whose weight before it lies within float rounding of ``p`` may fall on
     the other side than in the reference's cumulative sum."""
     high = (x >> 32).to(tl.int32)
-    reach = on.to(tl.int32).sum(1) > 0
-    reach &= tl.sum(tl.where(on, w, 0.0), 1) >= p
+    reach = tl.sum(tl.where(on, w, 0.0), 1) >= p  # p > 0: a row of no keys does not reach it
     lo = tl.min(tl.where(on, high, 2**31 - 1), 1)  # the keys at or above weigh all: >= p
     hi = tl.max(tl.where(on, high, -(2**31)), 1)
     while tl.max((reach & (lo < hi)).to(tl.int32), 0) > 0:
