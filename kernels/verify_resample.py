@@ -612,7 +612,7 @@ _NO_ID: tl.constexpr = tl.constexpr(2**62)  # above every id: the lowest-id redu
 
 
 # The hand-in threshold per truncated row (either tile kernel): from the logits of every
-# HAND_IN_STRIDE-th id (1/128 of the LM head read again, by cuBLAS), the value about
+# HAND_IN_STRIDE-th id (1/128 of the LM head read again, ``sampled_logits``), the value about
 # HAND_IN_TARGET (top-k: 8 · k, at least HAND_IN_MIN) of the row's logits lie above. The threshold
 # only sets how many keys a row hands in: stage 2 settles the row exactly from whatever it gets,
 # or sends it to the recompute (fewer than k above it, more than HAND_IN_CAP, a nucleus past them).
