@@ -116,14 +116,21 @@ TUNED_BY_DEVICE = {
 # rows the portable kernels are as fast or faster.
 #
 # VerifyResample overlaps its epilogue (a hash per logit) with the next tile's wgmma in an
-# epilogue partition. From 17 rows it takes the 64-row tile of 256 ids
+# epilogue partition. Up to 64 rows it takes the 64-row tile of 256 ids
 # (scripts/tune_kernels.py --hopper --block-n 64 --block-v 256; docs/bench/tune_wide_*): against
 # 128 ids it halves the hidden-row bytes loaded per LM-head byte. On the H200 at 32 rows it runs
 # 1.01-1.04x the matmul instead of 1.07-1.09x. Its epilogue reads 8 rows at a time with 4 warps,
 # 16 ids per lane: with 8 epilogue warps the 4 MMA warps get 128 registers, fewer than the
-# 64 x 256 accumulator needs. From 129 rows the 128-row tile, whose 4 epilogue warps of 16 ids
-# per lane amortise the rank-then-recompute epilogue's per-row work (at 512 rows 3-10% faster
-# than 8 warps, and 0-6% faster than the 64 x 256 tile).
+# 64 x 256 accumulator needs. Past 64 rows each row block re-reads the LM head, and a partial last
+# block costs more than a full one, so the faster tile alternates with R: the 128-row tile (4
+# epilogue warps of 16 ids per lane amortise the rank-then-recompute epilogue's per-row work) where
+# it needs fewer blocks' time, the 64 x 256 tile where R mod 128 is 1-64 (129-192, 257-320, 385-448
+# rows; past 512 rows unmeasured, the 128-row tile). Measured on both GPUs, three heads
+# (docs/bench/hopper_rows_sweep_{h200,h100}.log; 136-448 rows on the H100, Llama-3:
+# hopper_rows_between_h100.log), × the matmul, before -> after: 80-96 rows H200 1.42-1.72 ->
+# 1.21-1.28 (H100 1.03-1.08 either way), 160 rows H200 2.30-2.36 -> 1.78-1.86 and H100 2.00-2.07 ->
+# 1.49-1.52, 192 rows 1.71-1.87 -> 1.35-1.47 and 1.77-1.81 -> 1.33-1.36, 320 rows 1.52-1.61 ->
+# 1.41-1.50 and 1.57-1.63 -> 1.44-1.52; H100 Llama-3 at 448 rows 1.50 -> 1.42.
 #
 # TiledArgmax's epilogue is a row max: the wgmma warps reduce their own accumulator in registers
 # (epi_warps=0), so no accumulator tile goes through shared memory. That leaves the shared
@@ -137,7 +144,13 @@ _WIDE = HopperConfig(block_n=64, block_v=256, stages=4, chunk=8, epi_warps=4, ep
 HOPPER_TUNED = {
     "verify_resample": (
         (16, None),
-        (128, _WIDE),
+        (64, _WIDE),
+        (128, HopperConfig()),
+        (192, _WIDE),
+        (256, HopperConfig()),
+        (320, _WIDE),
+        (384, HopperConfig()),
+        (448, _WIDE),
         (None, HopperConfig()),
     ),
     "tiled_argmax": (
