@@ -548,7 +548,11 @@ def settle_kernels() -> tuple[list[KernelSpec], list[SettleRow]]:
         for top_k, top_p in _SETTLE_VARIANTS:
             flags = ("_k" if top_k else "") + ("_p" if top_p else "")
             symbol = f"fsAot_truncated_summaries_s{block_s}{flags}"
-            constexprs = {"TOP_K": top_k, "TOP_P": top_p, "LIBDEVICE": True, "ROWS": 1, **shape}
+            # RETURN_LOGPROBS: the library's finalize may read every field
+            constexprs = {
+                "TOP_K": top_k, "TOP_P": top_p, "LIBDEVICE": True, "ROWS": 1,
+                "RETURN_LOGPROBS": True, **shape,
+            }  # fmt: skip
             specs.append(
                 KernelSpec(
                     symbol,

@@ -569,6 +569,7 @@ def verify_resample(
         unsettled = _truncated_summaries(
             workspace, keys, truncated, top_k, top_p, temperature, seed, positions,
             hand_in=None if hand_in is None else (counts, thresholds),
+            return_logprobs=return_logprobs,
         )  # fmt: skip
     _verify_finalize_kernel[(n,)](
         workspace.floats,
@@ -977,6 +978,17 @@ def _mass_cut(x, on, w, p):
 
 
 @triton.jit
+def _sample_combine(score_a, id_a, logit_a, score_b, id_b, logit_b):
+    """(best score, its id, its logit), ties to the lowest id: the Gumbel-max in one reduction."""
+    take_a = (score_a > score_b) | ((score_a == score_b) & (id_a < id_b))
+    return (
+        tl.where(take_a, score_a, score_b),
+        tl.where(take_a, id_a, id_b),
+        tl.where(take_a, logit_a, logit_b),
+    )
+
+
+@triton.jit
 def _first(x, rank, other):
     """``x[:, 0]`` of a ``[ROWS, B]`` block ``x`` (``rank = tl.arange(0, B)``)."""
     return tl.max(tl.where(rank[None, :] == 0, x, other), 1)
@@ -1012,6 +1024,7 @@ def _truncated_summaries_kernel(
     BLOCK_KEPT: tl.constexpr,  # next_power_of_2(L), at least 2
     BLOCK_S: tl.constexpr,  # next_power_of_2(S)
     COUNTED: tl.constexpr = False,  # the threshold hand-in: cand_ptr [R, BLOCK_HANDED]
+    RETURN_LOGPROBS: tl.constexpr = True,  # False: the sample only (no LSE, no logit, no sums)
 ):
     """Stage 2 of ``ROWS`` truncated rows (``_truncated_summaries``): per row, tau from the S
     floors, the L largest of the S · C handed-in keys in order (``top_sorted``; past
@@ -1206,29 +1219,30 @@ def _truncated_summaries_kernel(
         greedy = tl.load(temperature_ptr + n, mask=on, other=1.0) < GREEDY_BELOW
         score = tl.where(greedy[:, None], logit, logit + g)
         score = tl.where(nucleus, score, float("-inf"))
-        best = tl.max(score, 1)
-        tied = nucleus & (score == best[:, None])
-        y = tl.min(tl.where(tied, ids, _NO_ID), 1)
-        y_logit = tl.max(tl.where(tied & (ids == y[:, None]), logit, float("-inf")), 1)
-        kept_logit = tl.where(nucleus, logit, float("-inf"))
-        lse_max = tl.max(kept_logit, 1)
-        lse_max = tl.where(tl.abs(lse_max) == float("inf"), 0.0, lse_max)
-        kept_sum = tl.sum(math_exp(kept_logit - lse_max[:, None], LIBDEVICE), 1)
-        kept_sum = tl.where(settled, kept_sum, 1.0)  # rows not written: no log(0)
-        lse = math_log(kept_sum, LIBDEVICE) + lse_max
+        ids = tl.where(nucleus, ids, _NO_ID)
+        _, y, y_logit = tl.reduce((score, ids, logit), 1, _sample_combine)
 
         # ---- the settled rows' summaries as one split: split 0 holds the sample (score 0, its
-        # index and logit, M = LSE, sum 1), the others are empty
+        # index; with RETURN_LOGPROBS its logit, M = LSE, sum 1), the others are empty
         write = split_ok & settled[:, None]
         first = (split == 0)[None, :]
         ws_float = ws_float_ptr + row_ws
         tl.store(ws_float + F_BEST_SCORE * plane, tl.where(first, 0.0, float("-inf")), mask=write)
         tl.store(ws_index_ptr + row_ws, tl.where(first, y.to(tl.int32)[:, None], 0), mask=write)
-        tl.store(
-            ws_float + F_BEST_LOGIT * plane, tl.where(first, y_logit[:, None], 0.0), mask=write
-        )
-        tl.store(ws_float + F_MAX * plane, tl.where(first, lse[:, None], float("-inf")), mask=write)
-        tl.store(ws_float + F_SUM_EXP * plane, tl.where(first, 1.0, 0.0), mask=write)
+        if RETURN_LOGPROBS:
+            kept_logit = tl.where(nucleus, logit, float("-inf"))
+            lse_max = tl.max(kept_logit, 1)
+            lse_max = tl.where(tl.abs(lse_max) == float("inf"), 0.0, lse_max)
+            kept_sum = tl.sum(math_exp(kept_logit - lse_max[:, None], LIBDEVICE), 1)
+            kept_sum = tl.where(settled, kept_sum, 1.0)  # rows not written: no log(0)
+            lse = math_log(kept_sum, LIBDEVICE) + lse_max
+            tl.store(
+                ws_float + F_BEST_LOGIT * plane, tl.where(first, y_logit[:, None], 0.0), mask=write
+            )
+            tl.store(
+                ws_float + F_MAX * plane, tl.where(first, lse[:, None], float("-inf")), mask=write
+            )
+            tl.store(ws_float + F_SUM_EXP * plane, tl.where(first, 1.0, 0.0), mask=write)
 
 
 def settle_shape(
@@ -1272,6 +1286,7 @@ def _truncated_summaries(
     seed: torch.Tensor,
     positions: torch.Tensor,
     hand_in: tuple[torch.Tensor, torch.Tensor] | None = None,
+    return_logprobs: bool = True,
 ) -> torch.Tensor:
     """Stage 2 of the truncated rows: their kept set from the candidates, their sample, and their
     summaries rewritten as one split (the finalize then accepts and emits as for any row). One
@@ -1303,6 +1318,8 @@ def _truncated_summaries(
     temperature, seed, positions : [N] (as ``verify_resample``)
     hand_in : the threshold hand-in's ``(counts [R] int32, thresholds [R] float32)``: keys handed in
         per row, and the dot they were handed in from
+    return_logprobs : also rewrite the fields the log-probabilities read (the sample's logit, the
+        kept set's LSE); False: the sample alone, as the finalize then reads no more
 
     Returns
     -------
@@ -1351,6 +1368,7 @@ def _truncated_summaries(
         TOP_P=top_p is not None,
         LIBDEVICE=use_libdevice(candidates),
         ROWS=rows_per_program,
+        RETURN_LOGPROBS=return_logprobs,
         **shape,
         num_warps=num_warps,
         enable_fp_fusion=False,  # Σ s · exp(m - M) rounded as torch's product, then sum
