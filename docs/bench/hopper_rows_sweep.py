@@ -1,11 +1,13 @@
-"""Which Hopper tile shape VerifyResample should take at each row count (17-512 rows): the
-shipped verify under each candidate shape, beside the cuBLAS matmul. A launch computes whole row
-blocks (a partial last block costs a full one) and re-reads the LM head once per block, so the
-faster shape alternates with R: the 64-row tile wastes fewer rows, the 128-row tile reads the head
-half as often. Llama-3-8B / Qwen3-8B / Gemma-3-12B heads (bf16, random, logits of std 4), γ 3,
-T 1; CUDA graphs (``scripts/kernel_bench.time_graphs``), median µs.
+"""Which Hopper tile shape VerifyResample (``--op tiled_argmax``: TiledArgmax) should take at each
+row count (17-512 rows): the shipped op under each candidate shape, beside the cuBLAS matmul. A
+launch computes whole row blocks (a partial last block costs a full one or more) and re-reads the
+LM head once per block, so the faster shape alternates with R: the 64-row tile wastes fewer rows,
+the 128-row tile reads the head half as often. Llama-3-8B / Qwen3-8B / Gemma-3-12B heads (bf16,
+random, logits of std 4), γ 3, T 1 (TiledArgmax: R rows); CUDA graphs
+(``scripts/kernel_bench.time_graphs``), median µs.
 
     python docs/bench/hopper_rows_sweep.py $OUT/hopper_rows_sweep.json --rows 48 64 96 128 192 256
+    python docs/bench/hopper_rows_sweep.py $OUT/argmax_rows.json --op tiled_argmax --rows 160 192
 """
 
 from __future__ import annotations
@@ -24,14 +26,21 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from kernel_bench import time_graphs  # noqa: E402
 
 from flashspec_export.config import HeadShape  # noqa: E402
+from flashspec_export.kernels import tiled_argmax  # noqa: E402
 from flashspec_export.kernels import verify_resample as kernel  # noqa: E402
 from flashspec_export.kernels.hopper_tiles import HopperConfig  # noqa: E402
 from flashspec_export.kernels.tiles import KernelConfig  # noqa: E402
 
 SHAPES = {
-    "64x256": HopperConfig(block_n=64, block_v=256, stages=4, chunk=8, epi_warps=4, epi_regs=152),
-    "64x256_s3": HopperConfig(block_n=64, block_v=256, stages=3, chunk=8),
-    "128x128": HopperConfig(),
+    "verify_resample": {
+        "64x256": HopperConfig(block_n=64, block_v=256, stages=4, chunk=8),
+        "64x256_s3": HopperConfig(block_n=64, block_v=256, stages=3, chunk=8),
+        "128x128": HopperConfig(),
+    },
+    "tiled_argmax": {  # the MMA warps reduce in registers (no epilogue partition)
+        "64x256": HopperConfig(block_n=64, block_v=256, stages=5, epi_warps=0, epi_regs=0),
+        "128x256": HopperConfig(block_n=128, block_v=256, stages=4, epi_warps=0, epi_regs=0),
+    },
 }
 
 
@@ -40,6 +49,7 @@ def main() -> None:
     parser.add_argument("json", type=pathlib.Path)
     parser.add_argument("--rows", nargs="+", type=int, default=[48, 64, 96, 128, 192, 256, 512])
     parser.add_argument("--heads", nargs="+", default=["llama3-8b", "qwen3-8b", "gemma3-12b"])
+    parser.add_argument("--op", default="verify_resample", choices=sorted(SHAPES))
     args = parser.parse_args()
     out = {"device": torch.cuda.get_device_name()}
     for head in args.heads:
@@ -56,18 +66,21 @@ def main() -> None:
             temperature = torch.ones(n, device="cuda")
             seed = torch.arange(n, device="cuda") + 1
             positions = torch.arange(n, device="cuda") * 7
-            call = (hidden, lm, drafts, temperature, seed, positions, shape.vocab_size)
             flat = hidden.view(-1, shape.hidden_size)
-            fns = {
-                "matmul": functools.partial(torch.matmul, flat, lm.T),
-                "shipped": functools.partial(kernel.verify_resample, *call),
-            }
-            for name, h in SHAPES.items():
+            if args.op == "verify_resample":
+                op = functools.partial(
+                    kernel.verify_resample, hidden, lm, drafts, temperature, seed, positions,
+                    shape.vocab_size,
+                )  # fmt: skip
+            else:
+                op = functools.partial(tiled_argmax.tiled_argmax, flat, lm, shape.vocab_size)
+            fns = {"matmul": functools.partial(torch.matmul, flat, lm.T), "shipped": op}
+            for name, h in SHAPES[args.op].items():
                 splits = -(-shape.vocab_size // h.block_v)
                 config = KernelConfig(
                     h.block_n, h.block_v, h.block_k, splits, h.block_n // 16, h.stages, h
                 )
-                fns[name] = functools.partial(kernel.verify_resample, *call, config=config)
+                fns[name] = functools.partial(op, config=config)
             times = time_graphs(fns, 20, 100)
             entry = {k: round(statistics.median(v), 1) for k, v in times.items()}
             out.setdefault(head, {})[rows] = entry
