@@ -131,7 +131,7 @@ def speed(head: str, rows_list, out: dict) -> None:
             "verify_portable": functools.partial(kernel.verify_resample, *args, config=portable),
             "matmul": functools.partial(torch.matmul, hidden.view(-1, shape.hidden_size), lm.T),
         }
-        # Below 17 rows (the portable kernel's), the Hopper kernel's hand-in forced: its 17-128
+        # Below 17 rows (the portable kernel's), the Hopper kernel's hand-in forced: its 17-64
         # row shape, plain (``verify_hopper``) and truncating (``<truncation>_hopper``)
         hopper = None
         if rows < 17 and hopper_tiles.runs_on(hidden.view(rows, -1), lm):
