@@ -609,7 +609,6 @@ MAX_KEPT = 1024
 # the largest key of a -inf logit
 _NEG_INF_LAST: tl.constexpr = tl.constexpr(((-(2**31) + 2**23 - 1) << 32) | (2**31 - 1))
 FLT_MAX: tl.constexpr = tl.constexpr(3.4028234663852886e38)  # the largest finite float32
-_NO_ID: tl.constexpr = tl.constexpr(2**62)  # above every id: the lowest-id reduction's filler
 
 
 # The hand-in threshold per truncated row (either tile kernel): from the logits of every
@@ -978,17 +977,6 @@ def _mass_cut(x, on, w, p):
 
 
 @triton.jit
-def _sample_combine(score_a, id_a, logit_a, score_b, id_b, logit_b):
-    """(best score, its id, its logit), ties to the lowest id: the Gumbel-max in one reduction."""
-    take_a = (score_a > score_b) | ((score_a == score_b) & (id_a < id_b))
-    return (
-        tl.where(take_a, score_a, score_b),
-        tl.where(take_a, id_a, id_b),
-        tl.where(take_a, logit_a, logit_b),
-    )
-
-
-@triton.jit
 def _first(x, rank, other):
     """``x[:, 0]`` of a ``[ROWS, B]`` block ``x`` (``rank = tl.arange(0, B)``)."""
     return tl.max(tl.where(rank[None, :] == 0, x, other), 1)
@@ -1219,8 +1207,9 @@ def _truncated_summaries_kernel(
         greedy = tl.load(temperature_ptr + n, mask=on, other=1.0) < GREEDY_BELOW
         score = tl.where(greedy[:, None], logit, logit + g)
         score = tl.where(nucleus, score, float("-inf"))
-        ids = tl.where(nucleus, ids, _NO_ID)
-        _, y, y_logit = tl.reduce((score, ids, logit), 1, _sample_combine)
+        # one reduction: the largest order key of (score, id) is the best score, ties to the
+        # lowest id (a tuple tl.reduce runs element by element under the interpreter)
+        _, y = decode_key(tl.max(order_key(score, ids), 1))
 
         # ---- the settled rows' summaries as one split: split 0 holds the sample (score 0, its
         # index; with RETURN_LOGPROBS its logit, M = LSE, sum 1), the others are empty
@@ -1230,6 +1219,7 @@ def _truncated_summaries_kernel(
         tl.store(ws_float + F_BEST_SCORE * plane, tl.where(first, 0.0, float("-inf")), mask=write)
         tl.store(ws_index_ptr + row_ws, tl.where(first, y.to(tl.int32)[:, None], 0), mask=write)
         if RETURN_LOGPROBS:
+            y_logit = tl.max(tl.where(nucleus & (ids == y[:, None]), logit, float("-inf")), 1)
             kept_logit = tl.where(nucleus, logit, float("-inf"))
             lse_max = tl.max(kept_logit, 1)
             lse_max = tl.where(tl.abs(lse_max) == float("inf"), 0.0, lse_max)
