@@ -1151,7 +1151,9 @@ def _truncated_summaries_kernel(
                 BLOCK_SEL: tl.constexpr = 2 * BLOCK_KEPT
                 above = handed > tl.maximum(tau, _NEG_INF_LAST)[:, None]
                 over = known_all > num_kept  # [ROWS]
-                cut, exact = _selection_cut(handed, above & over[:, None], num_kept, BLOCK_SEL, CUT_WAYS)
+                cut, exact = _selection_cut(
+                    handed, above & over[:, None], num_kept, BLOCK_SEL, CUT_WAYS
+                )
                 chosen = above & (handed > tl.where(over, cut, tau)[:, None])
                 a = tl.sum(chosen.to(tl.int32), 1)
                 filled = tl.where(over & exact, num_kept, a)
