@@ -606,10 +606,6 @@ CANDIDATES = 32
 # Kept tokens a truncated row may have and be settled by its candidates (the issue's k <= 1024);
 # a larger kept set is recomputed materialised.
 MAX_KEPT = 1024
-# Pivots a step of stage 2's bisections (``_selection_cut``, ``_mass_cut``): a step is one
-# reduction and WAYS = 2^b takes b bits of the logit's ~25 between the row's extremes, so the
-# row's latency falls with WAYS until the counts' registers cost more.
-CUT_WAYS = 8
 # the largest key of a -inf logit
 _NEG_INF_LAST: tl.constexpr = tl.constexpr(((-(2**31) + 2**23 - 1) << 32) | (2**31 - 1))
 FLT_MAX: tl.constexpr = tl.constexpr(3.4028234663852886e38)  # the largest finite float32
@@ -896,47 +892,25 @@ def top_sorted(x, K: tl.constexpr, RUN: tl.constexpr = 1):
 
 
 @triton.jit
-def _pivots(lo, hi, WAYS: tl.constexpr):
-    """``[ROWS, WAYS]`` int32: the pivots ``lo + ceil(j · (hi - lo) / WAYS)``, j = 1 .. WAYS, of
-    each row's range ``(lo, hi]`` (where ``lo < hi``: nondecreasing, above ``lo``, the last
-    ``hi``), one step of a ``WAYS``-way bisection."""
-    j = (tl.arange(0, WAYS) + 1).to(tl.int64)
-    span = hi.to(tl.int64) - lo.to(tl.int64)
-    return (lo.to(tl.int64)[:, None] + (span[:, None] * j[None, :] + WAYS - 1) // WAYS).to(tl.int32)
-
-
-@triton.jit
-def _narrow(lo, hi, pivots, ok):
-    """The range ``[lo, hi]`` of a bisection narrowed by one step, ``ok [ROWS, WAYS]`` telling
-    which ``pivots`` the answer lies at or above (a prefix of them): ``lo`` the last of those,
-    ``hi`` below the first of the others."""
-    lo = tl.max(tl.where(ok, pivots, lo[:, None]), 1)
-    return lo, tl.min(tl.where(ok, hi[:, None], pivots - 1), 1)
-
-
-@triton.jit
-def _selection_cut(x, on, need, most, WAYS: tl.constexpr):
+def _selection_cut(x, on, need, most):
     """A cut of each row of ``x [ROWS, B]`` among its keys ``on`` (more than ``need`` of them;
     rows with none: unspecified) above which lie their ``need`` largest: ``(cut, exact)``. Not
     exact: ``need`` to ``most`` of them are above the cut. Exact (more than ``most`` keys tied on
     the high word at the boundary): the cut is their ``need``-th largest, fewer lie above it.
-    A ``WAYS``-way bisection on the high word (the logit's order; ``WAYS`` counts over the row a
-    step, one reduction: log2(WAYS) bits a step) until at most ``most`` keys are above — a few
-    steps when ``most`` is twice ``need`` — then, only when exact, a bisection on the low word
-    (the id) among the keys tied on it."""
+    Bisection on the high word (the logit's order; one compare and one add-reduction over the
+    row a step) until at most ``most`` keys are above — a few steps when ``most`` is twice
+    ``need`` — then, only when exact, on the low word (the id) among the keys tied on it."""
     high = (x >> 32).to(tl.int32)
     lo = tl.min(tl.where(on, high, 2**31 - 1), 1)  # count(high >= lo) = all >= need
     hi = tl.max(tl.where(on, high, -(2**31)), 1)
     count = tl.sum(on.to(tl.int32), 1)  # [ROWS]: the keys with high >= lo
-    need = count * 0 + need  # [ROWS] (need may be a scalar)
     while tl.max(((lo < hi) & (count > most)).to(tl.int32), 0) > 0:
         go = (lo < hi) & (count > most)
-        pivots = _pivots(lo, hi, WAYS)
-        c = tl.sum((on[:, None, :] & (high[:, None, :] >= pivots[:, :, None])).to(tl.int32), 2)
-        ok = go[:, None] & (c >= need[:, None])
-        count = tl.min(tl.where(ok, c, count[:, None]), 1)  # c falls with the pivot
-        new_lo, new_hi = _narrow(lo, hi, pivots, ok)
-        lo, hi = new_lo, tl.where(go, new_hi, hi)
+        mid = ((lo.to(tl.int64) + hi.to(tl.int64) + 1) >> 1).to(tl.int32)
+        c = tl.sum((on & (high >= mid[:, None])).to(tl.int32), 1)
+        up = go & (c >= need)
+        lo, count = tl.where(up, mid, lo), tl.where(up, c, count)
+        hi = tl.where(go & (c < need), mid - 1, hi)
     exact = count > most
     tie = on & exact[:, None] & (high == lo[:, None])
     need = need - tl.sum((on & (high > lo[:, None])).to(tl.int32), 1)  # of the tied keys
@@ -971,14 +945,13 @@ def _kept_probs(logit, keep, top, top_k_on, m, s, LIBDEVICE: tl.constexpr):
 
 
 @triton.jit
-def _mass_cut(x, on, w, p, WAYS: tl.constexpr):
+def _mass_cut(x, on, w, p):
     """The nucleus cut of each row of ``x [ROWS, B]`` among its keys ``on`` of weights ``w``:
     ``(cut, reach)``, ``cut`` the largest key whose keys at or above it weigh ``p`` or more, so
     that the keys at or above it are those whose weight strictly before them (in descending key
     order) is below ``p``; ``reach`` False where all of them weigh less (``cut`` unspecified).
-    A ``WAYS``-way bisection on the high word (the logit's order; ``WAYS`` masked sums over the
-    row a step, one reduction), then a bisection on the low word (the id) among the keys tied
-    on it. The sums run in the reduction's order, not a
+    Bisection on the high word (the logit's order; one masked sum over the row a step), then on
+    the low word (the id) among the keys tied on it. The sums run in the reduction's order, not a
     running sum's: a key whose weight before it lies within float rounding of ``p`` may fall on
     the other side than in the reference's cumulative sum."""
     high = (x >> 32).to(tl.int32)
@@ -987,11 +960,10 @@ def _mass_cut(x, on, w, p, WAYS: tl.constexpr):
     hi = tl.max(tl.where(on, high, -(2**31)), 1)
     while tl.max((reach & (lo < hi)).to(tl.int32), 0) > 0:
         go = reach & (lo < hi)
-        pivots = _pivots(lo, hi, WAYS)
-        at_or_above = on[:, None, :] & (high[:, None, :] >= pivots[:, :, None])
-        mass = tl.sum(tl.where(at_or_above, w[:, None, :], 0.0), 2)  # [ROWS, WAYS]
-        new_lo, new_hi = _narrow(lo, hi, pivots, go[:, None] & (mass >= p[:, None]))
-        lo, hi = new_lo, tl.where(go, new_hi, hi)
+        mid = ((lo.to(tl.int64) + hi.to(tl.int64) + 1) >> 1).to(tl.int32)
+        up = go & (tl.sum(tl.where(on & (high >= mid[:, None]), w, 0.0), 1) >= p)
+        lo = tl.where(up, mid, lo)
+        hi = tl.where(go & ~up, mid - 1, hi)
     above = tl.sum(tl.where(on & (high > lo[:, None]), w, 0.0), 1)
     tie = on & reach[:, None] & (high == lo[:, None])
     low = x - (high.to(tl.int64) << 32)  # the low word, unsigned: [0, 2**32)
@@ -1040,7 +1012,6 @@ def _truncated_summaries_kernel(
     BLOCK_KEPT: tl.constexpr,  # next_power_of_2(L), at least 2
     BLOCK_S: tl.constexpr,  # next_power_of_2(S)
     COUNTED: tl.constexpr = False,  # the threshold hand-in: cand_ptr [R, BLOCK_HANDED]
-    CUT_WAYS: tl.constexpr = 8,  # pivots a step of the cuts' bisections (``_selection_cut``)
     RETURN_LOGPROBS: tl.constexpr = True,  # False: the sample only (no LSE, no logit, no sums)
 ):
     """Stage 2 of ``ROWS`` truncated rows (``_truncated_summaries``): per row, tau from the S
@@ -1127,7 +1098,7 @@ def _truncated_summaries_kernel(
             p = tl.load(top_p_ptr + n, mask=on, other=1.0)
             top_k_on = k > 0
             over = top_k_on & (known_all > k)  # [ROWS]: more known keys than k
-            cut, _ = _selection_cut(handed, known & over[:, None], k, k, CUT_WAYS)
+            cut, _ = _selection_cut(handed, known & over[:, None], k, k)
             keep = known & tl.where(over[:, None], handed >= cut[:, None], True)
             top_k_known = top_k_on & (k <= tl.minimum(known_all, num_kept))
             top = tl.max(tl.where(keep, logit, float("-inf")), 1)  # the largest kept logit
@@ -1135,7 +1106,7 @@ def _truncated_summaries_kernel(
             m = tl.load(ws_float_ptr + F_MAX * plane + row_ws, mask=split_ok, other=float("-inf"))
             s = tl.load(ws_float_ptr + F_SUM_EXP * plane + row_ws, mask=split_ok, other=0.0)
             probs = _kept_probs(logit, keep, top, top_k_on, m, s, LIBDEVICE)
-            nucleus_cut, reach = _mass_cut(handed, keep, probs, tl.where(p < 1.0, p, 2.0), CUT_WAYS)
+            nucleus_cut, reach = _mass_cut(handed, keep, probs, tl.where(p < 1.0, p, 2.0))
             nucleus = keep & tl.where(reach[:, None], handed >= nucleus_cut[:, None], True)
             ends_inside = tl.max((keep & ~nucleus).to(tl.int32), 1) > 0
             any_nucleus = tl.max(nucleus.to(tl.int32), 1) > 0
@@ -1151,9 +1122,7 @@ def _truncated_summaries_kernel(
                 BLOCK_SEL: tl.constexpr = 2 * BLOCK_KEPT
                 above = handed > tl.maximum(tau, _NEG_INF_LAST)[:, None]
                 over = known_all > num_kept  # [ROWS]
-                cut, exact = _selection_cut(
-                    handed, above & over[:, None], num_kept, BLOCK_SEL, CUT_WAYS
-                )
+                cut, exact = _selection_cut(handed, above & over[:, None], num_kept, BLOCK_SEL)
                 chosen = above & (handed > tl.where(over, cut, tau)[:, None])
                 a = tl.sum(chosen.to(tl.int32), 1)
                 filled = tl.where(over & exact, num_kept, a)
@@ -1208,7 +1177,7 @@ def _truncated_summaries_kernel(
             k = tl.load(top_k_ptr + n, mask=on, other=0)
             top_k_on = k > 0
             over = top_k_on & (known_all > k)  # [ROWS]: more known keys than k
-            cut, _ = _selection_cut(handed, known & over[:, None], k, k, CUT_WAYS)
+            cut, _ = _selection_cut(handed, known & over[:, None], k, k)
             nucleus = known & tl.where(over[:, None], handed >= cut[:, None], True)
             any_nucleus = tl.max(nucleus.to(tl.int32), 1) > 0
             top_k_known = top_k_on & (k <= tl.minimum(known_all, num_kept))
@@ -1288,7 +1257,6 @@ def settle_shape(
         "BLOCK_KEPT": block_kept,
         "BLOCK_S": triton.next_power_of_2(splits),
         "COUNTED": bool(counted),
-        "CUT_WAYS": CUT_WAYS,
     }
     # the top-k's cross-warp steps: fewer with more warps (16 at 200 splits). The hand-in's 4096
     # keys: 8 warps. Its sorted top-p path took 16 (33 µs a launch at 32-128 rows against 43 with

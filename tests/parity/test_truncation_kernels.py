@@ -691,24 +691,22 @@ def test_hand_in_tile_kernel_compiles_for_sm90():
 
 @triton.jit
 def _selection_cut_kernel(x_ptr, on_ptr, need_ptr, most_ptr, cut_ptr, exact_ptr,
-                          ROWS: tl.constexpr, B: tl.constexpr, WAYS: tl.constexpr):  # fmt: skip
+                          ROWS: tl.constexpr, B: tl.constexpr):  # fmt: skip
     r = tl.arange(0, ROWS)
     at = r[:, None] * B + tl.arange(0, B)[None, :]
     on = tl.load(on_ptr + at) != 0
     need, most = tl.load(need_ptr + r), tl.load(most_ptr + r)
-    cut, exact = kernels._selection_cut(tl.load(x_ptr + at), on, need, most, WAYS)
+    cut, exact = kernels._selection_cut(tl.load(x_ptr + at), on, need, most)
     tl.store(cut_ptr + r, cut)
     tl.store(exact_ptr + r, exact.to(tl.int32))
 
 
-@pytest.mark.parametrize("ways", [2, 8, 32])
-def test_selection_cut_puts_need_to_most_keys_above_it(ways):
+def test_selection_cut_puts_need_to_most_keys_above_it():
     """``_selection_cut`` on rows of unique order keys whose high words are spread wide (not
     exact: ``need`` to ``most`` keys of ``on`` above the cut) or tied on a few values (exact when
     more than ``most`` tie at the boundary: exactly ``need`` at or above the cut, fewer above
-    it), with ``most`` = ``need`` (top-k) and ``2 · need`` (top-p's selection), at 2, 8 and 32
-    pivots a step. Mutant caught: the bisection moving up past a pivot with ``need - 1`` keys
-    above it (``c >= need - 1``)."""
+    it), with ``most`` = ``need`` (top-k) and ``2 · need`` (top-p's selection). Mutant caught:
+    the bisection moving up past a mid with ``need - 1`` keys above it (``c >= need - 1``)."""
     g = torch.Generator().manual_seed(0)
     rows, block = 16, 256
     spread = torch.where(torch.arange(rows) % 2 == 0, 2**31 - 1, 4)[:, None]
@@ -721,7 +719,7 @@ def test_selection_cut_puts_need_to_most_keys_above_it(ways):
     cut, exact = (torch.empty(rows, dtype=t, device=DEVICE) for t in (torch.int64, torch.int32))
     _selection_cut_kernel[(1,)](
         x.to(DEVICE), on.to(torch.int32).to(DEVICE), need.to(torch.int32).to(DEVICE),
-        most.to(torch.int32).to(DEVICE), cut, exact, ROWS=rows, B=block, WAYS=ways,
+        most.to(torch.int32).to(DEVICE), cut, exact, ROWS=rows, B=block,
     )  # fmt: skip
     cut, exact = cut.cpu(), exact.cpu().bool()
     for r in range(rows):
