@@ -135,15 +135,18 @@ TUNED_BY_DEVICE = {
 # TiledArgmax's epilogue is a row max: the wgmma warps reduce their own accumulator in registers
 # (epi_warps=0), so no accumulator tile goes through shared memory. That leaves the shared
 # memory to a deeper ring (64 x 256, 5 slots) or to two warpgroups on a 128 x 256 tile, which
-# halves the LM-head bytes loaded per output. Settled timing, × the matmul
-# (docs/bench/argmax_in_registers_*.log), against the epilogue partition on 64 x 256: H100 at
-# 17-128 rows 0.93-0.99 (0.95-1.00), at 256 rows 0.96-1.04 (1.07-1.13), at 512 rows 0.97-1.01
-# (1.00-1.06); H200 at 128 rows 0.99-1.01 (1.03-1.07), at 256-512 rows 0.97-1.02 (1.01-1.09).
-# 64 x 128 tiles (in registers) are 1.12-1.33x on the H200 for Qwen3 and Gemma-3.
+# halves the LM-head bytes loaded per output. Settled timing, × the matmul (the
+# docs/bench/argmax_in_registers_*.log of git history, before 0f8a7e6), against the epilogue
+# partition on 64 x 256: H100 at 17-128 rows 0.93-0.99 (0.95-1.00), at 256 rows 0.96-1.04
+# (1.07-1.13), at 512 rows 0.97-1.01 (1.00-1.06); H200 at 128 rows 0.99-1.01 (1.03-1.07), at
+# 256-512 rows 0.97-1.02 (1.01-1.09). 64 x 128 tiles (in registers) are 1.12-1.33x on the H200
+# for Qwen3 and Gemma-3.
 _WIDE = HopperConfig(block_n=64, block_v=256, stages=4, chunk=8, epi_warps=4, epi_regs=152)
 # TiledArgmax's tiles by R as the verify's, but the 64-row tile also at 65-128 rows (H200, three
 # heads, docs/bench/argmax_rows_h200.log, × the matmul, before -> after: 160 rows 1.26-1.32 ->
-# 1.15-1.17, 192 rows 1.14-1.19 -> 1.02-1.08, 320 rows 1.08-1.09 -> 1.02-1.04; H100 unmeasured).
+# 1.15-1.17, 192 rows 1.14-1.19 -> 1.02-1.08, 320 rows 1.08-1.09 -> 1.02-1.04; H100, after,
+# docs/bench/argmax_rows_h100.log: 1.00-1.01 at 160, 0.99-1.01 at 192, 0.99-1.17 at 320 (Gemma-3
+# 1.17, its 128-row tile 1.14), 0.96-0.99 at 448).
 _ARGMAX_64 = HopperConfig(block_n=64, block_v=256, stages=5, epi_warps=0, epi_regs=0)
 _ARGMAX_128 = HopperConfig(block_n=128, block_v=256, stages=4, epi_warps=0, epi_regs=0)
 HOPPER_TUNED = {
