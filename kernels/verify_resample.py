@@ -1017,11 +1017,12 @@ def _truncated_summaries_kernel(
     """Stage 2 of ``ROWS`` truncated rows (``_truncated_summaries``): per row, tau from the S
     floors, the L largest of the S · C handed-in keys in order (``top_sorted``; past
     ``2 · BLOCK_KEPT`` keys, on the selected keys only), the kept set, softmax and nucleus over
-    them, the Gumbel-max of the nucleus and its LSE, and the rewrite of the row's summaries as one
-    split. Memory traffic per truncated row: its candidates (8 · S · (C + 1) bytes), its max /
-    sum_exp (8 · S; top-p only), the five rewritten fields (20 · S) and one flag, plus the
-    selected keys through the scratch (up to 16 · BLOCK_KEPT bytes written and read, L2); an
-    untruncated row reads one flag and writes one."""
+    them, the Gumbel-max of the nucleus (with ``RETURN_LOGPROBS``, the sample's logit and the
+    nucleus's LSE too), and the rewrite of the row's summaries as one split. Memory traffic per
+    truncated row: its candidates (8 · S · (C + 1) bytes), its max / sum_exp (8 · S; top-p
+    only), the rewritten fields (8 · S: score and index; 20 · S with log-probabilities) and one
+    flag, plus the selected keys through the scratch (up to 16 · BLOCK_KEPT bytes written and
+    read, L2); an untruncated row reads one flag and writes one."""
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     row_ok = r < num_rows
     n = r // width
