@@ -926,6 +926,21 @@ def _selection_cut(x, on, need, most):
 
 
 @triton.jit
+def _top_k_kept(handed, tau, known_all, k, num_kept):
+    """Top-k over keys in no order, ``handed [ROWS, B]``: ``(kept, top_k_on, top_k_known)``, the
+    known keys (above ``tau``, of finite logits; ``known_all`` of them a row) at or above their
+    ``k``-th largest (a cut by bisection, ``_selection_cut`` with need = most = k; all of them
+    where k is 0 or at least their count), whether k > 0, and whether the k lie within the
+    ``num_kept`` largest known keys (the row's top-k settled)."""
+    known = (handed > tau[:, None]) & (handed > _NEG_INF_LAST)
+    top_k_on = k > 0
+    over = top_k_on & (known_all > k)  # [ROWS]: more known keys than k
+    cut, _ = _selection_cut(handed, known & over[:, None], k, k)
+    kept = known & tl.where(over[:, None], handed >= cut[:, None], True)
+    return kept, top_k_on, top_k_on & (k <= tl.minimum(known_all, num_kept))
+
+
+@triton.jit
 def _kept_probs(logit, keep, top, top_k_on, m, s, LIBDEVICE: tl.constexpr):
     """``[ROWS, B]``: the probabilities of the kept keys ``keep`` of logits ``logit`` (0
     elsewhere) as the reference's softmax forms them, ``exp(l - max) / Σ exp(l - max)``: over the
@@ -1094,14 +1109,9 @@ def _truncated_summaries_kernel(
             # the sorted path settles it: k within the known keys, the nucleus ending inside
             # them (top-p alone), or every finite logit known.
             logit, ids = decode_key(handed)
-            known = (handed > tau[:, None]) & (handed > _NEG_INF_LAST)
             k = tl.load(top_k_ptr + n, mask=on, other=0) if TOP_K else tl.zeros([ROWS], tl.int64)
             p = tl.load(top_p_ptr + n, mask=on, other=1.0)
-            top_k_on = k > 0
-            over = top_k_on & (known_all > k)  # [ROWS]: more known keys than k
-            cut, _ = _selection_cut(handed, known & over[:, None], k, k)
-            keep = known & tl.where(over[:, None], handed >= cut[:, None], True)
-            top_k_known = top_k_on & (k <= tl.minimum(known_all, num_kept))
+            keep, top_k_on, top_k_known = _top_k_kept(handed, tau, known_all, k, num_kept)
             top = tl.max(tl.where(keep, logit, float("-inf")), 1)  # the largest kept logit
             top = tl.where(top == float("-inf"), 0.0, top)
             m = tl.load(ws_float_ptr + F_MAX * plane + row_ws, mask=split_ok, other=float("-inf"))
@@ -1174,14 +1184,9 @@ def _truncated_summaries_kernel(
             # softmax is over it, and the Gumbel-max is order-free. Settled as the sorted path
             # settles it: k within the L largest known keys, or every finite logit known.
             logit, ids = decode_key(handed)
-            known = (handed > tau[:, None]) & (handed > _NEG_INF_LAST)
             k = tl.load(top_k_ptr + n, mask=on, other=0)
-            top_k_on = k > 0
-            over = top_k_on & (known_all > k)  # [ROWS]: more known keys than k
-            cut, _ = _selection_cut(handed, known & over[:, None], k, k)
-            nucleus = known & tl.where(over[:, None], handed >= cut[:, None], True)
+            nucleus, _, top_k_known = _top_k_kept(handed, tau, known_all, k, num_kept)
             any_nucleus = tl.max(nucleus.to(tl.int32), 1) > 0
-            top_k_known = top_k_on & (k <= tl.minimum(known_all, num_kept))
             settled = (complete | top_k_known) & any_nucleus
             if BLOCK_HANDED > 2 * BLOCK_KEPT:
                 # A settled row's nucleus holds at most L keys (its k <= L, or every finite key,
