@@ -29,19 +29,15 @@ from flashspec_export.config import HeadShape  # noqa: E402
 from flashspec_export.kernels import tiled_argmax  # noqa: E402
 from flashspec_export.kernels import verify_resample as kernel  # noqa: E402
 from flashspec_export.kernels.hopper_tiles import HopperConfig  # noqa: E402
-from flashspec_export.kernels.tiles import KernelConfig  # noqa: E402
+from flashspec_export.kernels.tiles import HOPPER_TUNED, KernelConfig  # noqa: E402
 
+# Per op, the distinct tiles its table ships (``64x256``, ...), and for the verify one shallower
+# ring beside them
 SHAPES = {
-    "verify_resample": {
-        "64x256": HopperConfig(block_n=64, block_v=256, stages=4, chunk=8),
-        "64x256_s3": HopperConfig(block_n=64, block_v=256, stages=3, chunk=8),
-        "128x128": HopperConfig(),
-    },
-    "tiled_argmax": {  # the MMA warps reduce in registers (no epilogue partition)
-        "64x256": HopperConfig(block_n=64, block_v=256, stages=5, epi_warps=0, epi_regs=0),
-        "128x256": HopperConfig(block_n=128, block_v=256, stages=4, epi_warps=0, epi_regs=0),
-    },
+    op: {f"{c.block_n}x{c.block_v}": c for _, c in table if c is not None}
+    for op, table in HOPPER_TUNED.items()
 }
+SHAPES["verify_resample"]["64x256_s3"] = HopperConfig(block_n=64, block_v=256, stages=3, chunk=8)
 
 
 def main() -> None:
