@@ -1,11 +1,13 @@
 """The materialised ("standard") path, the way common serving stacks verify drafts.
 
-logits [N, γ + 1, V] -> softmax probabilities -> exponential-race sample per row (``argmax_v
-p_v / E_v``, the same event as Gumbel-max on the logits) -> accept the drafts that equal it ->
-emitted tokens. Every intermediate is vocabulary-sized and written to memory. It is written
-independently of the tiled reference (probabilities, not noisy logits) and is the oracle the
-tiled paths are checked against; its counter-based noise costs dozens of elementwise kernels, so
-it is no speed baseline (``scripts/bench_kernels.py`` times the samplers users would run).
+logits [N, γ + 1, V] -> softmax probabilities -> the two-level sample per row (an exponential
+race over the blocks' probabilities, ``argmax_b P_b / E_b``, the same event as the reference's
+Gumbel-max over block scores; then the inverse CDF of the chosen block's probabilities) ->
+accept the drafts that equal it -> emitted tokens. Every intermediate is vocabulary-sized and
+written to memory. It is written independently of the tiled reference (probabilities, not
+logits) and is the oracle the tiled paths are checked against; its counter-based noise costs
+dozens of elementwise kernels, so it is no speed baseline (``scripts/bench_kernels.py`` times the
+samplers users would run).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import torch
 from flashspec_export.reference import noise
 from flashspec_export.reference.sampled_verify import exponential_race
 from flashspec_export.reference.verify_resample import (
+    SAMPLE_BLOCK,
     VerifyResult,
     count_accepted,
     is_greedy,
@@ -45,7 +48,7 @@ def verify_resample(
     logits = _truncated(logits, top_k, top_p, allowed_tokens)
     probs = torch.softmax(logits, dim=-1)  # [N, γ + 1, V]
     row_pos = positions[:, None] + torch.arange(gamma + 1, device=positions.device)
-    sampled = exponential_race(probs, seed, row_pos, noise.STREAM_GUMBEL)  # [N, γ + 1]
+    sampled = _two_level_sample(probs, seed, row_pos)  # [N, γ + 1]
     # Where softmax is undefined (a +inf logit, or none above -inf) the sample is the argmax:
     # the lowest +inf id, or the lowest id of a row of -inf (no_nan's rule).
     undefined = (logits == float("inf")).any(dim=-1) | (logits == float("-inf")).all(dim=-1)
@@ -60,6 +63,21 @@ def verify_resample(
         emitted = log_probs.gather(-1, tokens.clamp_min(0)[..., None]).squeeze(-1)
         logprobs = torch.where(tokens >= 0, emitted, 0.0)
     return VerifyResult(tokens, num_accepted + 1, logprobs)
+
+
+def _two_level_sample(probs, seed, row_pos):
+    """``y ~ probs [N, R, V]``: the block of ``SAMPLE_BLOCK`` ids by an exponential race over the
+    blocks' masses (``STREAM_GUMBEL``, token id = block), the id inside it by the inverse CDF of
+    its probabilities at ``uniform(seed, position, block, STREAM_PICK)``."""
+    vocab = probs.shape[-1]
+    padded = torch.nn.functional.pad(probs, (0, -vocab % SAMPLE_BLOCK))
+    blocks = padded.unflatten(-1, (-1, SAMPLE_BLOCK))  # [N, R, nb, 64]
+    block = exponential_race(blocks.sum(dim=-1), seed, row_pos, noise.STREAM_GUMBEL)  # [N, R]
+    chosen = blocks.gather(2, block[..., None, None].expand(-1, -1, 1, SAMPLE_BLOCK))[:, :, 0]
+    u = noise.uniform(seed[:, None], row_pos, block, noise.STREAM_PICK)  # [N, R]
+    cdf = chosen.cumsum(dim=-1)
+    pick = (cdf <= (u * cdf[..., -1])[..., None]).sum(dim=-1).clamp(max=SAMPLE_BLOCK - 1)
+    return block * SAMPLE_BLOCK + pick
 
 
 def _truncated(logits, top_k, top_p, allowed_tokens):

@@ -61,10 +61,12 @@ Backends without ``log1p`` (ONNX) may use ``log1p(y) = log(1 + y) * y / ((1 + y)
 
 Streams
 -------
-``STREAM_GUMBEL`` keys the Gumbel noise of a position (token id = vocabulary id): the one sample
-per position that ``VerifyResample`` accepts drafts against and emits. ``STREAM_ACCEPT`` keys the
-acceptance uniform of the sampled-draft reference (Leviathan's rule, token id 0);
-``STREAM_DRAFT`` any draft-side sampling.
+``VerifyResample``'s one sample per position is two-level (``reference/verify_resample.py``):
+``STREAM_GUMBEL`` keys the Gumbel noise of each block of ``SAMPLE_BLOCK`` ids (token id = block
+index) and ``STREAM_PICK`` the uniform that picks the id inside the chosen block (token id = block
+index). The sampled-draft reference keys its residual / bonus Gumbel noise by vocabulary id on
+``STREAM_GUMBEL`` and its acceptance uniform on ``STREAM_ACCEPT`` (Leviathan's rule, token id 0);
+``STREAM_DRAFT`` keys any draft-side sampling.
 """
 
 from __future__ import annotations
@@ -80,6 +82,7 @@ K_MIX = 88_675_123
 STREAM_ACCEPT = 0
 STREAM_GUMBEL = 1
 STREAM_DRAFT = 2
+STREAM_PICK = 3
 
 MAX_SEED = 2**63 - 1
 MAX_POSITION = P - 1  # positions (plus gamma) must stay below P

@@ -188,7 +188,7 @@ def test_golden_coupled_rule_tokens(backend):
     """The frozen tokens of tests/reference/test_verify_resample.py on this backend."""
     from tests.reference import test_verify_resample as golden
 
-    case = make_case(7, 3, 8, 50, torch.float32, temperature=golden.MIXED_T, seed=11)
+    case = make_case(**golden.GOLDEN_CASE, temperature=golden.MIXED_T)
     tokens, _ = ops.verify_resample(*(t.to(DEVICE) for t in case[:6]), case[6], backend=backend)
     assert tokens.tolist() == golden.GOLDEN_TOKENS
 

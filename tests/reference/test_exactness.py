@@ -5,8 +5,10 @@ distribution of row i is ``p_i = softmax(z_i / T)``, known in closed form. Each 
 ``N_SAMPLES`` = 20 000 independent steps (one per seed) and applies Pearson's chi-square test at
 level ``ALPHA`` = 1e-3 (tests/stats.py). Seeds are fixed, so the outcome is deterministic.
 
-The greedy-draft op uses the coupled rule: per row ``y = argmax(l + g)`` (Gumbel-max), drafts are
-accepted while they equal ``y``, and the step emits ``y_0 .. y_k``.
+The greedy-draft op uses the coupled rule: per row one two-level sample ``y`` (a Gumbel-max over
+blocks of 64 ids, then an id inside the block by inverse CDF), drafts are accepted while they
+equal ``y``, and the step emits ``y_0 .. y_k``. Its tests spread the 8 categories over four blocks
+of a 256-id head (``tests/spread.py``), so both levels are exercised.
 
 Power: every case states the deviation of a named wrong sampler; ``test_wrong_samplers_are_caught``
 runs those wrong samplers through the same tests and requires rejection, and
@@ -26,7 +28,12 @@ from flashspec_export.reference.sampled_verify import (
     exponential_race,
     select_emitted,
 )
-from flashspec_export.reference.verify_resample import VerifyResult, count_accepted
+from flashspec_export.reference.verify_resample import (
+    VerifyResult,
+    block_samples,
+    count_accepted,
+)
+from tests import spread
 from tests.stats import ALPHA, chi_square_pvalue, power
 
 N_SAMPLES = 20_000
@@ -83,19 +90,20 @@ def _hidden(rows: list[np.ndarray]) -> torch.Tensor:
 
 
 def greedy_draft_step(rows, drafts, temperature, backend="reference"):
-    """N_SAMPLES independent VerifyResample steps, seeds 0..N-1 (on the GPU for Triton)."""
+    """N_SAMPLES independent VerifyResample steps, seeds 0..N-1 (on the GPU for Triton), on the
+    spread head; returns the emitted categories and the counts."""
     n = N_SAMPLES
     device = "cuda" if backend in ("triton", "cuda") else "cpu"
     tokens, emitted = ops.verify_resample(
-        _hidden(rows).to(device),
-        torch.eye(VOCAB, device=device),
-        torch.tensor([drafts], device=device).expand(n, -1),
+        spread.hidden(rows, n).to(device),
+        spread.lm_head(device),
+        spread.ids([drafts]).to(device).expand(n, -1),
         temperature,
         torch.arange(n, device=device),
         torch.full((n,), 100, device=device),
         backend=backend,
     )
-    return tokens.cpu(), emitted.cpu()
+    return spread.categories(tokens.cpu()), emitted.cpu()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -211,20 +219,24 @@ def test_sampled_with_one_hot_q_has_the_greedy_draft_law():
 # --- the tests have power -------------------------------------------------------------------
 
 
-def _row_samples(logits, seeds, positions, stream=noise.STREAM_GUMBEL):
-    """``y_i = argmax_v (l_i,v + g_i,v)`` per row, noise keyed by (seed, position + i, v)."""
-    rows = positions[:, None] + torch.arange(logits.shape[1])  # [N, R]
-    g = noise.gumbel(seeds[:, None, None], rows[..., None], torch.arange(VOCAB), stream)
-    return (logits + g).argmax(dim=-1)  # [N, R]
+def _row_samples(logits, seeds, row_pos, streams=(noise.STREAM_GUMBEL, noise.STREAM_PICK)):
+    """Each row's two-level sample (``reference.verify_resample.block_samples`` over the whole
+    spread row ``logits [N, R, 256]``), its noise keyed by (seed, ``row_pos [N, R]``) on
+    ``streams`` (the blocks' Gumbels, the pick's uniform); returns categories."""
+    keys = [noise.row_keys(seeds[:, None], row_pos, stream) for stream in streams]
+    score, index = block_samples(logits, 0, *keys)
+    return spread.categories(index.gather(-1, score.argmax(dim=-1, keepdim=True)).squeeze(-1))
 
 
 def _greedy_mutant(rows, drafts, temperature, mutation):
     """Materialised greedy-draft verification (the coupled rule) with one deliberate bug."""
     n, gamma = N_SAMPLES, len(drafts)
-    logits = _hidden(rows) / temperature  # [N, γ + 1, V]
+    logits = _hidden(rows) / temperature  # [N, γ + 1, 8]
+    spread_logits = (spread.hidden(rows, n) @ spread.lm_head().T) / temperature  # [N, γ + 1, 256]
     d = torch.tensor([drafts]).expand(n, -1)
     seeds, positions = torch.arange(n), torch.full((n,), 100)
-    y = _row_samples(logits, seeds, positions)  # [N, γ + 1]
+    row_pos = positions[:, None] + torch.arange(gamma + 1)  # [N, γ + 1]
+    y = _row_samples(spread_logits, seeds, row_pos)  # [N, γ + 1]
     accepted = d == y[:, :gamma]
     emitted = y
     if mutation == "accept by a separate uniform but emit the Gumbel argmax":
@@ -233,12 +245,22 @@ def _greedy_mutant(rows, drafts, temperature, mutation):
     elif mutation == "accept with the next row's sample":
         accepted = d == y[:, 1:]
     elif mutation == "one noise vector for every row":
-        token = torch.arange(VOCAB)
-        g = noise.gumbel(seeds[:, None, None], positions[:, None, None], token, noise.STREAM_GUMBEL)
-        emitted = (logits + g).argmax(dim=-1)  # row 0's noise on every row
+        row0 = positions[:, None].expand(-1, gamma + 1)  # row 0's noise on every row
+        emitted = _row_samples(spread_logits, seeds, row0)
+        accepted = d == emitted[:, :gamma]
+    elif mutation == "blocks scored by their max logit, not their mass":
+        keys = [
+            noise.row_keys(seeds[:, None], row_pos, st)
+            for st in (noise.STREAM_GUMBEL, noise.STREAM_PICK)
+        ]
+        score, index = block_samples(spread_logits, 0, *keys)
+        blocks = spread_logits.unflatten(-1, (-1, 64))
+        max_only = score - torch.logsumexp(blocks, dim=-1) + blocks.amax(dim=-1)  # M_b + g_b
+        emitted = spread.categories(index.gather(-1, max_only.argmax(-1, keepdim=True))[..., 0])
         accepted = d == emitted[:, :gamma]
     elif mutation == "recovery redrawn from p":
-        emitted = _row_samples(logits, seeds, positions, noise.STREAM_DRAFT)
+        streams = (noise.STREAM_DRAFT, noise.STREAM_ACCEPT)
+        emitted = _row_samples(spread_logits, seeds, row_pos, streams)
     k = count_accepted(accepted)
     return select_emitted(k, d, emitted, -1), k + 1
 
@@ -248,6 +270,7 @@ GREEDY_MUTANTS = [
     "accept with the next row's sample",  # off-by-one in the acceptance rule
     "one noise vector for every row",  # positions share noise: rows correlated
     "recovery redrawn from p",  # a rejection may emit the draft again
+    "blocks scored by their max logit, not their mass",  # the first level's law is wrong
 ]
 
 

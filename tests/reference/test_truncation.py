@@ -2,8 +2,9 @@
 the emitted tokens is the truncated, renormalised target's, the coupled rule holds on the kept
 tokens, and the boundaries are where the contract puts them.
 
-Statistics as in test_exactness.py: ``lm_head`` is the identity (hidden rows are the logits),
-20 000 independent steps (seeds 0..N-1), Pearson's chi-square at ALPHA = 1e-3; the expected laws
+Statistics as in test_exactness.py: the 8 categories spread over a 256-id head
+(``tests/spread.py``: hidden rows are their logits), 20 000 independent steps (seeds 0..N-1),
+Pearson's chi-square at ALPHA = 1e-3; the expected laws
 are computed here in numpy, independently of the implementations. Power: each mutant the issue
 names (an inclusive top-p cutoff, top-k ties to the higher id, the mask ignored on the bonus
 row) has a law the same tests reject with power > 0.99 (``power``: an impossible outcome under
@@ -18,6 +19,7 @@ import torch
 
 from flashspec_export import ops
 from flashspec_export.reference import truncation
+from tests import spread
 from tests.stats import ALPHA, chi_square_pvalue, power
 
 N_SAMPLES = 20_000
@@ -54,27 +56,26 @@ def truncated(z, temperature, top_k=0, top_p=1.0, allowed=None) -> np.ndarray:
 
 
 def mask_of(allowed, rows=2) -> torch.Tensor:
-    """[N_SAMPLES, rows, 1] int32 masks allowing the ids ``allowed`` on every row."""
-    word = sum(1 << v for v in allowed)
-    return torch.full((N_SAMPLES, rows, 1), word, dtype=torch.int32)
+    """[N_SAMPLES, rows, 8] int32 masks allowing the categories ``allowed`` on every row."""
+    words = torch.tensor(spread.mask_words(allowed), dtype=torch.int32)
+    return words.expand(N_SAMPLES, rows, -1).contiguous()
 
 
 def step(rows, drafts, temperature, backend, **truncate):
-    """N_SAMPLES independent steps of the given logit rows (lm_head = identity; on the GPU for
-    Triton)."""
+    """N_SAMPLES independent steps of the given category logit rows (the spread head; on the GPU
+    for Triton); returns the emitted categories and the counts."""
     device = "cuda" if backend in GPU_BACKENDS else "cpu"
-    hidden = torch.tensor(np.stack(rows), dtype=torch.float32)[None].expand(N_SAMPLES, -1, -1)
     tokens, emitted = ops.verify_resample(
-        hidden.to(device),
-        torch.eye(VOCAB, device=device),
-        torch.tensor([drafts], device=device).expand(N_SAMPLES, -1),
+        spread.hidden(rows, N_SAMPLES).to(device),
+        spread.lm_head(device),
+        spread.ids([drafts]).to(device).expand(N_SAMPLES, -1),
         temperature,
         torch.arange(N_SAMPLES, device=device),
         torch.full((N_SAMPLES,), 7, device=device),
         backend=backend,
         **{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in truncate.items()},
     )
-    return tokens.cpu(), emitted.cpu()
+    return spread.categories(tokens.cpu()), emitted.cpu()
 
 
 CASES = {  # name: (row-0 logits, temperature, truncation kwargs of the op, of `truncated`)
@@ -106,9 +107,7 @@ def test_first_token_follows_the_truncated_law(backend, case):
 def test_the_pair_law_with_the_mask_on_the_bonus_row(backend):
     """Draft 2 accepted with the truncated p0(2), then the bonus row drawn from its own
     truncated law (its mask differs from row 0's)."""
-    allowed = torch.zeros(N_SAMPLES, 2, 1, dtype=torch.int32)
-    allowed[:, 0] = sum(1 << v for v in (1, 2, 3, 6))
-    allowed[:, 1] = sum(1 << v for v in (0, 2, 4, 5))
+    allowed = torch.cat([mask_of((1, 2, 3, 6), rows=1), mask_of((0, 2, 4, 5), rows=1)], dim=1)
     tokens, emitted = step([Z0, Z1], [2], 1.0, backend, allowed_tokens=allowed, top_p=0.95)
     p0 = truncated(Z0, 1.0, top_p=0.95, allowed=[1, 2, 3, 6])
     p1 = truncated(Z1, 1.0, top_p=0.95, allowed=[0, 2, 4, 5])
