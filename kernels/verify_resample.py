@@ -9,14 +9,15 @@ fp32 logits ``hidden_block · lm_head_tileᵀ / scale`` (``scale = T``, or 1 for
 folds them into running values per row (with ``EPI_ROWS`` below ``BLOCK_N``, for launches of
 fewer rows than tl.dot's 16, only the block's first ``EPI_ROWS`` rows are loaded and scored):
 
-- ``best_score, best_index``: the Gumbel-max sample ``y = argmax_v (l_v + g_v)`` over every id
-  (greedy rows: ``argmax_v l_v``), lowest index on ties;
+- ``best_score, best_index``: the two-level sample over the run's 64-id blocks
+  (``kernels/block_sample.py``): the best block score and its pick, the lowest block on ties
+  (greedy rows: ``argmax_v l_v``, lowest index on ties);
 - with ``RETURN_LOGPROBS`` only: ``best_logit`` (``l(y)``) and the online softmax ``m, s``
   (``s = Σ exp(l_v - m)`` rescaled by ``exp(m_old - m_new)``); without it no ``exp`` is spent
   per logit.
 
-The Gumbel noise ``g_v = gumbel(seed, position + i, v, STREAM_GUMBEL)`` is generated in
-registers: the row keys ``(a, b)`` once per program, then ``token_bits(a, b, v)`` per element.
+The noise is generated in registers: the row keys on ``STREAM_GUMBEL`` and ``STREAM_PICK`` once
+per program, then one ``token_bits`` of each per 64-id block (the block's Gumbel and uniform).
 Memory traffic: the LM head is read once per row block (once in all when ``R <= BLOCK_N``); the
 hidden block is re-read per tile from L2; per (row, split) two scalars are written (five with
 log-probabilities). No vocabulary-sized tensor exists outside registers.
@@ -40,8 +41,10 @@ import triton
 import triton.language as tl
 
 from flashspec_export.kernels import hopper_tiles
+from flashspec_export.kernels.block_sample import SAMPLE_BLOCK, tile_block_sample
 from flashspec_export.kernels.noise import (
     STREAM_GUMBEL,
+    STREAM_PICK,
     gumbel_from_bits,
     math_exp,
     math_log,
@@ -60,7 +63,6 @@ from flashspec_export.kernels.tiles import (
     check_device,
     dot_options,
     dot_tile,
-    fold_best,
     resolve_config,
     top_p_config,
 )
@@ -215,7 +217,8 @@ def _verify_tiles_kernel(
     scale = tl.where(greedy, 1.0, temperature)  # logits = dot / T, or the raw dot (greedy)
     seed = tl.load(seed_ptr + seq, mask=row_ok, other=0)
     position = tl.load(positions_ptr + seq, mask=row_ok, other=0) + pos_i
-    key_a, key_b = row_keys(seed, position, STREAM_GUMBEL)  # [BLOCK_N] uint32 each
+    g_a, g_b = row_keys(seed, position, STREAM_GUMBEL)  # [EPI_ROWS] uint32 each
+    u_a, u_b = row_keys(seed, position, STREAM_PICK)
     # A block of greedy rows only (T = 0 serving) skips the noise: its scores are the logits;
     # so does a block whose sampled rows are all truncated (their winner is taken from the
     # candidates or hand-in in stage 2, ``_truncated_summaries``).
@@ -277,15 +280,19 @@ def _verify_tiles_kernel(
                 first, second, dropped, order_key(logits, cols[None, :])
             )
 
-        # Gumbel-max sample: 7 32-bit multiply-mods and 2 logs per element, in registers.
+        # The two-level sample: per 64-id block an exp per logit, running sums and one hash
+        # pair; greedy rows take the argmax of their logits.
+        tile_best, tile_arg = tl.max(logits, 1, return_indices=True,
+                                     return_indices_tie_break_left=True)  # fmt: skip
         if any_sampled:
-            bits = token_bits(key_a[:, None], key_b[:, None], cols[None, :])
-            score = tl.where(greedy[:, None], logits, logits + gumbel_from_bits(bits, LIBDEVICE))
-        else:
-            score = logits
-        best_score, best_index, take, tile_arg = fold_best(
-            best_score, best_index, score, tile, tile_valid, BLOCK_V
-        )
+            sampled_best, _, sampled_arg = tile_block_sample(
+                logits, tile * (BLOCK_V // SAMPLE_BLOCK), g_a, g_b, u_a, u_b, LIBDEVICE
+            )
+            tile_best = tl.where(greedy, tile_best, sampled_best)
+            tile_arg = tl.where(greedy, tile_arg, sampled_arg)
+        take = (tile_best > best_score) | ((best_index < 0) & tile_valid)
+        best_score = tl.where(take, tile_best, best_score)
+        best_index = tl.where(take, tile * BLOCK_V + tile_arg, best_index)
         if RETURN_LOGPROBS:
             tile_logit = tl.sum(
                 tl.where(tl.arange(0, BLOCK_V)[None, :] == tile_arg[:, None], logits, 0.0), 1
