@@ -59,15 +59,25 @@ def _rule_logits(hidden, lm_head, vocab):
 
 
 def _expected_samples(hidden, lm_head, vocab, temperature, seed, positions):
-    """y [N, γ + 1]: argmax (l / T + g), the first (lowest) id of the maximum."""
+    """y [N, γ + 1]: greedy rows the argmax (the lowest id of the maximum); sampled rows the
+    two-level sample in float64 — the 64-id block of largest ``log Σ exp(l) + g_b``, then the
+    id at its uniform in the block's cumulative probabilities — except where softmax is undefined
+    (a +inf logit: the lowest +inf id; none above -inf: id 0)."""
     scale = torch.where(temperature == 0, 1.0, temperature)[:, None, None]
     logits = _rule_logits(hidden, lm_head, vocab) / scale  # [N, R, V]
     row_pos = positions[:, None] + torch.arange(hidden.shape[1])
-    bits = noise.bits(seed[:, None, None], row_pos[..., None], torch.arange(vocab), 1)
-    score = torch.where(
-        temperature[:, None, None] == 0, logits, logits + noise.gumbel_from_bits(bits)
-    )
-    return score.argmax(dim=-1)
+    pad = torch.full((*logits.shape[:-1], -vocab % 64), float("-inf"))
+    blocks = torch.cat([logits, pad], dim=-1).double().unflatten(-1, (-1, 64))  # [N, R, nb, 64]
+    nb = torch.arange(blocks.shape[-2])
+    g = noise.gumbel(seed[:, None, None], row_pos[..., None], nb, noise.STREAM_GUMBEL)
+    block = (torch.logsumexp(blocks, dim=-1) + g.double()).argmax(dim=-1)  # [N, R]
+    u = noise.uniform(seed[:, None], row_pos, block, noise.STREAM_PICK).double()
+    chosen = blocks.gather(2, block[..., None, None].expand(-1, -1, 1, 64))[:, :, 0]
+    cdf = torch.softmax(chosen, dim=-1).cumsum(dim=-1)
+    sampled = block * 64 + (cdf <= u[..., None]).sum(dim=-1).clamp(max=63)
+    undefined = (logits == float("inf")).any(dim=-1) | (logits == float("-inf")).all(dim=-1)
+    greedy = (temperature == 0)[:, None] | undefined
+    return torch.where(greedy, logits.argmax(dim=-1), sampled)
 
 
 def _verify_case(kind, n=3, hidden_size=32, vocab=300, dtype=torch.float32):
