@@ -2,12 +2,13 @@
 
 logits [N, γ + 1, V] -> softmax probabilities -> the two-level sample per row (an exponential
 race over the blocks' probabilities, ``argmax_b P_b / E_b``, the same event as the reference's
-Gumbel-max over block scores; then the inverse CDF of the chosen block's probabilities) ->
-accept the drafts that equal it -> emitted tokens. Every intermediate is vocabulary-sized and
-written to memory. It is written independently of the tiled reference (probabilities, not
-logits) and is the oracle the tiled paths are checked against; its counter-based noise costs
-dozens of elementwise kernels, so it is no speed baseline (``scripts/bench_kernels.py`` times the
-samplers users would run).
+Gumbel-max over block scores; then the inverse CDF of the chosen block's probabilities; rows
+that top-k / top-p truncate: an exponential race over their kept ids' probabilities) -> accept
+the drafts that equal it -> emitted tokens. Every intermediate is vocabulary-sized and written
+to memory. It is written independently of the tiled reference (probabilities, not logits) and
+is the oracle the tiled paths are checked against; its counter-based noise costs dozens of
+elementwise kernels, so it is no speed baseline (``scripts/bench_kernels.py`` times the samplers
+users would run).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from flashspec_export.reference.verify_resample import (
     is_greedy,
     logit_scale,
     no_nan,
+    truncated_rows,
 )
 
 
@@ -49,6 +51,10 @@ def verify_resample(
     probs = torch.softmax(logits, dim=-1)  # [N, γ + 1, V]
     row_pos = positions[:, None] + torch.arange(gamma + 1, device=positions.device)
     sampled = _two_level_sample(probs, seed, row_pos)  # [N, γ + 1]
+    per_id = truncated_rows(top_k, top_p, temperature)[:, None]  # top-k / top-p rows
+    if bool(per_id.any()):
+        race = exponential_race(probs, seed, row_pos, noise.STREAM_GUMBEL)  # keyed by id
+        sampled = torch.where(per_id, race, sampled)
     # Where softmax is undefined (a +inf logit, or none above -inf) the sample is the argmax:
     # the lowest +inf id, or the lowest id of a row of -inf (no_nan's rule).
     undefined = (logits == float("inf")).any(dim=-1) | (logits == float("-inf")).all(dim=-1)

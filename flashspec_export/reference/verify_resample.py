@@ -22,7 +22,11 @@ ties) and its id the inverse CDF of ``b*``'s running sums at ``u = uniform(seed,
 STREAM_PICK)``. ``max_{v ∈ b} (l_v + G_v)`` of independent Gumbels is Gumbel(log Σ_b exp(l_v))
 and independent of which v attains it, so the block is chosen with probability ``Σ_b p_v`` and
 the id inside it with ``p_v / Σ_b p_v``: ``y_i ~ p_i = softmax(l_i)``. Per logit that is an
-exp, a running sum and a compare; the hash and the logs are paid once per block.
+exp, a running sum and a compare; the hash and the logs are paid once per block. Rows that top-k
+or top-p truncate (``truncated_rows``) instead take the Gumbel-max over their kept ids, ``y_i =
+argmax_kept (l_v + g_v)`` with ``g_v = gumbel(seed, p + i, v, STREAM_GUMBEL)``: the kernels
+gather those ids (at most ~1024) in a second stage, where noise per id is cheap and block sums
+over ids in no order are not.
 
 Why it is exact (the coupled rule, see docs/DESIGN.md): ``y_i ~ p_i``, so ``P(accept) =
 P(y_i = x) = p_i(x)`` — the ``min(1, p/q)`` of a greedy draft (``q = one-hot(x)``) — and given
@@ -111,6 +115,18 @@ def logit_scale(temperature: torch.Tensor) -> torch.Tensor:
     return torch.where(is_greedy(temperature), torch.ones_like(temperature), temperature)
 
 
+def truncated_rows(top_k, top_p, temperature: torch.Tensor) -> torch.Tensor:
+    """[N] bool: the sequences top-k (k > 0) or top-p (p < 1) truncates, whose sample is the
+    Gumbel-max over their kept ids (``g_v = gumbel(seed, p + i, v, STREAM_GUMBEL)``, keyed by
+    vocabulary id); every other row takes the two-level sample (``block_samples``)."""
+    on = torch.zeros_like(temperature, dtype=torch.bool)
+    if top_k is not None:
+        on |= top_k > 0
+    if top_p is not None:
+        on |= top_p < 1.0
+    return on
+
+
 def running_sums(e: torch.Tensor) -> torch.Tensor:
     """The inverse CDF's running sums of a block's weights ``e [..., SAMPLE_BLOCK]`` (fp32), in the
     one order every backend follows: inside each run of ``SAMPLE_RUN`` ids one after the other,
@@ -195,6 +211,7 @@ def tile_summaries(
         return torch.where(truncation.allowed_ids(allowed_tokens, token), logits, float("-inf"))
 
     limit = None  # the last kept (logit, id) of each row under top-k / top-p (truncation.py)
+    per_id = truncated_rows(top_k, top_p, temperature)[:, None]  # [N, 1]: Gumbel-max per id
     row = None  # the whole row's logits, which the tiles then slice when truncating
     if top_k is not None or top_p is not None:
         # One product for the threshold and the tiles: on CUDA a tile's product may round
@@ -216,6 +233,13 @@ def tile_summaries(
         score, index = block_samples(padded, start // SAMPLE_BLOCK, keys_g, keys_u)
         best_score, best_block = score.max(dim=-1)  # the lowest block on ties
         best_index = index.gather(-1, best_block[..., None]).squeeze(-1)
+        if limit is not None:  # truncated rows: argmax over the kept ids of l_v + g_v
+            g = noise.gumbel_from_bits(
+                noise.token_bits(keys_g[0][..., None], keys_g[1][..., None], token)
+            )
+            kept_score, kept_arg = (logits + g).max(dim=-1)  # the lowest id on ties
+            best_score = torch.where(per_id, kept_score, best_score)
+            best_index = torch.where(per_id, kept_arg + start, best_index)
         greedy_score, greedy_arg = logits.max(dim=-1)  # the lowest id on ties
         best_score = torch.where(greedy[..., 0], greedy_score, best_score)
         best_index = torch.where(greedy[..., 0], greedy_arg + start, best_index)
