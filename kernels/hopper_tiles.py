@@ -63,9 +63,12 @@ from flashspec_export.kernels.noise import (
     GUMBEL_APPROX_ERROR,
     K_MIX,
     STREAM_GUMBEL,
+    STREAM_PICK,
     add_mod,
     gumbel_approx_from_bits,
     gumbel_from_bits,
+    math_exp,
+    math_log,
     mul_mod,
     pow5,
     rnd,
@@ -73,6 +76,7 @@ from flashspec_export.kernels.noise import (
     row_keys,
     sub_mod,
     token_bits,
+    uniform_from_bits,
 )
 from flashspec_export.kernels.order_keys import order_key
 from flashspec_export.ops.workspace import launch_workspace
@@ -98,6 +102,11 @@ RANK_LIMIT: gl.constexpr = gl.constexpr(2.0**64)
 # Keys a truncated row may hand in (``_hand_in_chunk``): ``verify_resample`` aims its threshold at
 # about half of it; a row that reaches it is recomputed.
 HAND_IN_CAP: gl.constexpr = gl.constexpr(4096)
+SAMPLE_BLOCK: gl.constexpr = gl.constexpr(reference.SAMPLE_BLOCK)
+SAMPLE_RUN: gl.constexpr = gl.constexpr(reference.SAMPLE_RUN)
+# The per-CTA scratch's int32 words per row of a tile: the temperature, and per 64-id block of a
+# tile of at most 256 ids its Gumbel and uniform (plugins/common/tritonAot.h: kRowScratchBytes).
+SCRATCH_PER_ROW: gl.constexpr = gl.constexpr(1 + 2 * 256 // reference.SAMPLE_BLOCK)
 
 
 @gluon.jit
@@ -273,6 +282,117 @@ def _sampled_chunk_best(
         best, best_id = gl.reduce((exact, ids), 1, _argmax_combine)
         logit = gl.sum(gl.where(ids == gl.expand_dims(best_id, 1), logits, 0.0), 1)
     return best, best_id, logit
+
+
+@gluon.jit
+def _lanes_to_blocks(v, blocks_layout: gl.constexpr):
+    """A per-lane ``[CHUNK, LANES]`` value as ``[CHUNK, NB, RUNS]`` (a block's four lanes on the
+    last axis) in ``blocks_layout``: the same threads."""
+    RUNS: gl.constexpr = blocks_layout.threads_per_warp[2]
+    shape: gl.constexpr = [v.shape[0], v.shape[1] // RUNS, RUNS]
+    return gl.convert_layout(gl.reshape(v, shape), blocks_layout, assert_trivial=True)
+
+
+@gluon.jit
+def _blocks_to_lanes(v, lanes_layout: gl.constexpr):
+    """A per-block ``[CHUNK, NB]`` value (``SliceLayout(2, blocks_layout)``) on each of the
+    block's lanes: ``[CHUNK, LANES]`` in ``lanes_layout``."""
+    blocks_layout: gl.constexpr = v.type.layout.parent
+    RUNS: gl.constexpr = blocks_layout.threads_per_warp[2]
+    wide = gl.expand_dims(v, 2) + gl.zeros([v.shape[0], v.shape[1], RUNS], v.dtype, blocks_layout)
+    return gl.convert_layout(
+        gl.reshape(wide, [v.shape[0], v.shape[1] * RUNS]), lanes_layout, assert_trivial=True
+    )
+
+
+@gluon.jit
+def _block_sampled_chunk_best(acc, ids, scale, greedy, g_ptr, u_ptr, in_chunk, v_start,
+                              NB: gl.constexpr, run_layout: gl.constexpr):  # fmt: skip
+    """Per row of a chunk: the two-level sample over the tile's blocks
+    (``reference.verify_resample.block_samples``): the best block score (lowest block on ties),
+    its pick (a global id) and the pick's logit ``dot / T``; greedy rows: the max logit, its id
+    (lowest on ties) and itself.
+
+    ``acc [CHUNK, BLOCK_V]`` the dots (-inf at NaN and past the vocabulary), ``ids`` their ids
+    (``v_start`` on), ``scale`` T (1 for greedy rows); ``g_ptr``, ``u_ptr``: the tile's blocks'
+    Gumbels and uniforms, ``[BLOCK_N, NB]`` float32 in the CTA's scratch, rows ``in_chunk``.
+    Each thread holds one row's run of ``SAMPLE_RUN`` ids (``run_layout``), so a block is four
+    lanes: the running sums inside a run are the thread's own, in order, and the sums of the runs
+    before it are formed in order from the four lanes' totals (each gathered by a reduction that
+    adds zeros, exact) — the reference's order. Per logit: an IEEE division, an ``expf``, an add
+    for the running sum, one for the offset and a compare."""
+    CHUNK: gl.constexpr = acc.shape[0]
+    BLOCK_V: gl.constexpr = acc.shape[1]
+    RUN: gl.constexpr = run_layout.size_per_thread[2]
+    gl.static_assert(RUN == SAMPLE_RUN, "a thread's run of ids must be one run of the sample")
+    RUNS: gl.constexpr = SAMPLE_BLOCK // SAMPLE_RUN
+    LANES: gl.constexpr = BLOCK_V // RUN
+    row_layout: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
+    lanes_layout: gl.constexpr = gl.SliceLayout(2, run_layout)
+    blocks_layout: gl.constexpr = gl.BlockedLayout(
+        [1, 1, 1],
+        [run_layout.threads_per_warp[0], run_layout.threads_per_warp[1] // RUNS, RUNS],
+        [run_layout.warps_per_cta[0], 1, 1],
+        [2, 1, 0],
+    )
+    nb_layout: gl.constexpr = gl.SliceLayout(2, blocks_layout)  # [CHUNK, NB]
+    logits = gl.div_rn(acc, gl.expand_dims(scale, 1))  # IEEE, as the reference's l / T
+    x = gl.convert_layout(gl.reshape(logits, [CHUNK, LANES, RUN]), run_layout, assert_trivial=True)
+    m = gl.max(_lanes_to_blocks(gl.max(x, 2), blocks_layout), 2)  # [CHUNK, NB] block max
+    finite = (m > float("-inf")) & (m < float("inf"))
+    shift = _blocks_to_lanes(gl.where(finite, m, 0.0), lanes_layout)
+    on = _blocks_to_lanes(gl.where(finite, 1.0, 0.0), lanes_layout)
+    e = math_exp(x - gl.expand_dims(shift, 2), True) * gl.expand_dims(on, 2)
+    c = gl.associative_scan(e, 2, _add_combine)  # inside the thread's run, in order
+    totals = _lanes_to_blocks(gl.max(c, 2), blocks_layout)  # [CHUNK, NB, RUNS] run totals
+    r_layout: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(0, blocks_layout))
+    r = gl.expand_dims(gl.expand_dims(gl.arange(0, RUNS, layout=r_layout), 0), 0)  # [1, 1, RUNS]
+    t0 = gl.sum(gl.where(r == 0, totals, 0.0), 2)
+    t1 = gl.sum(gl.where(r == 1, totals, 0.0), 2)
+    t2 = gl.sum(gl.where(r == 2, totals, 0.0), 2)
+    t3 = gl.sum(gl.where(r == 3, totals, 0.0), 2)
+    p2 = t0 + t1
+    p3 = p2 + t2
+    total = p3 + t3  # S_b, [CHUNK, NB]
+    before = gl.where(r == 0, 0.0, gl.expand_dims(t0, 2))
+    before = gl.where(r == 2, gl.expand_dims(p2, 2), before)
+    before = gl.where(r == 3, gl.expand_dims(p3, 2), before)
+    before = gl.convert_layout(gl.reshape(before, [CHUNK, LANES]), lanes_layout)
+    sums = gl.expand_dims(before, 2) + c  # C, the block's running sums
+    rows = gl.convert_layout(in_chunk, gl.SliceLayout(1, nb_layout))
+    nb = gl.arange(0, NB, layout=gl.SliceLayout(0, nb_layout))
+    at = gl.expand_dims(rows, 1) * NB + gl.expand_dims(nb, 0)
+    g = gl.load(g_ptr + at).to(gl.float32, bitcast=True)
+    u = gl.load(u_ptr + at).to(gl.float32, bitcast=True)
+    target = _blocks_to_lanes(u * total, lanes_layout)
+    below = (sums <= gl.expand_dims(target, 2)).to(gl.int32)
+    pick = gl.sum(_lanes_to_blocks(gl.sum(below, 2), blocks_layout), 2)  # [CHUNK, NB]
+    pick = gl.where(total > 0.0, pick, 0)
+    # a block with a +inf logit picks its first one
+    j = gl.arange(0, RUN, layout=gl.SliceLayout(0, gl.SliceLayout(0, run_layout)))
+    lane = gl.arange(0, LANES, layout=gl.SliceLayout(0, lanes_layout))
+    in_block = gl.expand_dims(gl.expand_dims((lane % RUNS) * RUN, 0), 2) + gl.expand_dims(
+        gl.expand_dims(j, 0), 0
+    )  # [1, LANES, RUN]: the id's place in its block
+    first_inf = gl.min(gl.where(x == float("inf"), in_block, SAMPLE_BLOCK), 2)
+    first_inf = gl.min(_lanes_to_blocks(first_inf, blocks_layout), 2)
+    pick = gl.where(m == float("inf"), first_inf, pick)
+    score = gl.where(m == float("inf"), float("inf"), m + math_log(total, True) + g)
+    score = gl.where(m == float("-inf"), float("-inf"), score)
+    best, best_block = gl.reduce(
+        (score, gl.expand_dims(nb, 0) + gl.zeros([CHUNK, NB], gl.int32, nb_layout)),
+        1,
+        _argmax_combine,
+    )
+    best_pick = gl.sum(gl.where(gl.expand_dims(nb, 0) == gl.expand_dims(best_block, 1), pick, 0), 1)
+    best = gl.convert_layout(best, row_layout)
+    best_id = gl.convert_layout(v_start + best_block * SAMPLE_BLOCK + best_pick, row_layout)
+    if gl.max(greedy.to(gl.int32), 0) > 0:  # greedy rows: the argmax of their dots
+        greedy_best, greedy_id = gl.reduce((acc, ids), 1, _argmax_combine)
+        best = gl.where(greedy, greedy_best, best)
+        best_id = gl.where(greedy, greedy_id, best_id)
+    best_logit = gl.sum(gl.where(ids == gl.expand_dims(best_id, 1), logits, 0.0), 1)
+    return best, best_id, best_logit
 
 
 @gluon.jit
@@ -528,7 +648,10 @@ def _epilogue_partition(
     CHUNK: gl.constexpr = acc_buf.type.shape[1]
     BLOCK_V: gl.constexpr = acc_buf.type.shape[2]
     BLOCK_N: gl.constexpr = NUM_CHUNKS * CHUNK
-    keys_ptr = params[13] + gl.program_id(0) * (3 * BLOCK_N)  # this CTA's [3, BLOCK_N] scratch
+    NB: gl.constexpr = BLOCK_V // SAMPLE_BLOCK  # the tile's blocks of the two-level sample
+    # this CTA's scratch: the rows' temperatures [BLOCK_N], the blocks' Gumbels and uniforms
+    # [BLOCK_N, NB] each (SCRATCH_PER_ROW int32 words a row at most)
+    keys_ptr = params[13] + gl.program_id(0) * (SCRATCH_PER_ROW * BLOCK_N)
     EPI_WARPS: gl.constexpr = gl.num_warps()
     # A chunk [CHUNK, BLOCK_V] over the partition: each warp CHUNK / EPI_WARPS whole rows, each
     # lane a run of one row's ids. The per-row work (the winner's exact score, the keys) is
@@ -545,32 +668,45 @@ def _epilogue_partition(
     row_layout: gl.constexpr = gl.SliceLayout(1, layout)
     col_layout: gl.constexpr = gl.SliceLayout(0, layout)
     block_layout: gl.constexpr = gl.BlockedLayout([1], [32], [EPI_WARPS], [0])
+    noise_layout: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [EPI_WARPS, 1], [1, 0])
     num_splits = gl.cdiv(vocab_size, BLOCK_V)
     for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
         count = tile // gl.num_programs(0)  # this CTA's tiles before this one
         v_tile = tile // row_blocks
         row_block = tile - v_tile * row_blocks
         if VERIFY:
-            # The block's rows: noise keys and temperature, once per tile, shared through the
-            # CTA's scratch (per chunk, an L1 hit instead of a dependent global load).
+            # The block's rows: temperatures and the blocks' noise, once per tile, shared through
+            # the CTA's scratch (per chunk, an L1 hit instead of a dependent global load).
             block_rows = row_block * BLOCK_N + gl.arange(0, BLOCK_N, layout=block_layout)
             block_ok = block_rows < num_rows
             block_seq = block_rows // (gamma + 1)
-            seed = gl.load(seed_ptr + block_seq, mask=block_ok, other=0)
-            position = gl.load(positions_ptr + block_seq, mask=block_ok, other=0)
-            position += block_rows - block_seq * (gamma + 1)
             block_t = gl.load(temperature_ptr + block_seq, mask=block_ok, other=0.0)
             plain = block_ok
             if HAND_IN:  # the truncated sequences' rows take no noisy best
                 plain &= gl.load(truncated_ptr + block_seq, mask=block_ok, other=1) == 0
             any_sampled = gl.max(gl.where(plain & (block_t >= GREEDY_BELOW), 1, 0), 0) > 0
             any_plain = gl.max(gl.where(plain, 1, 0), 0) > 0
-            block_a, block_b = row_keys(seed, position, STREAM_GUMBEL)
+            # The blocks' noise of the tile's rows, once per tile (while the MMA runs): each
+            # (row, 64-id block) its Gumbel and its pick's uniform, into the CTA's scratch.
+            noise_rows = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, noise_layout))
+            row = gl.expand_dims(row_block * BLOCK_N + noise_rows, 1)  # [BLOCK_N, 1]
+            noise_ok = row < num_rows
+            noise_seq = row // (gamma + 1)
+            noise_pos = gl.load(positions_ptr + noise_seq, mask=noise_ok, other=0)
+            noise_pos += row - noise_seq * (gamma + 1)
+            noise_seed = gl.load(seed_ptr + noise_seq, mask=noise_ok, other=0)
+            g_a, g_b = row_keys(noise_seed, noise_pos, STREAM_GUMBEL)  # [BLOCK_N, 1]
+            u_a, u_b = row_keys(noise_seed, noise_pos, STREAM_PICK)
+            nb = gl.arange(0, NB, layout=gl.SliceLayout(0, noise_layout))
+            block_id = gl.expand_dims(v_tile * NB + nb, 0)  # [1, NB]
+            g = gumbel_from_bits(token_bits(g_a, g_b, block_id), True)  # [BLOCK_N, NB]
+            u = uniform_from_bits(token_bits(u_a, u_b, block_id))
+            noise_at = gl.expand_dims(noise_rows, 1) * NB + gl.expand_dims(nb, 0)
             _cta_barrier()  # the previous tile's reads of this CTA's scratch are done
             in_block = gl.arange(0, BLOCK_N, layout=block_layout)
-            gl.store(keys_ptr + in_block, block_a.to(gl.int32, bitcast=True))
-            gl.store(keys_ptr + BLOCK_N + in_block, block_b.to(gl.int32, bitcast=True))
-            gl.store(keys_ptr + 2 * BLOCK_N + in_block, block_t.to(gl.int32, bitcast=True))
+            gl.store(keys_ptr + in_block, block_t.to(gl.int32, bitcast=True))
+            gl.store(keys_ptr + BLOCK_N + noise_at, g.to(gl.int32, bitcast=True))
+            gl.store(keys_ptr + (1 + NB) * BLOCK_N + noise_at, u.to(gl.int32, bitcast=True))
             _cta_barrier()
         first_rows = row_block * BLOCK_N + gl.arange(0, CHUNK, layout=row_layout)
         if MASKED:  # the first chunk's mask words, loaded while the MMA finishes
@@ -599,26 +735,17 @@ def _epilogue_partition(
             ws_off = rows * num_splits + v_tile
             if VERIFY:
                 in_chunk = chunk * CHUNK + gl.arange(0, CHUNK, layout=row_layout)
-                temperature = gl.load(keys_ptr + 2 * BLOCK_N + in_chunk)
+                temperature = gl.load(keys_ptr + in_chunk)
                 temperature = temperature.to(gl.float32, bitcast=True)
                 greedy = temperature < GREEDY_BELOW  # reference.verify_resample.GREEDY_BELOW
                 scale = gl.where(greedy, 1.0, temperature)
                 if any_plain:
                     if any_sampled:
-                        key_a = gl.load(keys_ptr + in_chunk).to(gl.uint32, bitcast=True)
-                        key_b = gl.load(keys_ptr + BLOCK_N + in_chunk).to(gl.uint32, bitcast=True)
-                        best, best_id, best_logit = _sampled_chunk_best(
-                            acc,
-                            ids,
-                            row_ok,
-                            scale,
-                            greedy,
-                            key_a,
-                            key_b,
-                            v_tile * BLOCK_V,
-                            RUN,
+                        best, best_id, best_logit = _block_sampled_chunk_best(
+                            acc, ids, scale, greedy, keys_ptr + BLOCK_N,
+                            keys_ptr + (1 + NB) * BLOCK_N, in_chunk, v_tile * BLOCK_V, NB,
                             run_layout,
-                        )
+                        )  # fmt: skip
                     else:  # greedy rows only: the scores are the logits, dot / 1
                         best, best_id = gl.reduce((acc, ids), 1, _argmax_combine)
                         best_logit = best
@@ -1080,7 +1207,7 @@ def launch(
     device = hidden2d.device
     index = device.index if device.index is not None else torch.cuda.current_device()
     grid = (min(num_tiles, sm_count(index)),)
-    keys = _keys_scratch(device, grid[0] * 3 * config.block_n)
+    keys = _keys_scratch(device, grid[0] * SCRATCH_PER_ROW * config.block_n)
     hopper_tiles_kernel[grid](
         a_desc,
         b_desc,
