@@ -33,6 +33,7 @@ from flashspec_export.onnx import noise, schemas  # schemas register on import
 from flashspec_export.onnx.builder import Body
 from flashspec_export.ops import specs
 from flashspec_export.reference import noise as spec
+from flashspec_export.reference import verify_resample as spec_vr
 from flashspec_export.reference.truncation import WORD_BITS
 from flashspec_export.reference.verify_resample import GREEDY_BELOW
 
@@ -346,6 +347,81 @@ def _kept(b: Body, logits: str, vocab_size: str, present) -> str:
     return kept
 
 
+def _truncates(b: Body, present) -> str:
+    """[N] bool: the sequences top-k (k > 0) or top-p (p < 1) truncates
+    (``reference.verify_resample.truncated_rows``)."""
+    on = None
+    if "top_k" in present:
+        on = b.op("Greater", "top_k", b.const(0, I64))
+    if "top_p" in present:
+        below = b.op("Less", "top_p", b.const(1.0, F32))
+        on = below if on is None else b.op("Or", on, below)
+    return on
+
+
+def _block_sample(b: Body, logits: str, seed: str, row_pos: str, vocab_size: str) -> str:
+    """[N, R] int64: each row's two-level sample of ``logits [N, R, V]``
+    (``reference.verify_resample.block_samples``): the vocabulary in blocks of 64 ids (-inf past
+    V), each scored ``M_b + log S_b + g_b``, the best block (lowest on ties) and its pick, the
+    count of its running sums at or below ``u_b · S_b``. The running sums in the reference's
+    order: CumSum inside each run of 16 ids, plus the exclusive CumSum of the run totals."""
+    block, run = spec_vr.SAMPLE_BLOCK, spec_vr.SAMPLE_RUN
+    last = b.const([-1], I64)
+    pad = b.op(
+        "Mod",
+        b.op("Sub", b.const(block, I64), b.op("Mod", vocab_size, b.const(block, I64))),
+        b.const(block, I64),
+    )
+    pads = b.op(
+        "Concat", b.const([0, 0, 0, 0, 0], I64), b.op("Unsqueeze", pad, b.const([0], I64)), axis=0
+    )
+    padded = b.op("Pad", logits, pads, b.const(-np.inf, F32))  # [N, R, nb · 64]
+    leading = b.op("Slice", b.op("Shape", logits), b.const([0], I64), b.const([2], I64))  # N, R
+    shape = b.op("Concat", leading, b.const([-1, block // run, run], I64), axis=0)
+    x = b.op("Reshape", padded, shape)  # [N, R, nb, 4, 16]
+    m = b.op("ReduceMax", x, b.const([3, 4], I64), keepdims=1)  # [N, R, nb, 1, 1]
+    finite = b.op("Not", b.op("IsInf", m))
+    zero = b.const(0.0, F32)
+    e = b.op("Where", finite, b.op("Exp", b.op("Sub", x, b.op("Where", finite, m, zero))), zero)
+    c = b.op("CumSum", e, b.const(4, I64))  # inside each run
+    totals = b.op("Gather", c, b.const([run - 1], I64), axis=4)  # [N, R, nb, 4, 1]
+    before = b.op("CumSum", totals, b.const(3, I64), exclusive=1)
+    sums = b.op("Add", before, c)  # [N, R, nb, 4, 16]
+    total = b.op("ReduceMax", sums, b.const([3, 4], I64), keepdims=0)  # S_b: sums never fall
+    m = b.op("Squeeze", m, b.const([3, 4], I64))  # [N, R, nb]
+    nb = b.op("Gather", b.op("Shape", total), b.const(2, I64), axis=0)
+    blocks = b.op("Range", b.const(0, I64), nb, b.const(1, I64))  # [nb]
+    unsqueeze2 = b.const([2], I64)
+    g_a, g_b = (
+        b.op("Unsqueeze", k, unsqueeze2)
+        for k in noise.row_keys(b, seed, row_pos, spec.STREAM_GUMBEL)
+    )
+    u_a, u_b = (
+        b.op("Unsqueeze", k, unsqueeze2) for k in noise.row_keys(b, seed, row_pos, spec.STREAM_PICK)
+    )
+    g = _fence(b, noise.gumbel_from_bits(b, noise.token_bits(b, g_a, g_b, blocks)))  # [N, R, nb]
+    u = noise.uniform_from_bits(b, noise.token_bits(b, u_a, u_b, blocks))
+    flat = b.op("Concat", b.op("Shape", total), b.const([block], I64), axis=0)
+    sums = b.op("Reshape", sums, flat)  # [N, R, nb, 64]
+    target = b.op("Unsqueeze", b.op("Mul", u, total), last)
+    below = b.op("Cast", b.op("LessOrEqual", sums, target), to=TensorProto.INT64)
+    pick = b.op("ReduceSum", below, last, keepdims=0)
+    pick = b.op("Where", b.op("Greater", total, zero), pick, b.const(0, I64))
+    pos_inf = b.op(
+        "Cast", b.op("IsInf", b.op("Reshape", x, flat), detect_negative=0), to=TensorProto.INT32
+    )
+    first_inf = b.op("ArgMax", pos_inf, axis=3, keepdims=0, select_last_index=0)
+    plus_inf, minus_inf = b.const(np.inf, F32), b.const(-np.inf, F32)
+    m_pos = b.op("Equal", m, plus_inf)
+    pick = b.op("Where", m_pos, first_inf, pick)
+    score = b.op("Add", b.op("Add", m, b.op("Log", total)), g)
+    score = b.op("Where", m_pos, plus_inf, score)
+    score = b.op("Where", b.op("Equal", m, minus_inf), minus_inf, score)
+    best = b.op("ArgMax", score, axis=2, keepdims=1, select_last_index=0)  # [N, R, 1]
+    chosen = b.op("Squeeze", b.op("GatherElements", pick, best, axis=2), unsqueeze2)
+    return b.op("Add", b.op("Mul", b.op("Squeeze", best, unsqueeze2), b.const(block, I64)), chosen)
+
+
 def verify_resample_function(
     present: Collection[str] = (), outputs: Collection[str] = ("logprobs",)
 ) -> onnx.FunctionProto:
@@ -353,7 +429,8 @@ def verify_resample_function(
     seed [N], positions [N][, top_k [N], top_p [N], allowed_tokens [N, γ+1, W]]) -> tokens
     [N, γ+1], num_emitted [N][, logprobs [N, γ+1]]``.
 
-    Per row i: ``y_i = argmax_v (l_v + g_v)`` (greedy: ``argmax_v l_v``); drafts are accepted
+    Per row i: ``y_i`` the two-level sample (``_block_sample``; rows top-k / top-p truncate:
+    ``argmax_kept (l_v + g_v)``; greedy: ``argmax_v l_v``); drafts are accepted
     while ``x == y``; the step emits ``y_0 .. y_k``. Log-probabilities: ``l(y) - LSE``.
     ``present``: the optional inputs the nodes carry; with any, the logits outside the
     truncation are -inf before the sample and the LSE (materialised: top-k / top-p by 32
@@ -383,25 +460,33 @@ def verify_resample_function(
     row_ids = b.op("Range", b.const(0, I64), rows, b.const(1, I64))  # [R]
     row_pos = b.op("Add", b.op("Unsqueeze", "positions", b.const([1], I64)), row_ids)  # [N, R]
     seed = b.op("Unsqueeze", "seed", b.const([1], I64))  # [N, 1]
-    token = b.op("Range", b.const(0, I64), vocab_size, b.const(1, I64))  # [V]
-
-    # y = argmax (l + g) (greedy rows: argmax l), lowest index on ties.
-    key_a, key_b = noise.row_keys(b, seed, row_pos, spec.STREAM_GUMBEL)
-    bits = noise.token_bits(
-        b, b.op("Unsqueeze", key_a, unsqueeze2), b.op("Unsqueeze", key_b, unsqueeze2), token
-    )  # [N, R, V]
-    gumbel = _fence(b, noise.gumbel_from_bits(b, bits))  # [N, R, V], see _fence
     greedy3 = b.op("Unsqueeze", greedy, b.const([1, 2], I64))
-    if present:
+
+    # y: the two-level sample (greedy rows: argmax l), lowest index on ties.
+    y = _block_sample(b, logits, seed, row_pos, vocab_size)  # [N, R]
+    y = b.op(
+        "Where",
+        b.op("Unsqueeze", greedy, b.const([1], I64)),
+        b.op("ArgMax", logits, axis=2, keepdims=0),
+        y,
+    )
+    if "top_k" in present or "top_p" in present:
+        # Rows that top-k / top-p truncate: argmax over the kept ids of l_v + g_v (g keyed by id).
+        key_a, key_b = noise.row_keys(b, seed, row_pos, spec.STREAM_GUMBEL)
+        token = b.op("Range", b.const(0, I64), vocab_size, b.const(1, I64))  # [V]
+        bits = noise.token_bits(
+            b, b.op("Unsqueeze", key_a, unsqueeze2), b.op("Unsqueeze", key_b, unsqueeze2), token
+        )  # [N, R, V]
+        gumbel = _fence(b, noise.gumbel_from_bits(b, bits))  # [N, R, V], see _fence
         # The same scores as from the truncated logits (a dropped token's -inf + g is -inf),
         # masked after the noise is added: fed the truncated logits, Myelin's build of the
         # hash chain never finishes (as without _fence), the fence notwithstanding.
         score = b.op("Where", greedy3, untruncated, b.op("Add", untruncated, gumbel))
         score = b.op("Where", kept, score, b.const(-np.inf, F32))
-    else:
-        score = b.op("Where", greedy3, logits, b.op("Add", logits, gumbel))
-    best = b.op("ArgMax", score, axis=2, keepdims=1, select_last_index=0)  # [N, R, 1]
-    y = b.op("Squeeze", best, unsqueeze2)  # [N, R]
+        per_id = b.op("ArgMax", score, axis=2, keepdims=0, select_last_index=0)  # [N, R]
+        truncates = _truncates(b, present)  # [N]
+        y = b.op("Where", b.op("Unsqueeze", truncates, b.const([1], I64)), per_id, y)
+    best = b.op("Unsqueeze", y, unsqueeze2)  # [N, R, 1]
 
     # k = number of leading drafts equal to y: rows before the first mismatch.
     accept = b.op("Equal", "draft_tokens", _rows_before_last(b, y))  # [N, γ]
