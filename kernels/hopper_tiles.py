@@ -25,16 +25,14 @@ reduction is a row max, cheap enough for the MMA warps to do in registers while 
 fills the ring with the next tile; the shared memory the accumulator hand-over took goes to a
 deeper ring or a 128 x 256 tile of two warpgroups.
 
-The VerifyResample epilogue ranks every logit with a cheap score (the hash's first round by
-finite differences along each thread's run of ids, ``_run_bits``) and recomputes each row's
-winner with the portable kernels' exact arithmetic (``kernels/noise.py``; IEEE division by the
-temperature, ``libdevice`` logs), falling back to exact scoring of a whole chunk on a near-tie
-(``_sampled_chunk_best`` proves the bound), so its summaries are bit-equal to the portable
-kernels'. The rows' noise keys and temperatures are computed once per tile into a per-CTA
-scratch. Fewer rows than one row block are first copied into a whole block
-(``_whole_row_block``); TMA zero-fills the rows of a later partial block and LM-head rows past
-``V``; ids at or past ``vocab_size`` and NaN dots score ``-inf``: the MMA partition sets them to
-it (``_masked_dots``).
+The VerifyResample epilogue takes the two-level sample of each (row, tile)
+(``_block_sampled_chunk_best``): per logit an IEEE division by the temperature, a libdevice
+``expf`` and the running sums of its 64-id block in the reference's order, so its summaries are
+those of the reference's arithmetic; the hash and the logs are paid per (row, block), once per
+tile into a per-CTA scratch (the rows' temperatures too) while the MMA warps work. Fewer rows
+than one row block are first copied into a whole block (``_whole_row_block``); TMA zero-fills
+the rows of a later partial block and LM-head rows past ``V``; ids at or past ``vocab_size`` and
+NaN dots score ``-inf``: the MMA partition sets them to it (``_masked_dots``).
 
 Gluon (Triton 3.6) constraints that shape the code: a worker partition's constexpr arguments
 arrive as runtime values, so the op's flags select one epilogue function per op in the kernel
@@ -60,21 +58,12 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from flashspec_export.kernels.noise import (
-    GUMBEL_APPROX_ERROR,
-    K_MIX,
     STREAM_GUMBEL,
     STREAM_PICK,
-    add_mod,
-    gumbel_approx_from_bits,
     gumbel_from_bits,
     math_exp,
     math_log,
-    mul_mod,
-    pow5,
-    rnd,
-    rot16,
     row_keys,
-    sub_mod,
     token_bits,
     uniform_from_bits,
 )
@@ -91,14 +80,7 @@ _PUBLIC_REINTERPRET: gl.constexpr = gl.constexpr(
     hasattr(gl.shared_memory_descriptor, "reinterpret")
 )
 
-# The ranking bound of `_sampled_chunk_best`: a ranking score r is within
-# RANK_REL · (|r| + RANK_OFFSET) + GUMBEL_APPROX_ERROR of the exact score (RANK_REL = 2**-20
-# covers the ~6 fp32 roundings of 2**-24 it needs with 2.5x slack, RANK_OFFSET the largest
-# |Gumbel| 21.5), for scores below RANK_LIMIT in magnitude.
-RANK_REL: gl.constexpr = gl.constexpr(2.0**-20)
 GREEDY_BELOW: gl.constexpr = gl.constexpr(reference.GREEDY_BELOW)  # T below it: a greedy row
-RANK_OFFSET: gl.constexpr = gl.constexpr(24.0)
-RANK_LIMIT: gl.constexpr = gl.constexpr(2.0**64)
 # Keys a truncated row may hand in (``_hand_in_chunk``): ``verify_resample`` aims its threshold at
 # about half of it; a row that reaches it is recomputed.
 HAND_IN_CAP: gl.constexpr = gl.constexpr(4096)
@@ -114,174 +96,6 @@ def _argmax_combine(value_a, index_a, value_b, index_b):
     """(max, its id) with ties to the lowest id — ``tl.max(..., return_indices=True)``'s rule."""
     take_a = (value_a > value_b) | ((value_a == value_b) & (index_a < index_b))
     return gl.where(take_a, value_a, value_b), gl.where(take_a, index_a, index_b)
-
-
-@gluon.jit
-def _top2_combine(s1_a, id_a, acc_a, s2_a, s1_b, id_b, acc_b, s2_b):
-    """Reduce (best, its id, its dot, second best): the best with the lowest id on ties, and the
-    largest of the rest (the loser's best included)."""
-    a_wins = (s1_a > s1_b) | ((s1_a == s1_b) & (id_a < id_b))
-    s2 = gl.maximum(gl.maximum(s2_a, s2_b), gl.where(a_wins, s1_b, s1_a))
-    return (
-        gl.where(a_wins, s1_a, s1_b),
-        gl.where(a_wins, id_a, id_b),
-        gl.where(a_wins, acc_a, acc_b),
-        s2,
-    )
-
-
-@gluon.jit
-def _opaque(x):
-    """``x`` (uint32) through a move the compiler cannot see through (no value reuse)."""
-    return gl.inline_asm_elementwise(
-        "mov.b32 $0, $1;", "=r,r", [x], dtype=gl.uint32, is_pure=True, pack=1
-    )
-
-
-@gluon.jit
-def _add_mod_combine(x, y):
-    return add_mod(x, y)
-
-
-@gluon.jit
-def _sum_from(start, steps, first):
-    """Running sums mod P along each thread's run (axis 2) of ``steps``, starting from
-    ``start [CHUNK, LANES]`` added to the first step: a sequential scan inside each thread."""
-    steps = gl.where(first, add_mod(steps, gl.expand_dims(start, 2)), steps)
-    return gl.associative_scan(steps, 2, _add_mod_combine)
-
-
-@gluon.jit
-def _run_bits(key_a, key_b, first_id, RUN: gl.constexpr, run_layout: gl.constexpr):
-    """``token_bits(a, b, first_id + j)`` for ``j`` in ``[0, RUN)``, bit for bit, at about half
-    the integer multiplies: ``[CHUNK, LANES, RUN]`` in ``run_layout`` (each thread holds one
-    run), from ``key_a, key_b, first_id [CHUNK, LANES]`` in ``SliceLayout(2, run_layout)``.
-
-    The hash's first round ``f(j) = pow5((a·(first_id + j) + b) % P)`` is a polynomial of degree
-    5 in ``j`` over the field of integers mod P. So its backward differences obey
-    ``∇^k f(j) = ∇^k f(j - 1) + ∇^(k+1) f(j)`` and ``∇^5 f = 5!·a^5`` is constant. From
-    ``∇^k f(-1)``, k = 0..4 (five values ``f(-1..-5)``; with ``∇^5 f``, 20 multiply-mods per
-    run), five running sums along the run give every ``f(j)`` with five add-mods per id, where
-    the reference's ``(a·t + b) % P`` and ``pow5`` take four multiply-mods. The second round is
-    the reference's.
-    """
-    u = add_mod(mul_mod(key_a, first_id), key_b)  # (a·first_id + b) % P: f's argument at j = 0
-    w1 = sub_mod(u, key_a)  # f's arguments at j = -1 .. -5
-    w2 = sub_mod(w1, key_a)
-    w3 = sub_mod(w2, key_a)
-    w4 = sub_mod(w3, key_a)
-    w5 = sub_mod(w4, key_a)
-    f1 = pow5(w1)
-    f2 = pow5(w2)
-    f3 = pow5(w3)
-    f4 = pow5(w4)
-    f5 = pow5(w5)
-    # The difference table at j = -1: ∇f = g1, ∇²f = h1, ∇³f = k1, ∇⁴f = m1.
-    g1 = sub_mod(f1, f2)
-    g2 = sub_mod(f2, f3)
-    g3 = sub_mod(f3, f4)
-    g4 = sub_mod(f4, f5)
-    h1 = sub_mod(g1, g2)
-    h2 = sub_mod(g2, g3)
-    h3 = sub_mod(g3, g4)
-    k1 = sub_mod(h1, h2)
-    k2 = sub_mod(h2, h3)
-    m1 = sub_mod(k1, k2)
-    step5 = mul_mod(pow5(key_a), gl.full_like(key_a, 120))  # ∇⁵f = 5!·a⁵ % P
-    j_layout: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(0, run_layout))
-    first = gl.expand_dims(gl.expand_dims(gl.arange(0, RUN, layout=j_layout), 0), 0) == 0
-    e = gl.expand_dims(step5, 2) + gl.zeros([1, 1, RUN], gl.uint32, run_layout)
-    e = _sum_from(m1, e, first)  # ∇⁴f(j)
-    e = _sum_from(k1, e, first)  # ∇³f(j)
-    e = _sum_from(h1, e, first)  # ∇²f(j)
-    e = _sum_from(g1, e, first)  # ∇f(j)
-    e = _sum_from(f1, e, first)  # f(j)
-    return rnd(add_mod(rot16(e), K_MIX))
-
-
-@gluon.jit
-def _sampled_chunk_best(
-    acc,
-    ids,
-    row_ok,
-    scale,
-    greedy,
-    key_a,
-    key_b,
-    v_start,
-    RUN: gl.constexpr,
-    run_layout: gl.constexpr,
-):
-    """Per row of a chunk: the best exact score ``max_v fl(fl(dot_v / T) + g_v)`` (greedy rows:
-    ``dot_v``), its id (lowest on ties) and its logit ``fl(dot_v / T)`` — bit for bit what
-    scoring every element exactly gives, at about half the ALU work per element.
-
-    ``acc [CHUNK, BLOCK_V]`` the dots (-inf at NaN and past the vocabulary), ``ids`` their
-    vocabulary ids (``v_start`` on), ``row_ok``, ``scale`` (T, or 1 for greedy rows), ``greedy``,
-    ``key_a, key_b`` the rows' noise keys; each thread holds runs of ``RUN`` ids, ``run_layout``
-    the chunk as ``[CHUNK, LANES, RUN]`` (``_run_bits``).
-
-    Rank, then recompute the winner. Every element gets a ranking score
-    ``r_v = fl(fl(dot_v · fl(1/T)) + g~_v)`` with ``g~ = gumbel_approx_from_bits`` (two MUFU
-    instructions instead of libdevice's ``log1pf`` and two ``logf``, a multiply instead of an IEEE
-    division). One reduction gives per row the best ranking score ``r1`` at id ``v1`` (lowest on
-    ties), the dot there and the best ranking score ``r2`` of the other ids; only ``v1``'s exact
-    score is computed, from its dot and its own hash.
-
-    Why that is the exact winner. With u = 2**-24: ``|fl(1/T) - 1/T| <= u/T``, so the ranking
-    logit is within ``3u·|dot/T|`` of the exact ``fl(dot/T)``; each of the two additions rounds by
-    at most ``u`` of its result, and ``|dot/T| <= (1 + 4u)(|r| + 21.5)`` since ``g~ <= 21.5``.
-    Hence every element's exact score ``s_v`` satisfies ``|s_v - r_v| <= e(r_v)`` with
-    ``e(r) = RANK_REL · (|r| + RANK_OFFSET) + GUMBEL_APPROX_ERROR`` (about 6u·(|r| + 22) is needed;
-    subnormal products add at most 2**-148, inside the slack) while ``|r| < RANK_LIMIT``.
-    ``r + e(r)`` grows with ``r``, so if ``r2 + e(r2) < r1 - e(r1)`` then every other id has
-    ``s_v <= r_v + e(r_v) <= r2 + e(r2) < r1 - e(r1) <= s_v1``: ``v1`` is the unique exact
-    maximum. A row where the test fails (a near-tie within ~1e-5, a score past RANK_LIMIT, a NaN)
-    sends the whole chunk down the exact path — every element scored as the reference does — in
-    a branch uniform over the partition. Greedy rows rank by ``dot · 1 = dot``, the exact score,
-    and always pass; so do rows past ``num_rows`` (never stored) and fully padded tiles.
-    """
-    BLOCK_V: gl.constexpr = acc.shape[1]
-    inv_scale = gl.div_rn(gl.full_like(scale, 1.0), scale)  # ranking only
-    rank_logit = acc * gl.expand_dims(inv_scale, 1)
-    lanes_layout: gl.constexpr = gl.SliceLayout(2, run_layout)
-    lane = gl.arange(0, BLOCK_V // RUN, layout=gl.SliceLayout(0, lanes_layout))
-    run_rows: gl.constexpr = gl.SliceLayout(1, lanes_layout)
-    run_bits = _run_bits(
-        gl.expand_dims(gl.convert_layout(key_a, run_rows, assert_trivial=True), 1),
-        gl.expand_dims(gl.convert_layout(key_b, run_rows, assert_trivial=True), 1),
-        gl.expand_dims(v_start + lane * RUN, 0).to(gl.uint32),
-        RUN,
-        run_layout,
-    )
-    bits = gl.convert_layout(gl.reshape(run_bits, acc.shape), acc.type.layout, assert_trivial=True)
-    noise = gumbel_approx_from_bits(bits, True)
-    # rank_logit + noise, or rank_logit for greedy rows (x 0: the noise is finite), one FMA
-    sampled = gl.where(greedy, 0.0, 1.0)
-    rank = rank_logit + noise * gl.expand_dims(sampled, 1)
-    none = gl.full_like(rank, float("-inf"))
-    r1, best_id, dot1, r2 = gl.reduce((rank, ids, acc, none), 1, _top2_combine)
-
-    # The winner's exact score, as the reference computes it.
-    logit = gl.div_rn(dot1, scale)
-    exact_noise = gumbel_from_bits(token_bits(key_a, key_b, best_id), True)
-    best = gl.where(greedy, logit, logit + exact_noise)
-    best = gl.where(r1 == float("-inf"), float("-inf"), best)
-
-    e1 = RANK_REL * (gl.abs(r1) + RANK_OFFSET) + GUMBEL_APPROX_ERROR
-    e2 = gl.where(r2 == float("-inf"), 0.0, RANK_REL * (gl.abs(r2) + RANK_OFFSET))
-    separated = (r2 + (e2 + GUMBEL_APPROX_ERROR) < r1 - e1) & (gl.abs(r1) < RANK_LIMIT)
-    clear = greedy | (not row_ok) | (r1 == float("-inf")) | separated
-    if gl.min(clear.to(gl.int32), 0) == 0:
-        # Exact path for the whole chunk: score every element as the reference does. The hash
-        # again, not kept from the ranking pass (registers for the rare case): an opaque copy of
-        # the key stops the compiler from reusing those values.
-        logits = gl.div_rn(acc, gl.expand_dims(scale, 1))
-        bits = token_bits(gl.expand_dims(_opaque(key_a), 1), gl.expand_dims(key_b, 1), ids)
-        exact = gl.where(gl.expand_dims(greedy, 1), logits, logits + gumbel_from_bits(bits, True))
-        best, best_id = gl.reduce((exact, ids), 1, _argmax_combine)
-        logit = gl.sum(gl.where(ids == gl.expand_dims(best_id, 1), logits, 0.0), 1)
-    return best, best_id, logit
 
 
 @gluon.jit
@@ -418,7 +232,7 @@ def _mask_words(allowed_ptr, rows, row_ok, v_start, num_words, BLOCK_V: gl.const
 @gluon.jit
 def _allowed_dots(acc, words, v_start, run_layout: gl.constexpr):
     """``acc [CHUNK, BLOCK_V]`` with -inf at the ids the mask ``words`` (``_mask_words``) forbid:
-    a shift per id, in ``run_layout`` as ``_run_bits``."""
+    a shift per id, in ``run_layout`` (each thread one row's run of ids)."""
     BLOCK_V: gl.constexpr = acc.shape[1]
     RUN: gl.constexpr = run_layout.size_per_thread[2]
     lanes_layout: gl.constexpr = gl.SliceLayout(2, run_layout)

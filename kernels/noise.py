@@ -40,12 +40,6 @@ STREAM_PICK: tl.constexpr = tl.constexpr(spec.STREAM_PICK)
 _TWO_POW_30: tl.constexpr = tl.constexpr(2**30)
 _TWO_POW_M24: tl.constexpr = tl.constexpr(2.0**-24)
 _TWO_POW_M31: tl.constexpr = tl.constexpr(2.0**-31)
-_TWO_POW_27: tl.constexpr = tl.constexpr(2**27)
-_LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
-# |gumbel_approx_from_bits(x) - gumbel_from_bits(x)| <= GUMBEL_APPROX_ERROR for every x in [0, P):
-# measured over all 2**31 - 1 values on an H100 (max 2.06e-5; tests/parity/test_gumbel_approx.py
-# repeats the exhaustive check on a GPU and samples it under the interpreter), with 4x slack.
-GUMBEL_APPROX_ERROR: tl.constexpr = tl.constexpr(8e-5)
 
 
 @triton.jit
@@ -196,77 +190,6 @@ def exponential_from_bits(x, LIBDEVICE: tl.constexpr):
 def gumbel_from_bits(x, LIBDEVICE: tl.constexpr):
     """fp32 standard Gumbel variate ``-log(E)``, in ``[-3.07, 21.5]``."""
     return -math_log(exponential_from_bits(x, LIBDEVICE), LIBDEVICE)
-
-
-@triton.jit
-def _log2_approx(x, LIBDEVICE: tl.constexpr):
-    """fp32 ``log2`` of a normal ``x``: the special-function unit's ``lg2.approx`` when compiled
-    (one MUFU instruction, absolute error ~2**-22 on the mantissa; ``.ftz``: without the
-    rescaling of subnormal inputs, which ``gumbel_approx_from_bits`` never passes), NumPy's under
-    the interpreter."""
-    if LIBDEVICE:
-        return tl.inline_asm_elementwise(
-            "lg2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
-        )
-    else:
-        return tl.log2(x)
-
-
-@triton.jit
-def gumbel_approx_from_bits(x, LIBDEVICE: tl.constexpr):
-    """An approximation of ``gumbel_from_bits(x)`` within ``GUMBEL_APPROX_ERROR``, for ranking.
-
-    ``E = -log(1 - W)`` with ``1 - W = (P - x) * 2**-31``: for ``W < 2**-4`` (``x + 1 < 2**27``) the
-    series ``W + W²/2 + ... + W⁷/7`` (truncation below ``W**7 / 8 < 2**-31`` relative), else
-    ``ln 2 · (31 - lg2(fp32(P - x)))`` (absolute error ~2**-22, relative at most ~2**-18 as
-    ``E >= 2**-4``); then ``g = -ln 2 · lg2(E)``. Both ``lg2`` inputs are normal floats
-    (``P - x >= 1``, ``E >= 2**-31``). Two MUFU instructions and ~12 others, against
-    the exact form's libdevice ``log1pf`` and two ``logf`` (both branches of its select run).
-    Never used for an emitted value: the Hopper verify epilogue ranks with it and recomputes the
-    winner exactly (``kernels/hopper_tiles.py: _sampled_chunk_best``).
-    """
-    k = x + 1
-    w = k.to(tl.float32) * _TWO_POW_M31  # exact: k < 2**31 (x < P)
-    series = w * (
-        1.0 + w * (0.5 + w * (1.0 / 3 + w * (0.25 + w * (0.2 + w * (1.0 / 6 + w * (1.0 / 7))))))
-    )
-    complement = (-(x - P)).to(tl.float32)  # fp32(P - x), as the exact form's large branch
-    logform = _LN2 * (31.0 - _log2_approx(complement, LIBDEVICE))
-    e = tl.where(k < _TWO_POW_27, series, logform)
-    return -_LN2 * _log2_approx(e, LIBDEVICE)
-
-
-@triton.jit
-def _gumbel_error_kernel(
-    max_error_ptr,  # [programs] float32 out
-    start,
-    num_values,
-    LIBDEVICE: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
-    """Per program: max |gumbel_approx_from_bits(x) - gumbel_from_bits(x)| over its ``BLOCK``
-    hash values ``x = start + ...`` (``x < num_values``)."""
-    offs = start + tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    ok = offs < num_values
-    x = tl.where(ok, offs, 0).to(tl.uint32)
-    # Named before tl.abs: the Triton 3.9 interpreter cannot take a jit call's result inline.
-    approx = gumbel_approx_from_bits(x, LIBDEVICE)
-    error = tl.abs(approx - gumbel_from_bits(x, LIBDEVICE))
-    tl.store(max_error_ptr + tl.program_id(0), tl.max(tl.where(ok, error, 0.0), 0))
-
-
-def gumbel_approx_error(start: int, stop: int, device) -> float:
-    """Max |approximate - exact| Gumbel over the hash values ``x`` in ``[start, stop)``."""
-    block = 1024
-    chunk = 2**28
-    worst = 0.0
-    for lo in range(start, stop, chunk):
-        hi = min(stop, lo + chunk)
-        programs = triton.cdiv(hi - lo, block)
-        out = torch.empty(programs, dtype=torch.float32, device=device)
-        _gumbel_error_kernel[(programs,)](out, lo, hi, LIBDEVICE=use_libdevice(out), BLOCK=block)
-        worst = max(worst, out.max().item())
-    return worst
 
 
 @triton.jit

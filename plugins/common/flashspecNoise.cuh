@@ -19,6 +19,7 @@ constexpr uint64_t kA = 362436069ULL;
 constexpr uint64_t kB = 521288629ULL;
 constexpr uint64_t kMix = 88675123ULL;
 constexpr uint64_t kStreamGumbel = 1;
+constexpr uint64_t kStreamPick = 3; // the uniform that picks an id inside a sampled block
 
 //! z mod P for z < 2^62.
 __host__ __device__ __forceinline__ uint64_t modP(uint64_t z)

@@ -15,12 +15,13 @@ namespace flashspec
 
 //! The staged hidden block's cap, where the device allows more (Hopper: the measured row choice).
 constexpr size_t kHiddenSmemCap = 160 * 1024;
-//! The tile kernels' static shared memory (warp summaries, at most 5 KB) beside the staged block.
-constexpr size_t kStaticSmemReserve = 8 * 1024;
+//! The tile kernels' static shared memory beside the staged block: warp summaries (at most 5 KB)
+//! and VerifyResample's chunk of sampled logits and block samples (at most 17 KB).
+constexpr size_t kStaticSmemReserve = 26 * 1024;
 
 //! Dynamic shared memory the staged hidden block may take where a CTA may opt in to optinBytes
-//! (cudaDevAttrMaxSharedMemoryPerBlockOptin): 160 KB on Hopper (227 KB), 155 KB on A100 (163 KB),
-//! 91 KB on sm_86 / 89 / 120 (99 KB).
+//! (cudaDevAttrMaxSharedMemoryPerBlockOptin): 160 KB on Hopper (227 KB), 137 KB on A100 (163 KB),
+//! 73 KB on sm_86 / 89 / 120 (99 KB).
 inline size_t hiddenSmemLimit(size_t optinBytes)
 {
     return std::min(kHiddenSmemCap, optinBytes > kStaticSmemReserve ? optinBytes - kStaticSmemReserve : 0);

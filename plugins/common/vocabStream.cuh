@@ -333,10 +333,16 @@ __device__ __forceinline__ void streamVocabGemm(T const* hidden, T const* lmHead
     }
 }
 
-//! Split [0, vocabSize) into numSplits contiguous ranges; range of split s.
+//! Ids of one block of VerifyResample's two-level sample (reference.verify_resample.SAMPLE_BLOCK):
+//! a split is a whole number of them.
+constexpr int kSampleBlock = 64;
+
+//! Split [0, vocabSize) into numSplits contiguous ranges of whole kSampleBlock-id blocks (the last
+//! ones may be empty); range of split s.
 __device__ __forceinline__ void splitRange(int vocabSize, int numSplits, int split, int& begin, int& end)
 {
-    int const per = (vocabSize + numSplits - 1) / numSplits;
+    int const blocks = (vocabSize + kSampleBlock - 1) / kSampleBlock;
+    int const per = (blocks + numSplits - 1) / numSplits * kSampleBlock;
     begin = min(split * per, vocabSize);
     end = min(begin + per, vocabSize);
 }

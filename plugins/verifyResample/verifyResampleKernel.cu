@@ -2,13 +2,14 @@
  * VerifyResample in one pass over the LM head (contract: docs/DESIGN.md; specification:
  * flashspec_export/reference/verify_resample.py).
  *
- * Stage 1, grid (vocabulary splits x blocks of ROWS flattened rows n * (gamma + 1) + i): each
- * warp computes fp32 logits l = dot / T (IEEE division, as the reference) for U vocabulary ids
- * at a time; lane r keeps row r's running Gumbel-max sample y = argmax_v (l_v + g_v) (g: Gumbel
- * noise keyed by (seed, position + i, v); greedy rows: argmax_v l_v), lowest id on ties. Only
- * with log-probabilities (LOGPROBS) does it also keep l(y) and the online max / sum-exp: without
- * them no exp is spent per logit. Warps merge through shared memory and write one summary per
- * (row, split). Stage 2 (one thread per sequence) merges the splits in order, accepts the draft
+ * Stage 1, grid (vocabulary splits of whole 64-id blocks x blocks of ROWS flattened rows
+ * n * (gamma + 1) + i): each warp computes fp32 logits l = dot / T (IEEE division, as the
+ * reference) for U vocabulary ids at a time, kChunkIds ids per pass; greedy rows keep the running
+ * argmax in their lane (lowest id on ties), sampled rows park their logits in shared memory and
+ * one thread per (row, 64-id block) takes the block's two-level sample (blockSample: its score
+ * M + log S + g and its pick, the reference's order of running sums), folded per row in block
+ * order. Only with log-probabilities (LOGPROBS) does it also keep l(y) and the online max /
+ * sum-exp. Warps merge through shared memory and write one summary per (row, split). Stage 2 (one thread per sequence) merges the splits in order, accepts the draft
  * x iff x == y_i, left to right, and writes y_0 .. y_k (and l(y_i) - LSE_i). Nothing
  * vocabulary-sized is written: the workspace is 20 bytes per (row, split).
  */
@@ -78,6 +79,54 @@ __device__ __forceinline__ void mergeBest(Summary& a, float score, int32_t index
         a.bestIndex = index;
         a.bestLogit = logit;
     }
+}
+
+constexpr int kSampleRun = 16;  // reference.verify_resample.SAMPLE_RUN
+constexpr int kChunkIds = 128; // ids a stage-1 CTA streams before sampling their blocks
+
+//! The two-level sample of one block (reference.verify_resample.block_samples) from its `count`
+//! logits in id order (the rest of the 64 are -inf): its score s_b = M + log S + g_b and its pick
+//! (0..63). Running sums in the reference's order: in order inside each run of kSampleRun ids,
+//! plus the sum of the runs before it, also formed in order.
+__device__ __forceinline__ void blockSample(
+    float const* logits, int count, RowKeys g, RowKeys u, uint64_t block, float& score, int& pick)
+{
+    float m = -INFINITY;
+    int firstInf = kSampleBlock;
+    for (int j = 0; j < count; ++j)
+    {
+        m = fmaxf(m, logits[j]);
+        firstInf = logits[j] == INFINITY && firstInf == kSampleBlock ? j : firstInf;
+    }
+    if (m == INFINITY || m == -INFINITY) // a +inf wins with its first id; no finite logit: -inf
+    {
+        score = m;
+        pick = m == INFINITY ? firstInf : 0;
+        return;
+    }
+    float sums[kSampleBlock];
+    float before = 0.0f;
+    for (int r = 0; r < kSampleBlock / kSampleRun; ++r)
+    {
+        float c = 0.0f;
+        for (int j = 0; j < kSampleRun; ++j)
+        {
+            int const k = r * kSampleRun + j;
+            float const e = k < count ? expf(logits[k] - m) : 0.0f;
+            c = j == 0 ? e : c + e;
+            sums[k] = before + c;
+        }
+        before = before + c;
+    }
+    float const total = sums[kSampleBlock - 1];
+    float const target = uniformFromBits(tokenBits(u, block)) * total;
+    int below = 0;
+    for (int k = 0; k < kSampleBlock; ++k)
+    {
+        below += sums[k] <= target;
+    }
+    pick = below; // total > 0: a finite max contributes exp(0) = 1
+    score = m + logf(total) + gumbelFromBits(tokenBits(g, block));
 }
 
 struct VerifyWorkspace
@@ -234,11 +283,9 @@ __global__ void __launch_bounds__(kThreads) verifyTilesKernel(T const* hidden, T
     int const row = min(row0 + max(blockRow, 0), numRows - 1);
     int const rowsPerSeq = in.gamma + 1;
     int const n = row / rowsPerSeq;
-    int const i = row - n * rowsPerSeq;
     float const temperature = in.temperature[n];
     bool const greedy = temperature < kGreedyBelow; // reference.verify_resample.GREEDY_BELOW
     float const scale = greedy ? 1.0f : temperature;
-    RowKeys const keys = rowKeys(in.seed[n], in.positions[n] + i, kStreamGumbel);
 
     bool const truncated = TRUNC && truncatesRow(in, n);
     trunc::LaneKeys lane_keys;
@@ -247,34 +294,86 @@ __global__ void __launch_bounds__(kThreads) verifyTilesKernel(T const* hidden, T
         lane_keys.init();
     }
 
+    // The sampled rows' logits of a chunk, their blocks' samples, and (thread r) row r's best block.
+    constexpr int kBlocks = kChunkIds / kSampleBlock;
+    __shared__ float chunkLogits[ROWS][kChunkIds];
+    __shared__ float blockScore[ROWS][kBlocks];
+    __shared__ int32_t blockIndex[ROWS][kBlocks];
+    __shared__ float blockLogit[ROWS][kBlocks];
+    Summary rowBlocks;
+
     int begin, end;
     splitRange(vocabSize, gridDim.y, blockIdx.y, begin, end);
     Summary sum;
-    streamVocab<T, ROWS, VEC, MMA>(hidden, smemHidden, smemRaw, lmHead, row0, numRows, begin, end, hiddenSize, vocabSize, [&](int v, float dot) {
-        float const logit = rowLogit<TRUNC>(in, row, scale, v, dot);
-        if constexpr (LOGPROBS)
-        {
-            addLogit(sum.m, sum.s, logit);
-        }
-        if constexpr (TRUNC)
-        {
-            if (truncated) // stage 2 samples the kept keys: no noise here
-            {
-                if (logit != -INFINITY)
+    for (int c0 = begin; c0 < end; c0 += kChunkIds)
+    {
+        int const c1 = min(c0 + kChunkIds, end);
+        streamVocab<T, ROWS, VEC, MMA>(hidden, smemHidden, smemRaw, lmHead, row0, numRows, c0, c1, hiddenSize,
+            vocabSize, [&](int v, float dot) {
+                float const logit = rowLogit<TRUNC>(in, row, scale, v, dot);
+                if constexpr (LOGPROBS)
                 {
-                    lane_keys.add(trunc::orderKey(logit, v));
+                    addLogit(sum.m, sum.s, logit);
                 }
-                mergeBest(sum, logit, v, logit);
-                return;
+                if constexpr (TRUNC)
+                {
+                    if (truncated) // stage 2 samples the kept keys: no noise here
+                    {
+                        if (logit != -INFINITY)
+                        {
+                            lane_keys.add(trunc::orderKey(logit, v));
+                        }
+                        mergeBest(sum, logit, v, logit);
+                        return;
+                    }
+                }
+                if (greedy)
+                {
+                    mergeBest(sum, logit, v, logit);
+                    return;
+                }
+                chunkLogits[blockRow][v - c0] = logit;
+            });
+        __syncthreads();
+        if (threadIdx.x < ROWS * kBlocks)
+        {
+            int const r = threadIdx.x / kBlocks;
+            int const k = threadIdx.x - r * kBlocks;
+            int const start = c0 + k * kSampleBlock;
+            int const taskRow = min(row0 + r, numRows - 1);
+            int const taskN = taskRow / rowsPerSeq;
+            bool const sampled = row0 + r < numRows && start < c1 && in.temperature[taskN] >= kGreedyBelow
+                && !(TRUNC && truncatesRow(in, taskN));
+            blockIndex[r][k] = -1;
+            if (sampled)
+            {
+                int64_t const position = in.positions[taskN] + (taskRow - taskN * rowsPerSeq);
+                RowKeys const g = rowKeys(in.seed[taskN], position, kStreamGumbel);
+                RowKeys const u = rowKeys(in.seed[taskN], position, kStreamPick);
+                float score;
+                int pick;
+                float const* logits = &chunkLogits[r][k * kSampleBlock];
+                blockSample(logits, min(kSampleBlock, c1 - start), g, u, start / kSampleBlock, score, pick);
+                blockScore[r][k] = score;
+                blockIndex[r][k] = start + pick;
+                blockLogit[r][k] = logits[pick];
             }
         }
-        mergeBest(sum, greedy ? logit : logit + gumbelFromBits(tokenBits(keys, v)), v, logit);
-    });
+        __syncthreads();
+        if (threadIdx.x < ROWS)
+        {
+            for (int k = 0; k < kBlocks; ++k) // in block order: ties go to the lower block
+            {
+                mergeBest(rowBlocks, blockScore[threadIdx.x][k], blockIndex[threadIdx.x][k],
+                    blockLogit[threadIdx.x][k]);
+            }
+        }
+    }
     warpSummary[warp][lane] = sum;
     __syncthreads();
     if (warp == 0 && lane < ROWS && row0 + lane < numRows)
     {
-        Summary total;
+        Summary total = rowBlocks; // thread `lane` of warp 0 folded row `lane`'s blocks
         for (int w = 0; w < kWarps; ++w)
         {
             for (int l = lane; l < 32; l += laneStride<ROWS, MMA>()) // the lanes that served this row
