@@ -400,7 +400,7 @@ def _block_sample(b: Body, logits: str, seed: str, row_pos: str, vocab_size: str
         b.op("Unsqueeze", k, unsqueeze2) for k in noise.row_keys(b, seed, row_pos, spec.STREAM_PICK)
     )
     g = _fence(b, noise.gumbel_from_bits(b, noise.token_bits(b, g_a, g_b, blocks)))  # [N, R, nb]
-    u = noise.uniform_from_bits(b, noise.token_bits(b, u_a, u_b, blocks))
+    u = _fence(b, noise.uniform_from_bits(b, noise.token_bits(b, u_a, u_b, blocks)))
     flat = b.op("Concat", b.op("Shape", total), b.const([block], I64), axis=0)
     sums = b.op("Reshape", sums, flat)  # [N, R, nb, 64]
     target = b.op("Unsqueeze", b.op("Mul", u, total), last)
