@@ -23,13 +23,12 @@ from dataclasses import dataclass, field
 from flashspec_export.config import DTYPE_NAMES, ConfigError
 
 FILE_NAME = "manifest.json"
-FORMAT = 6  # bump when the layout changes; readers refuse formats not in FORMATS
-# 5 adds ``sampling_params``; 6 an ``allowed_tokens`` input of the target step
-# (``config.allowed_tokens``: ``scripts/export.py --allowed-tokens``), which a format-5 reader
-# would not feed. Each export is written in the lowest format that holds it (``format_of``), so
-# an export without them is still written as 4, which earlier readers read, and an earlier
-# format reads as one without them.
-FORMATS = (4, 5, 6)
+FORMAT = 7  # bump when the layout or the sampling rule changes; readers refuse other formats
+# 5 added ``sampling_params``, 6 an ``allowed_tokens`` input of the target step; 7 is the
+# two-level sample (noise version 2, ``reference/verify_resample.py``): the function bodies of a
+# format 4-6 export take the per-id Gumbel-max sample, which no backend of this version computes,
+# so those exports are re-exported rather than run with a sample of another rule.
+FORMATS = (7,)
 # The per-sequence sampling inputs of a ``--sampling-params`` export's target step, after
 # ``seed``: VerifyResample's optional top_k [N] int64 (0: off) and top_p [N] float32 (1: off).
 SAMPLING_PARAMS = ("top_k", "top_p")
@@ -272,15 +271,10 @@ def from_json(data, where: str = FILE_NAME) -> Manifest:
     if tokenizer is not None:
         expect_type(tokenizer, str, f"{where}: tokenizer")
     sampling = tuple(expect_type(d.get("sampling_params", []), list, f"{where}: sampling_params"))
-    if sampling not in ((), SAMPLING_PARAMS) or (sampling and d["format"] < 5):
+    if sampling not in ((), SAMPLING_PARAMS):
         raise ConfigError(
-            f"{where}: sampling_params: expected [] or {list(SAMPLING_PARAMS)} (format 5), got "
-            f"{list(sampling)} (format {d['format']}); re-export"
-        )
-    if config.get("allowed_tokens") and d["format"] < 6:
-        raise ConfigError(
-            f"{where}: config.allowed_tokens: an allowed_tokens input needs format 6, got format "
-            f"{d['format']}; re-export"
+            f"{where}: sampling_params: expected [] or {list(SAMPLING_PARAMS)}, got "
+            f"{list(sampling)}; re-export"
         )
     return Manifest(
         config=config,
@@ -291,14 +285,6 @@ def from_json(data, where: str = FILE_NAME) -> Manifest:
         format=d["format"],
         **values,
     )
-
-
-def format_of(sampling_params: tuple[str, ...], allowed_tokens: bool = False) -> int:
-    """The format an export is written in: the lowest that holds it (6 with an allowed_tokens
-    input, 5 with sampling params, else 4)."""
-    if allowed_tokens:
-        return 6
-    return 5 if sampling_params else 4
 
 
 def read(directory: str | pathlib.Path) -> Manifest:

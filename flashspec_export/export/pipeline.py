@@ -264,7 +264,6 @@ def export(config: ExportConfig) -> manifest.Manifest:
             weights_sha256=fingerprint,
             tokenizer=_copy_tokenizer(config.target, staging),
             sampling_params=sampling_params,
-            format=manifest.format_of(sampling_params, config.allowed_tokens),
         )
         manifest.write(staging, written)
         manifest.replace_directory(out, staging)

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 DOMAIN = "flashspec"  # ONNX domain = TensorRT plugin namespace
-PLUGIN_VERSION = "1"
+PLUGIN_VERSION = "2"  # 2: the two-level sample (1, the per-id Gumbel-max, is not registered)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ namespace plugin
 {
 
 constexpr char const* kNamespace = "flashspec";
-constexpr char const* kVersion = "1";
+constexpr char const* kVersion = "2"; // 2: the two-level sample (ops/specs.py PLUGIN_VERSION)
 
 //! The kernels' dtype code of a TensorRT type, or -1.
 int32_t kernelDtype(nvinfer1::DataType type) noexcept;

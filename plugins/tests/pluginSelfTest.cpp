@@ -115,7 +115,7 @@ void checkCommon(char const* name, int32_t op, int32_t nbOutputs)
     {
         return;
     }
-    check(std::strcmp(c->getPluginNamespace(), "flashspec") == 0 && std::strcmp(c->getPluginVersion(), "1") == 0,
+    check(std::strcmp(c->getPluginNamespace(), "flashspec") == 0 && std::strcmp(c->getPluginVersion(), "2") == 0,
         std::string(name) + ": namespace flashspec, version 1 (the ONNX node's plugin attributes)");
     check(create(c, 0, PluginFieldType::kINT32) == nullptr, std::string(name) + ": vocab_size 0 is refused");
     check(create(c, int64_t{1} << 31, PluginFieldType::kINT64) == nullptr,

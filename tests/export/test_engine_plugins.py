@@ -49,7 +49,7 @@ def test_flashspec_nodes_become_plugin_layers(exported_mtp):
 
 
 def test_a_node_that_falls_back_to_its_body_fails_the_build(exported_mtp, tmp_path):
-    """plugin_version "2" matches no registered creator: the parser inlines the body, and the
+    """plugin_version "3" matches no registered creator: the parser inlines the body, and the
     build must say so instead of silently building the materialised path."""
     import shutil
 
@@ -59,7 +59,7 @@ def test_a_node_that_falls_back_to_its_body_fails_the_build(exported_mtp, tmp_pa
     path = tmp_path / "export" / "target_step.onnx"
     model = onnx.load(str(path))
     node = next(n for n in model.graph.node if n.domain == plugins.PLUGIN_NAMESPACE)
-    next(a for a in node.attribute if a.name == "plugin_version").s = b"2"
+    next(a for a in node.attribute if a.name == "plugin_version").s = b"3"
     onnx.save(model, str(path))
     entries = json.loads((path.parent / "manifest.json").read_text())  # an export made so
     entries["graphs"]["target_step"]["sha256"] = manifest.sha256(path)

@@ -63,7 +63,7 @@ def test_models_pass_the_full_checker(op_type, dtype):
     node = inferred.graph.node[0]
     assert node.domain == "flashspec" and node.op_type == op_type
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    assert attrs == {"vocab_size": 1000, "plugin_namespace": b"flashspec", "plugin_version": b"1"}
+    assert attrs == {"vocab_size": 1000, "plugin_namespace": b"flashspec", "plugin_version": b"2"}
 
 
 def test_integer_attributes_stay_in_int32():

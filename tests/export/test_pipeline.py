@@ -49,7 +49,7 @@ def test_main_command_writes_checked_graphs_and_a_manifest(exported):
     manifest = export_manifest.read(exported)
     assert set(manifest.graphs) == {"target_prefill", "target_step", "drafter_mtp"}
     assert manifest.vocab_size == 512 and manifest.gamma == 3 and manifest.drafter == "mtp"
-    assert manifest.ops["VerifyResample"].plugin_version == "1"
+    assert manifest.ops["VerifyResample"].plugin_version == "2"
     step_io = manifest.graphs["target_step"]
     assert [i.name for i in step_io.inputs][:2] == ["tokens", "positions"]
     assert step_io.outputs[0].shape == (1, "new_tokens")  # γ + 1: any γ (online selection)

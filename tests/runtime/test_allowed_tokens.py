@@ -71,8 +71,7 @@ def test_the_step_takes_the_mask_after_the_seed(allowed_export, tiny_ngram_expor
     config records the flag. A default export takes none."""
     manifest = export_manifest.read(allowed_export)
     assert manifest.config["allowed_tokens"] is True and manifest.sampling_params == ()
-    assert manifest.format == 6  # a format-5 reader would not feed the mask: it refuses the file
-    assert export_manifest.read(tiny_ngram_export).format == 4
+    assert manifest.format == 7 == export_manifest.read(tiny_ngram_export).format
     inputs = manifest.graphs["target_step"].inputs
     assert [(i.name, i.dtype, i.shape) for i in inputs[-3:]] == [
         ("temperature", "FLOAT", (BATCH,)),
@@ -87,10 +86,10 @@ def test_the_step_takes_the_mask_after_the_seed(allowed_export, tiny_ngram_expor
     assert sessions.step_allowed_vocab(manifest) == VOCAB
     assert sessions.step_allowed_vocab(export_manifest.read(tiny_ngram_export)) is None
     written = json.loads((allowed_export / export_manifest.FILE_NAME).read_text())
-    with pytest.raises(ConfigError, match=r"allowed_tokens: .* needs format 6, got format 5"):
-        export_manifest.from_json(written | {"format": 5})
-    with pytest.raises(ConfigError, match=r"format 7, this version reads 4, 5, 6; upgrade"):
-        export_manifest.from_json(written | {"format": 7})
+    with pytest.raises(ConfigError, match=r"format 6, this version reads 7; re-export"):
+        export_manifest.from_json(written | {"format": 6})  # the per-id sample's bodies
+    with pytest.raises(ConfigError, match=r"format 8, this version reads 7; upgrade"):
+        export_manifest.from_json(written | {"format": 8})
 
 
 def test_the_engine_builder_refuses_the_mask_by_flag(allowed_export):

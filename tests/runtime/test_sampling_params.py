@@ -42,10 +42,10 @@ def sampling_export(tmp_path_factory):
 
 
 def test_the_manifest_and_step_graph_carry_the_sampling_params(sampling_export, tiny_ngram_export):
-    """Format 5 with ``sampling_params``, top_k int64 / top_p float after the seed; a default
-    export is still written as format 4, which reads as one without them."""
+    """``sampling_params``, top_k int64 / top_p float after the seed; a default export has none,
+    and a manifest without the field reads as one without them."""
     manifest = export_manifest.read(sampling_export)
-    assert manifest.format == 5 and manifest.sampling_params == ("top_k", "top_p")
+    assert manifest.format == 7 and manifest.sampling_params == ("top_k", "top_p")
     inputs = manifest.graphs["target_step"].inputs
     assert [(i.name, i.dtype, i.shape) for i in inputs[-4:]] == [
         ("temperature", "FLOAT", (2,)),
@@ -54,13 +54,13 @@ def test_the_manifest_and_step_graph_carry_the_sampling_params(sampling_export, 
         ("top_p", "FLOAT", (2,)),
     ]
     default = export_manifest.read(tiny_ngram_export)
-    assert default.format == 4 and default.sampling_params == ()
+    assert default.format == 7 and default.sampling_params == ()
     assert default.config["sampling_params"] is False
     written = json.loads((tiny_ngram_export / export_manifest.FILE_NAME).read_text())
     del written["config"]["sampling_params"], written["sampling_params"]  # an earlier export's
     assert export_manifest.from_json(written).sampling_params == ()
-    written |= dict(format=4, sampling_params=["top_k", "top_p"])
-    with pytest.raises(ConfigError, match=r"sampling_params: expected \[\] or .* \(format 4\)"):
+    written |= dict(sampling_params=["top_p"])
+    with pytest.raises(ConfigError, match=r"sampling_params: expected \[\] or \['top_k'"):
         export_manifest.from_json(written)
 
 
