@@ -106,7 +106,7 @@ def test_a_cache_of_exactly_the_needed_length_holds_ragged_finishes(draft, targe
     steps (ragged acceptance) and the finished ones must write nothing out of bounds; the
     tokens equal those of a run with a roomy cache."""
     modules = build_modules(config_of(draft, target_checkpoint))
-    prompt = torch.randint(0, 512, (BATCH, 4), generator=torch.Generator().manual_seed(1))
+    prompt = torch.randint(0, 512, (BATCH, 4), generator=torch.Generator().manual_seed(2))
     temps = torch.tensor([0.6, 1.0, 1.5])
     results = []
     for max_len in (4 + NEW_TOKENS + GAMMA, MAX_LEN):
@@ -208,8 +208,8 @@ def test_a_placeholder_ends_the_step_where_the_sample_is_token_0(
     runtime, request, target_checkpoint
 ):
     """Golden step at position 0, γ 7, T = 100 (the peaked head's ×100 undone: samples spread over
-    the vocabulary). After token 172, seed 1077 samples token 0 at row 0; after 172 and the
-    accepted draft 304, seed 784 samples 0 at row 1 (both found by a search over seeds). A -1
+    the vocabulary). After token 172, seed 52 samples token 0 at row 0; after 172 and the
+    accepted draft 304, seed 396 samples 0 at row 1 (both found by a search over seeds). A -1
     placeholder there must emit the 0 and end the step; a placeholder compared as a token (-1
     clamped to 0 before the verify) would accept it and emit one more. Sequence 2 drafts a real
     0 where sequence 0 has its placeholder: accepted — the sample is 0 indeed."""
@@ -221,7 +221,7 @@ def test_a_placeholder_ends_the_step_where_the_sample_is_token_0(
         target, _ = sessions.from_export(out, export_manifest.read(out))
     tokens = torch.tensor([[172] + [-1] * 7, [172, 304] + [-1] * 6, [172, 0] + [-1] * 6])
     k, v = target.new_cache(), target.new_cache()
-    temps, seeds = torch.full((BATCH,), 100.0), torch.tensor([1077, 784, 1077])
+    temps, seeds = torch.full((BATCH,), 100.0), torch.tensor([52, 396, 52])
     emitted, num_emitted, *_ = target.step(tokens, torch.zeros(BATCH).long(), k, v, temps, seeds)
     assert emitted[0].tolist() == [0] + [-1] * 7
     assert emitted[1].tolist() == [304, 0] + [-1] * 6
