@@ -20,10 +20,8 @@ ids are checked against the same rule in torch (fp32: share of (row, tile) ids e
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import pathlib
-import statistics
 import sys
 import tempfile
 
@@ -31,12 +29,10 @@ import torch
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
-from kernel_bench import time_graphs  # noqa: E402
-from two_pass_sampler import two_pass_verify  # noqa: E402
+from cheap_hash_ab import stage1, timed, verify_case  # noqa: E402
 
 from flashspec_export.config import HeadShape  # noqa: E402
 from flashspec_export.kernels import hopper_tiles  # noqa: E402
-from flashspec_export.kernels.tiles import hopper_row  # noqa: E402
 from flashspec_export.reference import noise  # noqa: E402
 
 GUMBEL_TOKEN_OFFSET = 2**30
@@ -136,45 +132,19 @@ def main(rows_list, heads):
         lm = torch.randn(shape.padded_vocab, shape.hidden_size, device="cuda", dtype=torch.bfloat16)
         lm *= shape.hidden_size**-0.5
         for rows in rows_list:
-            gamma = 3
-            n = rows // (gamma + 1)
-            g = torch.Generator(device="cuda").manual_seed(rows)
-            hidden = torch.randn(
-                rows, shape.hidden_size, device="cuda", dtype=torch.bfloat16, generator=g
-            )
-            temperature = torch.ones(n, device="cuda")
-            seed = torch.arange(n, device="cuda") * 7919 + 3
-            positions = torch.arange(n, dtype=torch.int64, device="cuda") * 31
-            drafts = torch.zeros(n, gamma, dtype=torch.int64, device="cuda")
-            config = hopper_row("verify_resample", rows)
-            splits = -(-shape.vocab_size // config.block_v)
+            case = verify_case(shape, rows)
+            hidden, temperature, seed, positions, _, gamma, config, _ = case
             fns, outs = {}, {}
             for name, module in (("shipped", hopper_tiles), ("block", block)):
-                out = (torch.empty(rows, splits, device="cuda"),
-                       torch.empty(rows, splits, device="cuda", dtype=torch.int32))  # fmt: skip
-                call = functools.partial(
-                    module.launch, hidden, lm, shape.vocab_size, out, verify=True,
-                    temperature=temperature, seed=seed, positions=positions, gamma=gamma,
-                    config=module.HopperConfig(*config),
-                )  # fmt: skip
-                call()
-                fns[name], outs[name] = call, out
+                fns[name], outs[name] = stage1(module, lm, shape, case)
             torch.cuda.synchronize()
             ids, score = torch_block_sample(
                 hidden, lm, shape.vocab_size, config.block_v, temperature, seed, positions, gamma
             )
             same_ids = (outs["block"][1] == ids).float().mean().item()
             score_err = (outs["block"][0] - score).abs().max().item()
-            fns["two_pass"] = functools.partial(
-                two_pass_verify, hidden.view(n, gamma + 1, -1), lm, drafts, temperature,
-                shape.vocab_size,
-            )  # fmt: skip
-            fns["matmul"] = functools.partial(torch.matmul, hidden, lm.T)
-            medians = {k: statistics.median(v) for k, v in time_graphs(fns, 20, 200).items()}
-            mm = medians.pop("matmul")
-            timings = " ".join(f"{k} {v:7.1f} ({v / mm:.3f})" for k, v in medians.items())
             print(
-                f"{head:11} R={rows:<4} {tuple(config)[:2]} matmul {mm:7.1f} | {timings} |"
+                f"{head:11} R={rows:<4} {tuple(config)[:2]} {timed(fns, lm, shape, case)} |"
                 f" block ids = torch's {same_ids:.5f}, max |score - torch's| {score_err:.2e}",
                 flush=True,
             )

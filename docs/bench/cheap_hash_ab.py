@@ -74,6 +74,51 @@ def _variant(name: str):
     return module
 
 
+def verify_case(shape, rows: int):
+    """The A/B's Hopper verify case at ``rows`` rows (γ 3, T 1): hidden [R, H] bf16, its
+    temperature, seed, positions and drafts [N, γ], γ, the Hopper configuration and its splits."""
+    gamma = 3
+    n = rows // (gamma + 1)
+    g = torch.Generator(device="cuda").manual_seed(rows)
+    hidden = torch.randn(rows, shape.hidden_size, device="cuda", dtype=torch.bfloat16, generator=g)
+    temperature = torch.ones(n, device="cuda")
+    seed = torch.arange(n, device="cuda") * 7919 + 3
+    positions = torch.arange(n, dtype=torch.int64, device="cuda") * 31
+    drafts = torch.zeros(n, gamma, dtype=torch.int64, device="cuda")
+    config = hopper_row("verify_resample", rows)
+    splits = -(-shape.vocab_size // config.block_v)
+    return hidden, temperature, seed, positions, drafts, gamma, config, splits
+
+
+def stage1(module, lm, shape, case):
+    """(a call of ``module``'s Hopper stage 1 on ``case``, its summaries), called once."""
+    hidden, temperature, seed, positions, _, gamma, config, splits = case
+    rows = hidden.shape[0]
+    out = (torch.empty(rows, splits, device="cuda"),
+           torch.empty(rows, splits, device="cuda", dtype=torch.int32))  # fmt: skip
+    call = functools.partial(
+        module.launch, hidden, lm, shape.vocab_size, out, verify=True, temperature=temperature,
+        seed=seed, positions=positions, gamma=gamma, config=module.HopperConfig(*config),
+    )  # fmt: skip
+    call()
+    return call, out
+
+
+def timed(fns, lm, shape, case) -> str:
+    """``fns`` timed beside the cuBLAS matmul and two-pass in one settled run: 'name µs (×)'."""
+    hidden, temperature, _, _, drafts, gamma, _, _ = case
+    n = drafts.shape[0]
+    fns["two_pass"] = functools.partial(
+        two_pass_verify, hidden.view(n, gamma + 1, -1), lm, drafts, temperature, shape.vocab_size
+    )
+    fns["matmul"] = functools.partial(torch.matmul, hidden, lm.T)
+    medians = {k: statistics.median(v) for k, v in time_graphs(fns, 20, 200).items()}
+    mm = medians.pop("matmul")
+    return f"matmul {mm:7.1f} | " + " ".join(
+        f"{k} {v:7.1f} ({v / mm:.3f})" for k, v in medians.items()
+    )
+
+
 def main(rows_list, heads):
     variants = {name: _variant(name) for name in SECOND_ROUND}
     print(torch.cuda.get_device_name(), flush=True)
@@ -82,50 +127,19 @@ def main(rows_list, heads):
         lm = torch.randn(shape.padded_vocab, shape.hidden_size, device="cuda", dtype=torch.bfloat16)
         lm *= shape.hidden_size**-0.5
         for rows in rows_list:
-            gamma = 3
-            n = rows // (gamma + 1)
-            g = torch.Generator(device="cuda").manual_seed(rows)
-            hidden = torch.randn(
-                rows, shape.hidden_size, device="cuda", dtype=torch.bfloat16, generator=g
-            )
-            temperature = torch.ones(n, device="cuda")
-            seed = torch.arange(n, device="cuda") * 7919 + 3
-            positions = torch.arange(n, dtype=torch.int64, device="cuda") * 31
-            drafts = torch.zeros(n, gamma, dtype=torch.int64, device="cuda")
-            config = hopper_row("verify_resample", rows)
-            splits = -(-shape.vocab_size // config.block_v)
-            fns, summaries = {}, {}
-            for name, module in variants.items():
-                out = tuple(torch.empty(rows, splits, device="cuda") for _ in range(2))
-                out = (out[0], out[1].int())
-                call = functools.partial(
-                    module.launch, hidden, lm, shape.vocab_size, out, verify=True,
-                    temperature=temperature, seed=seed, positions=positions, gamma=gamma,
-                    config=module.HopperConfig(*config),
-                )  # fmt: skip
-                call()
-                fns[name], summaries[name] = call, out
-            reference = tuple(torch.empty_like(t) for t in summaries["shipped"])
-            hopper_tiles.launch(
-                hidden, lm, shape.vocab_size, reference, verify=True, temperature=temperature,
-                seed=seed, positions=positions, gamma=gamma, config=config,
-            )  # fmt: skip
+            case = verify_case(shape, rows)
+            runs = {name: stage1(module, lm, shape, case) for name, module in variants.items()}
+            fns = {name: call for name, (call, _) in runs.items()}
+            summaries = {name: out for name, (_, out) in runs.items()}
+            _, reference = stage1(hopper_tiles, lm, shape, case)
             torch.cuda.synchronize()
             same = torch.equal(reference[1], summaries["shipped"][1])
             differs = {
                 k: round((s[1] != reference[1]).float().mean().item(), 3)
                 for k, s in summaries.items()
             }
-            fns["two_pass"] = functools.partial(
-                two_pass_verify, hidden.view(n, gamma + 1, -1), lm, drafts, temperature,
-                shape.vocab_size,
-            )  # fmt: skip
-            fns["matmul"] = functools.partial(torch.matmul, hidden, lm.T)
-            medians = {k: statistics.median(v) for k, v in time_graphs(fns, 20, 200).items()}
-            mm = medians.pop("matmul")
-            timings = " ".join(f"{k} {v:7.1f} ({v / mm:.3f})" for k, v in medians.items())
             print(
-                f"{head:11} R={rows:<4} matmul {mm:7.1f} | {timings} | shipped == op {same},"
+                f"{head:11} R={rows:<4} {timed(fns, lm, shape, case)} | shipped == op {same},"
                 f" share of tile winners that differ from the op's {differs}",
                 flush=True,
             )
