@@ -529,7 +529,9 @@ def finalize_kernels() -> tuple[list[KernelSpec], list[FinalizeRow]]:
                     "BLOCK_R": block_r,
                     "BLOCK_S": block_s,
                 }
-                specs.append(KernelSpec(symbol, "verify_finalize", tuple(constexprs.items())))
+                warps = verify_resample.finalize_warps(block_r, block_s)
+                kind = "verify_finalize"
+                specs.append(KernelSpec(symbol, kind, tuple(constexprs.items()), num_warps=warps))
                 rows.append(FinalizeRow("verify_resample", logprobs, block_r, block_s, symbol))
         symbol = f"fsAot_argmax_finalize_s{block_s}"
         block_n = tiled_argmax.FINALIZE_ROWS

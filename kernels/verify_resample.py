@@ -375,9 +375,18 @@ def _verify_finalize_kernel(
         tl.store(logprobs_ptr + n * (gamma + 1) + i, logprobs, mask=row_ok)
 
 
-# The finalize's block of draft positions: at least 8, so that γ = 0..7 share one compiled kernel
-# (a serving loop that changes γ does not recompile; kernels/aot.py compiles 4 and 8).
-FINALIZE_MIN_ROWS = 8
+# The finalize's block of draft positions: at least 4, so that γ = 0..3 share one compiled kernel
+# (kernels/aot.py compiles 4 and 8, as the library picks them).
+FINALIZE_MIN_ROWS = 4
+
+
+def finalize_warps(block_r: int, block_s: int) -> int:
+    """The finalize's warps for a ``[block_r, block_s]`` block: about 8 summaries per thread,
+    4 to 16 warps. One program holds a sequence's whole block, so its load and reduction are
+    latency: at the Hopper path's split counts (H100, γ 3, docs/bench/finalize_variants_h100.log)
+    4 warps of BLOCK_R 8 took 8.0 µs at 1002 splits and 15.1 at 2048; 16 warps of BLOCK_R 4,
+    3.2 and 4.4."""
+    return min(16, max(4, block_r * block_s // 256))
 
 
 class VerifyWorkspace(NamedTuple):
@@ -578,6 +587,8 @@ def verify_resample(
             hand_in=None if hand_in is None else (counts, thresholds),
             return_logprobs=return_logprobs,
         )  # fmt: skip
+    block_r = max(FINALIZE_MIN_ROWS, triton.next_power_of_2(width))
+    block_s = triton.next_power_of_2(splits)
     _verify_finalize_kernel[(n,)](
         workspace.floats,
         workspace.index,
@@ -592,8 +603,9 @@ def verify_resample(
         stride_di,
         RETURN_LOGPROBS=return_logprobs,
         LIBDEVICE=libdevice,
-        BLOCK_R=max(FINALIZE_MIN_ROWS, triton.next_power_of_2(width)),
-        BLOCK_S=triton.next_power_of_2(splits),
+        BLOCK_R=block_r,
+        BLOCK_S=block_s,
+        num_warps=finalize_warps(block_r, block_s),
     )
     result = VerifyResult(tokens, num_emitted, logprobs)
     if not truncating:

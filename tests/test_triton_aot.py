@@ -185,6 +185,12 @@ def test_finalize_blocks_cover_the_table_and_stay_small():
     assert all(r.block_r * r.block_s <= aot.MAX_FINALIZE_ELEMENTS for r in verify)
     argmax = [r for r in rows if r.op == "tiled_argmax"]
     assert sorted(r.block_s for r in argmax) == sorted(aot.FINALIZE_BLOCK_S)
+    # the library's verify finalize runs with the Triton backend's warps for its block
+    specs, _ = aot.finalize_kernels()
+    for spec in (s for s in specs if s.kind == "verify_finalize"):
+        block = dict(spec.constexprs)
+        warps = verify_resample.finalize_warps(block["BLOCK_R"], block["BLOCK_S"])
+        assert spec.num_warps == warps, spec.symbol
 
 
 def test_kernel_signatures_match_the_launcher():

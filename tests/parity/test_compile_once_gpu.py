@@ -1,6 +1,8 @@
 """A serving loop whose batch and γ change does not recompile the Triton kernels: every kernel
 that runs (stage 1 — portable or, on Hopper, warp-specialised — and both finalize kernels)
-compiles once per row of the launch table (``kernels/tiles.py``), whatever N and γ inside it.
+compiles once per row of the launch table (``kernels/tiles.py``), whatever N and γ inside it
+(the verify finalize once per block of draft positions: γ 0..3 and 4..7,
+``verify_resample.FINALIZE_MIN_ROWS``).
 
 The kernels counted are the ones the profiler saw launch, so a path that runs but is not counted
 fails the test instead of passing unseen."""
@@ -65,7 +67,9 @@ def test_the_batch_and_gamma_change_and_nothing_recompiles():
             for n, g in BATCHES
         }
         assert len(configs) == 1, f"{op}: the batches must fall in one row of the launch table"
-    _step(0, *BATCHES[0])  # compiles (or finds the variants an earlier test compiled)
+    # compiles (or finds the variants an earlier test compiled): γ 3 and γ 4, the finalize's two
+    _step(0, *BATCHES[0])
+    _step(1, *BATCHES[1])
     before = {name: _compiled(k) for name, k in KERNELS.items()}
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for i, (n, gamma) in enumerate(BATCHES):
