@@ -77,12 +77,18 @@ class KernelConfig(NamedTuple):
 # (``epi_rows_of``): tl.dot needs 16 rows, but the Gumbel noise of the padding is wasted work
 # that shows at tile boundaries (H200, 1-8 rows: 1.01-1.04x the matmul instead of 1.04-1.06x,
 # git show 51a3298:docs/BENCHMARKS.md).
+# 5-16 rows take the 4-warp tile of 64 ids, 4 programs per SM (as the H200 below): with the
+# two-level sample the 8-warp row's epilogue holds 128-136 registers a thread at 8-16 scored rows,
+# one program per SM where 2 should overlap; H100, Llama-3, x the matmul (scripts/tune_kernels.py
+# --ops verify_resample --rows 8 16 --warps 4 8 --waves 2 4 --stages 3,
+# docs/bench/tune_small_verify_h100.log): 1.10-1.11 -> 0.95.
+_SMALL = (16, 64, 4, 4, 3)
 TUNED = {
     "verify_resample": (
         (1, (16, 128, 8, 2, 3)),
         (4, (16, 128, 8, 2, 3)),
-        (8, (16, 128, 8, 2, 3)),
-        (16, (16, 128, 8, 2, 3)),
+        (8, _SMALL),
+        (16, _SMALL),
         (32, (32, 128, 8, 0, 3)),
         (64, (64, 64, 4, 2, 4)),
         (None, (128, 128, 16, 0, 4)),
@@ -102,11 +108,10 @@ TUNED = {
 # 4 warps, 4 programs per SM. The argmax runs 0.98-1.01x the matmul against 1.01-1.03x with
 # TUNED's row (docs/bench/tune_argmax_small_h200.json), which on the H100 is 7% faster for Qwen3;
 # the verify 1.00-1.01x against 1.03-1.04x (docs/bench/small_rows_verify_tiles_h200.log).
-_SMALL_H200 = (16, 64, 4, 4, 3)
 TUNED_BY_DEVICE = {
     "H200": {
-        "verify_resample": tuple((bound, _SMALL_H200) for bound in (1, 4, 8, 16)),
-        "tiled_argmax": ((16, _SMALL_H200),),
+        "verify_resample": tuple((bound, _SMALL) for bound in (1, 4, 8, 16)),
+        "tiled_argmax": ((16, _SMALL),),
     },
 }
 
