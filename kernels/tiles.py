@@ -81,7 +81,7 @@ class KernelConfig(NamedTuple):
 # two-level sample the 8-warp row's epilogue holds 128-136 registers a thread at 8-16 scored rows,
 # one program per SM where 2 should overlap; H100, Llama-3, x the matmul (scripts/tune_kernels.py
 # --ops verify_resample --rows 8 16 --warps 4 8 --waves 2 4 --stages 3,
-# docs/bench/tune_small_verify_h100.log): 1.10-1.11 -> 0.95.
+# docs/bench/tune_small_verify_h100.log): 1.08-1.10 -> 0.95.
 _SMALL = (16, 64, 4, 4, 3)
 TUNED = {
     "verify_resample": (
