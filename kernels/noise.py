@@ -76,12 +76,6 @@ def _mul_mod_i64(x, y):
 
 
 @triton.jit
-def sub_mod(x, y):
-    """``(x - y) % P`` for ``x, y`` in ``[0, P)`` (int64 or uint32): ``x + (P - y) < 2P``."""
-    return _sub_p(x + (P - y))
-
-
-@triton.jit
 def rot16(x):
     """(x % 2**16) * 2**15 + x // 2**16 — the 31-bit word rotated by 16."""
     return ((x & 0xFFFF) << 15) + (x >> 16)

@@ -101,14 +101,6 @@ def all_outputs(op_type: str) -> frozenset[str]:
     return frozenset(a.name for a in specs.BY_OP_TYPE[op_type].outputs if a.optional)
 
 
-def formal_outputs(op_type: str, outputs: Collection[str]) -> list[str]:
-    """The outputs of the body for the optional ``outputs`` present: the spec's, those left out
-    dropped."""
-    return [
-        a.name for a in specs.BY_OP_TYPE[op_type].outputs if not a.optional or a.name in outputs
-    ]
-
-
 def output_attributes(op_type: str, outputs: Collection[str]) -> dict[str, int]:
     """The node attributes that tell a plugin which optional outputs it produces: ``return_<name>
     = 0`` for each one left out (absent: 1, every output, as nodes without them always had)."""
