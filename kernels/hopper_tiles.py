@@ -356,33 +356,12 @@ def _masked_dots(acc, v_tile, vocab_size, layout: gl.constexpr):
 
 
 @gluon.jit
-def _load_chunk(a_desc, b_desc, a_bufs, b_bufs, ready, load_it, k_iters, num_tiles, row_blocks):
-    """The TMA copies of this CTA's ``load_it``-th K chunk (tile ``load_it // k_iters`` of its
-    walk) into ring slot ``load_it % STAGES``, if that tile exists."""
-    BLOCK_N: gl.constexpr = a_desc.block_type.shape[0]
-    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
-    BLOCK_V: gl.constexpr = b_desc.block_type.shape[0]
-    STAGES: gl.constexpr = a_bufs.type.shape[0]
-    walked = load_it // k_iters
-    tile = gl.program_id(0) + walked * gl.num_programs(0)
-    if tile < num_tiles:
-        kk = load_it - walked * k_iters
-        v_tile = tile // row_blocks
-        row_block = tile - v_tile * row_blocks
-        slot = load_it % STAGES
-        mbarrier.expect(ready.index(slot), a_desc.block_type.nbytes + b_desc.block_type.nbytes)
-        bar = ready.index(slot)
-        _tma_load(a_desc, [row_block * BLOCK_N, kk * BLOCK_K], bar, a_bufs.index(slot))
-        _tma_load(b_desc, [v_tile * BLOCK_V, kk * BLOCK_K], bar, b_bufs.index(slot))
-
-
-@gluon.jit
 def _mma_partition(
     a_desc,
-    b_desc,
     a_bufs,
     b_bufs,
     ready,
+    empty,
     acc_buf,
     acc_ready,
     acc_empty,
@@ -390,42 +369,19 @@ def _mma_partition(
     row_blocks,
     vocab_size,
 ):
-    """wgmma consumer and TMA producer: one fp32 accumulator tile per output tile, handed over
-    in shared memory (NaN dots and ids past ``vocab_size`` at -inf). The ring is filled by these
-    warps, ``STAGES - 1`` K chunks ahead of the wgmma (a slot is refilled once every warp's wgmma
-    that read it has retired), with no loader partition: with one, 8 wgmma warps and 4 epilogue
-    warps make 16 warps (partitions take whole warpgroups), and ptxas then caps every thread at
-    128 registers, fewer than a 128 x 256 accumulator needs."""
+    """wgmma consumer: one fp32 accumulator tile per output tile, handed over in shared memory
+    (NaN dots and ids past ``vocab_size`` at -inf)."""
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = acc_buf.type.shape[0]
     BLOCK_V: gl.constexpr = acc_buf.type.shape[1]
-    STAGES: gl.constexpr = a_bufs.type.shape[0]
     layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[BLOCK_N // 16, 1], instr_shape=[16, BLOCK_V, 16]
     )
     k_iters = gl.cdiv(a_desc.shape[1], BLOCK_K)
-    for i in gl.static_range(STAGES - 1):
-        _load_chunk(a_desc, b_desc, a_bufs, b_bufs, ready, i, k_iters, num_tiles, row_blocks)
     it = 0
     for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
         count = tile // gl.num_programs(0)  # this CTA's tiles before this one
-        acc = gl.zeros([BLOCK_N, BLOCK_V], gl.float32, layout)
-        for _ in range(k_iters):
-            slot = it % STAGES
-            mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
-            acc = warpgroup_mma(
-                a_bufs.index(slot), b_bufs.index(slot).permute((1, 0)), acc, is_async=True
-            )
-            # One wgmma in flight: the previous one has read its slot, which takes the chunk
-            # STAGES - 1 ahead once every warp is past it.
-            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-            _cta_barrier()
-            _load_chunk(
-                a_desc, b_desc, a_bufs, b_bufs, ready, it + STAGES - 1, k_iters, num_tiles,
-                row_blocks,
-            )  # fmt: skip
-            it += 1
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        acc, it = _accumulate(a_bufs, b_bufs, ready, empty, it, k_iters, layout)
         acc = _masked_dots(acc, tile // row_blocks, vocab_size, layout)
         mbarrier.wait(acc_empty, (count & 1) ^ 1)
         acc_buf.store(acc)
@@ -822,10 +778,10 @@ def _specialize_with_epilogue(
     worker_args = (shared,)
     mma_args = (
         a_desc,
-        b_desc,
         a_bufs,
         b_bufs,
         ready,
+        empty,
         acc_buf,
         acc_ready,
         acc_empty,
@@ -842,45 +798,50 @@ def _specialize_with_epilogue(
             [
                 (_mma_partition, mma_args),
                 (argmax_epilogue, worker_args),
+                (_load_partition, worker_args),
             ],
-            [EPI_WARPS],
-            [EPI_REGS],
+            [EPI_WARPS, 1],
+            [EPI_REGS, 24],
         )
     elif MASKED and RETURN_LOGPROBS:
         gl.warp_specialize(
             [
                 (_mma_partition, mma_args),
                 (verify_masked_logprobs_epilogue, worker_args),
+                (_load_partition, worker_args),
             ],
-            [EPI_WARPS],
-            [EPI_REGS],
+            [EPI_WARPS, 1],
+            [EPI_REGS, 24],
         )
     elif MASKED:
         gl.warp_specialize(
             [
                 (_mma_partition, mma_args),
                 (verify_masked_epilogue, worker_args),
+                (_load_partition, worker_args),
             ],
-            [EPI_WARPS],
-            [EPI_REGS],
+            [EPI_WARPS, 1],
+            [EPI_REGS, 24],
         )
     elif RETURN_LOGPROBS:
         gl.warp_specialize(
             [
                 (_mma_partition, mma_args),
                 (verify_logprobs_epilogue, worker_args),
+                (_load_partition, worker_args),
             ],
-            [EPI_WARPS],
-            [EPI_REGS],
+            [EPI_WARPS, 1],
+            [EPI_REGS, 24],
         )
     else:
         gl.warp_specialize(
             [
                 (_mma_partition, mma_args),
                 (verify_epilogue, worker_args),
+                (_load_partition, worker_args),
             ],
-            [EPI_WARPS],
-            [EPI_REGS],
+            [EPI_WARPS, 1],
+            [EPI_REGS, 24],
         )
 
 
@@ -899,36 +860,40 @@ def _specialize_hand_in(
             [
                 (_mma_partition, mma_args),
                 (verify_masked_hand_in_logprobs_epilogue, worker_args),
+                (_load_partition, worker_args),
             ],
-            [EPI_WARPS],
-            [EPI_REGS],
+            [EPI_WARPS, 1],
+            [EPI_REGS, 24],
         )
     elif MASKED:
         gl.warp_specialize(
             [
                 (_mma_partition, mma_args),
                 (verify_masked_hand_in_epilogue, worker_args),
+                (_load_partition, worker_args),
             ],
-            [EPI_WARPS],
-            [EPI_REGS],
+            [EPI_WARPS, 1],
+            [EPI_REGS, 24],
         )
     elif RETURN_LOGPROBS:
         gl.warp_specialize(
             [
                 (_mma_partition, mma_args),
                 (verify_hand_in_logprobs_epilogue, worker_args),
+                (_load_partition, worker_args),
             ],
-            [EPI_WARPS],
-            [EPI_REGS],
+            [EPI_WARPS, 1],
+            [EPI_REGS, 24],
         )
     else:
         gl.warp_specialize(
             [
                 (_mma_partition, mma_args),
                 (verify_hand_in_epilogue, worker_args),
+                (_load_partition, worker_args),
             ],
-            [EPI_WARPS],
-            [EPI_REGS],
+            [EPI_WARPS, 1],
+            [EPI_REGS, 24],
         )
 
 
