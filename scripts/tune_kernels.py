@@ -70,6 +70,7 @@ def hopper_candidates(
     epilogues,
     block_n_options=(),
     block_v_options=(),
+    block_k_options=(),
 ):
     """The ``HOPPER_TUNED`` row of ``op`` at ``rows`` (the 128-row tile below it), with each row
     block and vocabulary tile asked for (none: the row's own), each ring depth that fits in
@@ -78,9 +79,10 @@ def hopper_candidates(
     epilogue partition, TiledArgmax only)."""
     base = hopper_row(op, rows) or HopperConfig()
     epilogues = epilogues or [(base.chunk, base.epi_warps, base.epi_regs)]
-    for block_n, block_v, stages, (chunk, warps, regs) in itertools.product(
+    for block_n, block_v, block_k, stages, (chunk, warps, regs) in itertools.product(
         block_n_options or [base.block_n],
         block_v_options or [base.block_v],
+        block_k_options or [base.block_k],
         stages_options,
         epilogues,
     ):
@@ -89,6 +91,7 @@ def hopper_candidates(
         config = base._replace(
             block_n=block_n,
             block_v=block_v,
+            block_k=block_k,
             stages=stages,
             chunk=chunk,
             epi_warps=warps,
@@ -138,6 +141,14 @@ def main() -> None:
         default=[],
         choices=[64, 128, 256],
         help="Hopper vocabulary tiles (the wgmma N; default: the table's)",
+    )
+    add(
+        "--block-k",
+        nargs="+",
+        type=int,
+        default=[],
+        choices=[32, 64],
+        help="Hopper hidden-dimension chunk per ring slot (default: the table's)",
     )
     add("--stages", nargs="+", type=int, default=[3, 4], help="num_stages")
     add("--block-h", type=int, default=64, choices=[32, 64, 128], help="hidden chunk per dot")
@@ -236,7 +247,14 @@ def _sweep(args, rows: int, vocab: int, sms: int):
     for op in args.ops:
         if args.hopper:
             for config in hopper_candidates(
-                op, rows, vocab, args.stages, args.epilogues, args.block_n, args.block_v
+                op,
+                rows,
+                vocab,
+                args.stages,
+                args.epilogues,
+                args.block_n,
+                args.block_v,
+                args.block_k,
             ):
                 yield op, config
         else:
