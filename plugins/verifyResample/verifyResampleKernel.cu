@@ -6,7 +6,7 @@
  * n * (gamma + 1) + i): each warp computes fp32 logits l = dot / T (IEEE division, as the
  * reference) for U vocabulary ids at a time, kChunkIds ids per pass; greedy rows keep the running
  * argmax in their lane (lowest id on ties), sampled rows park their logits in shared memory and
- * one thread per (row, 64-id block) takes the block's two-level sample (blockSample: its score
+ * four lanes per (row, 64-id block) take the block's two-level sample (blockSampleRun: its score
  * M + log S + g and its pick, the reference's order of running sums), folded per row in block
  * order. Only with log-probabilities (LOGPROBS) does it also keep l(y) and the online max /
  * sum-exp. Warps merge through shared memory and write one summary per (row, split). Stage 2 (one thread per sequence) merges the splits in order, accepts the draft
@@ -84,46 +84,64 @@ __device__ __forceinline__ void mergeBest(Summary& a, float score, int32_t index
 constexpr int kSampleRun = 16;  // reference.verify_resample.SAMPLE_RUN
 constexpr int kChunkIds = 128; // ids a stage-1 CTA streams before sampling their blocks
 
-//! The two-level sample of one block (reference.verify_resample.block_samples) from its `count`
-//! logits in id order (the rest of the 64 are -inf): its score s_b = M + log S + g_b and its pick
-//! (0..63). Running sums in the reference's order: in order inside each run of kSampleRun ids,
-//! plus the sum of the runs before it, also formed in order.
-__device__ __forceinline__ void blockSample(
-    float const* logits, int count, RowKeys g, RowKeys u, uint64_t block, float& score, int& pick)
+constexpr int kRuns = kSampleBlock / kSampleRun; // the lanes of one block's sample
+
+//! The two-level sample of one block (reference.verify_resample.block_samples), taken by the
+//! kRuns consecutive lanes of a group (lane & (kRuns - 1) = the run): each lane holds the
+//! `count` (0..16) logits of its run of 16 ids in id order (the rest are -inf). Returns, on every
+//! lane of the group, the block's score s_b = M + log S + g_b and its pick (0..63). Running sums
+//! in the reference's order: in order inside each run, plus the sum of the runs before it, also
+//! formed in order. Every lane of the warp must call it (shuffles over the whole warp).
+__device__ __forceinline__ void blockSampleRun(
+    float const* run, int count, RowKeys g, RowKeys u, uint64_t block, float& score, int& pick)
 {
+    int const q = threadIdx.x & (kRuns - 1);
     float m = -INFINITY;
     int firstInf = kSampleBlock;
-    for (int j = 0; j < count; ++j)
+    for (int j = 0; j < kSampleRun; ++j)
     {
-        m = fmaxf(m, logits[j]);
-        firstInf = logits[j] == INFINITY && firstInf == kSampleBlock ? j : firstInf;
+        float const x = j < count ? run[j] : -INFINITY;
+        m = fmaxf(m, x);
+        firstInf = x == INFINITY && firstInf == kSampleBlock ? q * kSampleRun + j : firstInf;
     }
-    if (m == INFINITY || m == -INFINITY) // a +inf wins with its first id; no finite logit: -inf
+    for (int offset = 1; offset < kRuns; offset <<= 1) // the block's max and first +inf: any order
+    {
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
+        firstInf = min(firstInf, __shfl_xor_sync(0xffffffffu, firstInf, offset));
+    }
+    bool const finite = m != INFINITY && m != -INFINITY;
+    float const shift = finite ? m : 0.0f;
+    float c[kSampleRun];
+    for (int j = 0; j < kSampleRun; ++j) // this run's sums, in order
+    {
+        float const e = finite && j < count ? expf(run[j] - shift) : 0.0f;
+        c[j] = j == 0 ? e : c[j - 1] + e;
+    }
+    // The runs' totals, each from its lane; the sums of the runs before, in order.
+    int const first = (threadIdx.x & 31) & ~(kRuns - 1);
+    float before = 0.0f;
+    float total = 0.0f;
+    for (int r = 0; r < kRuns; ++r)
+    {
+        float const t = __shfl_sync(0xffffffffu, c[kSampleRun - 1], first + r);
+        before = r == q ? total : before;
+        total = total + t;
+    }
+    float const target = uniformFromBits(tokenBits(u, block)) * total;
+    int below = 0;
+    for (int j = 0; j < kSampleRun; ++j)
+    {
+        below += before + c[j] <= target;
+    }
+    for (int offset = 1; offset < kRuns; offset <<= 1)
+    {
+        below += __shfl_xor_sync(0xffffffffu, below, offset);
+    }
+    if (!finite) // a +inf wins with its first id; no finite logit: -inf
     {
         score = m;
         pick = m == INFINITY ? firstInf : 0;
         return;
-    }
-    float sums[kSampleBlock];
-    float before = 0.0f;
-    for (int r = 0; r < kSampleBlock / kSampleRun; ++r)
-    {
-        float c = 0.0f;
-        for (int j = 0; j < kSampleRun; ++j)
-        {
-            int const k = r * kSampleRun + j;
-            float const e = k < count ? expf(logits[k] - m) : 0.0f;
-            c = j == 0 ? e : c + e;
-            sums[k] = before + c;
-        }
-        before = before + c;
-    }
-    float const total = sums[kSampleBlock - 1];
-    float const target = uniformFromBits(tokenBits(u, block)) * total;
-    int below = 0;
-    for (int k = 0; k < kSampleBlock; ++k)
-    {
-        below += sums[k] <= target;
     }
     pick = below; // total > 0: a finite max contributes exp(0) = 1
     score = m + logf(total) + gumbelFromBits(tokenBits(g, block));
@@ -335,28 +353,31 @@ __global__ void __launch_bounds__(kThreads) verifyTilesKernel(T const* hidden, T
                 chunkLogits[blockRow][v - c0] = logit;
             });
         __syncthreads();
-        if (threadIdx.x < ROWS * kBlocks)
+        static_assert(ROWS * kBlocks * kRuns <= kThreads, "one pass of block samples per chunk");
         {
-            int const r = threadIdx.x / kBlocks;
-            int const k = threadIdx.x - r * kBlocks;
+            // kRuns lanes per (row, block): lane q takes the block's run q (every lane shuffles).
+            int const group = threadIdx.x / kRuns;
+            int const r = min(group / kBlocks, ROWS - 1);
+            int const k = group % kBlocks;
             int const start = c0 + k * kSampleBlock;
             int const taskRow = min(row0 + r, numRows - 1);
             int const taskN = taskRow / rowsPerSeq;
-            bool const sampled = row0 + r < numRows && start < c1 && in.temperature[taskN] >= kGreedyBelow
-                && !(TRUNC && truncatesRow(in, taskN));
-            blockIndex[r][k] = -1;
-            if (sampled)
+            bool const sampled = group < ROWS * kBlocks && row0 + r < numRows && start < c1
+                && in.temperature[taskN] >= kGreedyBelow && !(TRUNC && truncatesRow(in, taskN));
+            int const q = threadIdx.x & (kRuns - 1);
+            int const count = sampled ? max(0, min(kSampleRun, c1 - start - q * kSampleRun)) : 0;
+            int64_t const position = in.positions[taskN] + (taskRow - taskN * rowsPerSeq);
+            RowKeys const g = rowKeys(in.seed[taskN], position, kStreamGumbel);
+            RowKeys const u = rowKeys(in.seed[taskN], position, kStreamPick);
+            float const* logits = &chunkLogits[r][k * kSampleBlock];
+            float score;
+            int pick;
+            blockSampleRun(logits + q * kSampleRun, count, g, u, start / kSampleBlock, score, pick);
+            if (q == 0 && group < ROWS * kBlocks)
             {
-                int64_t const position = in.positions[taskN] + (taskRow - taskN * rowsPerSeq);
-                RowKeys const g = rowKeys(in.seed[taskN], position, kStreamGumbel);
-                RowKeys const u = rowKeys(in.seed[taskN], position, kStreamPick);
-                float score;
-                int pick;
-                float const* logits = &chunkLogits[r][k * kSampleBlock];
-                blockSample(logits, min(kSampleBlock, c1 - start), g, u, start / kSampleBlock, score, pick);
                 blockScore[r][k] = score;
-                blockIndex[r][k] = start + pick;
-                blockLogit[r][k] = logits[pick];
+                blockIndex[r][k] = sampled ? start + pick : -1;
+                blockLogit[r][k] = sampled ? logits[pick] : 0.0f;
             }
         }
         __syncthreads();
