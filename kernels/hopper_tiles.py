@@ -122,13 +122,14 @@ def _blocks_to_lanes(v, lanes_layout: gl.constexpr):
 @gluon.jit
 def _scaled(acc, scale, MASKED: gl.constexpr):
     """``acc / scale`` per row (``scale [CHUNK]``, > 0), IEEE-rounded as the reference's
-    ``l / T``. With ``MASKED`` the masked dots (-inf) skip the division: ``div.rn`` takes a slow
-    path for infinite operands, and a mask of half the vocabulary sent half the dots down it
-    (H100, 512 rows: masked verify 1.56x plain, 1.22x with nothing masked;
-    ``docs/bench/mask_cost_h100.log``)."""
+    ``l / T``. With ``MASKED`` the masked dots (-inf) divide 1.0 instead, then are -inf again:
+    ``div.rn`` takes a slow path when its dividend is infinite or zero (the range check before
+    its fast path), and a mask of half the vocabulary sent half the dots down it. H200, masked
+    verify x plain at 512 rows: 1.41 dividing 0.0, 1.13 dividing 1.0 (1.11-1.13 with nothing
+    masked); at 128 rows 1.28-1.31 -> 1.02 (``docs/bench/mask_cost_h200.log``)."""
     if MASKED:
         live = acc > float("-inf")
-        quotient = gl.div_rn(gl.where(live, acc, 0.0), gl.expand_dims(scale, 1))
+        quotient = gl.div_rn(gl.where(live, acc, 1.0), gl.expand_dims(scale, 1))
         return gl.where(live, quotient, float("-inf"))
     return gl.div_rn(acc, gl.expand_dims(scale, 1))
 
