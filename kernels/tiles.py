@@ -289,37 +289,36 @@ def truncation_config(
     )
 
 
-# The portable kernel's launch for a top-p call at 1-16 rows, whose tile pass both hands in the
-# dots above a threshold and sums the online LSE that top-p normalises by: per GPU whose name
-# holds the key ("": any other), rows up to the bound -> (BLOCK_N, BLOCK_V, num_warps, waves,
-# num_stages); past the last bound, ``choose_config``'s launch. With both in its loop, plain
-# verify's launch rows cost 1.5x plain verify at 16 rows on an H200 (top-p 0.9, settle only: its
-# own 16 x 64 tile 380 µs against 246, TUNED's 8-warp 16 x 128 tile 378), though either alone
-# costs a few µs; the 4-warp 16 x 128 tile at 2 programs per SM takes 300 µs. Up to 8 rows
-# the H200's own row stays best (292 µs against 305): docs/bench/top_p_small_rows_h200.log.
-TOP_P_TUNED = {
-    "H200": ((8, (16, 64, 4, 4, 3)), (16, (16, 128, 4, 2, 3))),
-    "": ((16, (16, 128, 4, 2, 3)),),
-}
+# The portable kernel's launch for a top-k / top-p call at 2-16 rows, whose tile pass hands in
+# the dots above a threshold (top-p's also sums the online LSE it normalises by): rows up to the
+# bound -> (BLOCK_N, BLOCK_V, num_warps, waves, num_stages), None for ``choose_config``'s launch,
+# as past the last bound. With the hand-in in its loop, plain verify's 4-warp 16 x 64 tile at
+# 4 programs per SM (the H200's row, the H100's from 5 rows) holds 139 registers a thread (159
+# with the LSE), so fewer programs fit than are launched; the 4-warp 16 x 128 tile at 2 programs
+# per SM does not. H200, Llama-3-8B head, settle only, µs (docs/bench/hand_in_small_rows_h200.log),
+# plain verify's launch -> this one: top-k 50 357 -> 287 at 4 rows, 356 -> 283 at 8, top-p 0.9
+# 376 -> 307 and 372 -> 303 (plain verify 253 and 265); at 16 rows top-p 300 here, top-k 361 in
+# plain verify's. One scored row stays on plain verify's launch (top-k 266 against 273, top-p
+# 284 against 290).
+HAND_IN_TUNED = ((1, None), (16, (16, 128, 4, 2, 3)))
 
 
-def top_p_row(rows: int, device_name: str) -> tuple[int, int, int, int, int] | None:
-    """The ``TOP_P_TUNED`` row for ``rows`` on the GPU named ``device_name`` (None: past it)."""
-    table = next(t for part, t in TOP_P_TUNED.items() if part in device_name)  # "": the last
-    return next((config for limit, config in table if rows <= limit), None)
+def hand_in_row(rows: int) -> tuple[int, int, int, int, int] | None:
+    """The ``HAND_IN_TUNED`` row for ``rows`` (None: ``choose_config``'s launch)."""
+    return next((config for limit, config in HAND_IN_TUNED if rows <= limit), None)
 
 
-def top_p_config(
+def hand_in_config(
     rows: int, hidden_size: int, vocab_size: int, dtype: torch.dtype, device: torch.device
 ) -> KernelConfig | None:
-    """The portable launch of a top-p VerifyResample call from ``TOP_P_TUNED``; None where
-    ``choose_config``'s serves (past the table's rows, off a GPU, under the interpreter)."""
+    """The portable launch of a top-k / top-p VerifyResample call from ``HAND_IN_TUNED``; None
+    where ``choose_config``'s serves (past the table's rows, off a GPU, under the interpreter)."""
     if device.type != "cuda" or triton.knobs.runtime.interpret:
         return None
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    row = top_p_row(rows, device_name(index))
+    row = hand_in_row(rows)
     if row is None:
         return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
     block_n, block_v, num_warps, waves, num_stages = row
     splits = num_splits(rows, vocab_size, block_n, block_v, waves, sm_count(index))
     fewer = triton.next_power_of_2(rows)  # below BLOCK_N: only these rows are scored

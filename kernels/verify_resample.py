@@ -63,8 +63,8 @@ from flashspec_export.kernels.tiles import (
     check_device,
     dot_options,
     dot_tile,
+    hand_in_config,
     resolve_config,
-    top_p_config,
 )
 from flashspec_export.ops.workspace import launch_workspace
 from flashspec_export.reference import truncation
@@ -460,8 +460,8 @@ def verify_resample(
     device = hidden.device
     # The [R, H] rows as one view (row r = n · (γ + 1) + i), for the Hopper kernel's TMA.
     hidden2d = hidden.view(rows, hidden_size) if hidden.is_contiguous() else None
-    if config is None and top_p is not None:
-        config = top_p_config(rows, hidden_size, vocab_size, lm_head.dtype, device)
+    if config is None and (top_k is not None or top_p is not None):
+        config = hand_in_config(rows, hidden_size, vocab_size, lm_head.dtype, device)
     config = resolve_config("verify_resample", hidden2d, lm_head, rows, vocab_size, config)
     truncating = top_k is not None or top_p is not None
     if config.epi_rows and rows > config.epi_rows:

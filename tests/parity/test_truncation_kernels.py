@@ -115,16 +115,16 @@ def test_the_fused_truncation_equals_the_reference(case, path, monkeypatch):
     assert torch.equal(emitted[settled], wanted[0][1][settled])
 
 
-def test_top_p_calls_take_their_own_launch_up_to_16_rows(monkeypatch):
-    """A top-p call's default launch is ``top_p_config``'s (``TOP_P_TUNED``: at 1-16 rows on a
-    GPU, the hand-in and the online LSE in one loop want another tile than plain verify's), by
-    GPU name; past 16 rows, off a GPU and under the interpreter, ``choose_config``'s. The call
-    with that launch equals the reference; a top-k call does not take it."""
-    assert tiles.top_p_row(8, "NVIDIA H200") == (16, 64, 4, 4, 3)
-    assert tiles.top_p_row(16, "NVIDIA H200") == (16, 128, 4, 2, 3)
-    assert tiles.top_p_row(1, "NVIDIA H100 80GB HBM3") == (16, 128, 4, 2, 3)
-    assert tiles.top_p_row(17, "NVIDIA H100 80GB HBM3") is None
-    assert tiles.top_p_config(4, H, V, torch.float32, torch.device("cpu")) is None
+def test_truncating_calls_take_their_own_launch_up_to_16_rows(monkeypatch):
+    """A top-k or top-p call's default launch is ``hand_in_config``'s (``HAND_IN_TUNED``: at
+    2-16 rows on a GPU, the hand-in in the loop wants another tile than plain verify's); at 1
+    row, past 16, off a GPU and under the interpreter, ``choose_config``'s. The calls with that
+    launch equal the reference; a plain call does not take it."""
+    assert tiles.hand_in_row(1) is None
+    assert tiles.hand_in_row(2) == (16, 128, 4, 2, 3)
+    assert tiles.hand_in_row(16) == (16, 128, 4, 2, 3)
+    assert tiles.hand_in_row(17) is None
+    assert tiles.hand_in_config(4, H, V, torch.float32, torch.device("cpu")) is None
     hidden, lm_head, temperature, seed, positions, _ = _inputs()
     rows = N * (GAMMA + 1)
     launched = []
@@ -136,14 +136,16 @@ def test_top_p_calls_take_their_own_launch_up_to_16_rows(monkeypatch):
         )
         return config._replace(block_v=64)
 
-    monkeypatch.setattr(kernels, "top_p_config", own_launch)
+    monkeypatch.setattr(kernels, "hand_in_config", own_launch)
     drafts = torch.zeros(N, GAMMA, dtype=torch.int64, device=DEVICE)
     args = (hidden, lm_head, drafts, temperature, seed, positions)
     for truncate in (dict(top_k=TOP_K), dict(top_p=TOP_P)):
         got = ops.verify_resample(*args, backend=runnable("triton"), **truncate)
         want = ops.verify_resample(*args, backend=runnable("reference"), **truncate)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-    assert launched == [rows]
+    assert launched == [rows, rows]
+    ops.verify_resample(*args, backend=runnable("triton"))
+    assert launched == [rows, rows]
 
 
 @pytest.mark.skipif(
