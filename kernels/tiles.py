@@ -77,16 +77,17 @@ class KernelConfig(NamedTuple):
 # (``epi_rows_of``): tl.dot needs 16 rows, but the Gumbel noise of the padding is wasted work
 # that shows at tile boundaries (H200, 1-8 rows: 1.01-1.04x the matmul instead of 1.04-1.06x,
 # git show 51a3298:docs/BENCHMARKS.md).
-# 5-16 rows take the 4-warp tile of 64 ids, 4 programs per SM (as the H200 below): with the
+# 2-16 rows take the 4-warp tile of 64 ids, 4 programs per SM (as the H200 below): with the
 # two-level sample the 8-warp row's epilogue holds 128-136 registers a thread at 8-16 scored rows,
 # one program per SM where 2 should overlap; H100, Llama-3, x the matmul (scripts/tune_kernels.py
 # --ops verify_resample --rows 8 16 --warps 4 8 --waves 2 4 --stages 3,
-# docs/bench/tune_small_verify_h100.log): 1.08-1.10 -> 0.95.
+# docs/bench/tune_small_verify_h100.log): 1.08-1.10 -> 0.95. At 4 rows (H100, µs,
+# docs/bench/hand_in_small_rows_h100.log) plain verify 362 -> 358 and a masked call 403 -> 359.
 _SMALL = (16, 64, 4, 4, 3)
 TUNED = {
     "verify_resample": (
         (1, (16, 128, 8, 2, 3)),
-        (4, (16, 128, 8, 2, 3)),
+        (4, _SMALL),
         (8, _SMALL),
         (16, _SMALL),
         (32, (32, 128, 8, 0, 3)),

@@ -1,9 +1,9 @@
-"""The portable VerifyResample launch of a top-k or top-p call at 1-16 rows (its tile pass
-hands in the dots above a threshold; top-p's also sums the online LSE): plain verify, with
-log-probabilities, top-p 0.9 and top-k 50 (settle only) per launch shape, µs (CUDA graphs;
-Llama-3-8B head, bf16, γ 3 (γ 0 at 1 row); below 16 rows only the real rows are scored, as the
-library launches them).
-Behind ``kernels/tiles.py: HAND_IN_TUNED``.
+"""The portable VerifyResample launch of a top-k, top-p or masked call at 1-16 rows (a top-k /
+top-p tile pass hands in the dots above a threshold; top-p's also sums the online LSE): plain
+verify, with log-probabilities, top-p 0.9 and top-k 50 (settle only) and a random allowed-token
+mask, per launch shape, µs (CUDA graphs; Llama-3-8B head, bf16, γ 3 (γ 0 at 1 row); below 16
+rows only the real rows are scored, as the library launches them). Behind
+``kernels/tiles.py: HAND_IN_TUNED``.
 
     python docs/bench/hand_in_small_rows.py [--rows 1 4 16] [--json PATH]
 """
@@ -56,6 +56,8 @@ def main() -> None:
                 + 1, torch.arange(n, device="cuda") * 7, shape.vocab_size)  # fmt: skip
         top_p = torch.full((n,), 0.9, device="cuda")
         top_k = torch.full((n,), 50, device="cuda", dtype=torch.int64)
+        words = -(-shape.vocab_size // 32)
+        mask = torch.randint(-(2**31), 2**31 - 1, (n, width, words), device="cuda").int()
         fns = {"matmul": functools.partial(torch.matmul, hidden.view(rows, -1), lm.T)}
         configs = {"table": choose_config("verify_resample", rows, shape.hidden_size,
                                           shape.vocab_size, lm.dtype, lm.device)}  # fmt: skip
@@ -70,6 +72,7 @@ def main() -> None:
             fns[f"{name} lp"] = functools.partial(run, return_logprobs=True)
             fns[f"{name} top_p"] = functools.partial(run, top_p=top_p, settle_only=True)
             fns[f"{name} top_k"] = functools.partial(run, top_k=top_k, settle_only=True)
+            fns[f"{name} mask"] = functools.partial(run, allowed_tokens=mask)
         times = {k: statistics.median(v) for k, v in time_graphs(fns, 20, 100).items()}
         out[rows] = {k: round(v, 1) for k, v in times.items()}
         for k, v in times.items():
