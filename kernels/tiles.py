@@ -294,10 +294,10 @@ def truncation_config(
 # the dots above a threshold (top-p's also sums the online LSE it normalises by): rows up to the
 # bound -> (BLOCK_N, BLOCK_V, num_warps, waves, num_stages), None for ``choose_config``'s launch,
 # as past the last bound. With the hand-in in its loop, plain verify's 4-warp 16 x 64 tile at
-# 4 programs per SM (the H200's row, the H100's from 5 rows) holds 139 registers a thread (159
-# with the LSE), so fewer programs fit than are launched; the 4-warp 16 x 128 tile at 2 programs
-# per SM does not. H200, Llama-3-8B head, settle only, µs (docs/bench/hand_in_small_rows_h200.log),
-# plain verify's launch -> this one: top-k 50 357 -> 287 at 4 rows, 356 -> 283 at 8, top-p 0.9
+# 4 programs per SM (``_SMALL``) holds 139 registers a thread (159 with the LSE), so fewer
+# programs fit than are launched; the 4-warp 16 x 128 tile at 2 programs per SM does not.
+# H200, Llama-3-8B head, settle only, µs (docs/bench/hand_in_small_rows_h200.log), plain
+# verify's launch -> this one: top-k 50 357 -> 287 at 4 rows, 356 -> 283 at 8, top-p 0.9
 # 376 -> 307 and 372 -> 303 (plain verify 253 and 265); at 16 rows top-p 300 here, top-k 361 in
 # plain verify's. One scored row stays on plain verify's launch (top-k 266 against 273, top-p
 # 284 against 290).
