@@ -18,18 +18,28 @@ from flashspec_export import ops
 from flashspec_export.config import HeadShape
 
 
-def main() -> None:
-    shape = HeadShape.from_name(sys.argv[1] if len(sys.argv) > 1 else "llama3-8b")
+def random_head(name: str) -> tuple[HeadShape, torch.Tensor]:
+    """The head's shape and a random bf16 LM head of it (unit-scale logits for unit rows)."""
+    shape = HeadShape.from_name(name)
     torch.manual_seed(0)
     lm = torch.randn(shape.padded_vocab, shape.hidden_size, device="cuda", dtype=torch.bfloat16)
-    lm *= shape.hidden_size**-0.5
+    return shape, lm * shape.hidden_size**-0.5
+
+
+def verify_args(shape: HeadShape, lm: torch.Tensor, rows: int) -> tuple:
+    """``ops.verify_resample``'s positional arguments for ``rows`` rows at γ 3, T 1."""
+    n = rows // 4
+    hidden = torch.randn(n, 4, shape.hidden_size, device="cuda", dtype=torch.bfloat16)
+    drafts = torch.randint(0, shape.vocab_size, (n, 3), device="cuda")
+    temperature, seed = torch.ones(n, device="cuda"), torch.arange(n, device="cuda")
+    positions = torch.zeros(n, dtype=torch.int64, device="cuda")
+    return hidden, lm, drafts, temperature, seed, positions, shape.vocab_size
+
+
+def main() -> None:
+    shape, lm = random_head(sys.argv[1] if len(sys.argv) > 1 else "llama3-8b")
     for rows in (128, 512):
-        n = rows // 4
-        hidden = torch.randn(n, 4, shape.hidden_size, device="cuda", dtype=torch.bfloat16)
-        drafts = torch.randint(0, shape.vocab_size, (n, 3), device="cuda")
-        temperature, seed = torch.ones(n, device="cuda"), torch.arange(n, device="cuda")
-        positions = torch.zeros(n, dtype=torch.int64, device="cuda")
-        args = (hidden, lm, drafts, temperature, seed, positions, shape.vocab_size)
+        args = verify_args(shape, lm, rows)
         for backend in ("triton", "cuda"):
             for _ in range(5):
                 ops.verify_resample(*args, backend=backend, check_values=False)

@@ -13,9 +13,9 @@ import threading
 import time
 
 import torch
+from backend_kernels import random_head, verify_args  # beside this script
 
 from flashspec_export import ops
-from flashspec_export.config import HeadShape
 
 
 def _sample(stop: threading.Event, out: list[tuple[float, float]]) -> None:
@@ -53,18 +53,10 @@ def _clock_and_power(fn) -> tuple[float, float]:
 
 
 def main() -> None:
-    shape = HeadShape.from_name("llama3-8b")
-    torch.manual_seed(0)
-    lm = torch.randn(shape.padded_vocab, shape.hidden_size, device="cuda", dtype=torch.bfloat16)
-    lm *= shape.hidden_size**-0.5
+    shape, lm = random_head("llama3-8b")
     for rows in (128, 512):
-        n = rows // 4
-        hidden = torch.randn(n, 4, shape.hidden_size, device="cuda", dtype=torch.bfloat16)
-        flat = hidden.view(rows, -1)
-        drafts = torch.randint(0, shape.vocab_size, (n, 3), device="cuda")
-        temperature, seed = torch.ones(n, device="cuda"), torch.arange(n, device="cuda")
-        positions = torch.zeros(n, dtype=torch.int64, device="cuda")
-        args = (hidden, lm, drafts, temperature, seed, positions, shape.vocab_size)
+        args = verify_args(shape, lm, rows)
+        flat = args[0].view(rows, -1)
         fns = {
             "matmul": lambda flat=flat: flat @ lm.T,
             "verify": lambda args=args: ops.verify_resample(
