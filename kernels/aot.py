@@ -7,10 +7,12 @@ compiles, for one GPU architecture, the stage-1 (tile) kernels of ``verify_resam
 with log-probabilities, with an allowed-token mask, with both) and ``tiled_argmax`` for every row
 of the launch tables ``TUNED`` and, on sm_90, ``HOPPER_TUNED`` (``kernels/tiles.py``) and every
 (dtype, hidden size) asked for, plus their stage-2 (finalize) kernels for a few block sizes; for
-top-k / top-p, the truncating tile kernels of ``TRUNCATION_TUNED`` (the same four variants, each
-handing in candidates) and the stage 2 that settles the kept set from them
-(``_truncated_summaries_kernel``, per split-count block and top-k / top-p / both); and
-writes
+top-k / top-p the Triton backend's four launches: the sampled logits (``SAMPLED_TUNED``), the
+hand-in thresholds (top-k / top-p / both, with a mask or not), the tile kernels handing in every
+dot above the threshold (the launch the Triton backend takes at each row count:
+``HAND_IN_TUNED``, else ``TUNED`` / ``HOPPER_TUNED``; the same four variants) and the stage 2
+that settles the kept set from them (``_truncated_summaries_kernel``, per split-count block and
+top-k / top-p / both); and writes
 
 - ``OUTDIR/cubin/<kernel>.cubin``: the compiled kernels;
 - ``OUTDIR/tritonAotKernels.cpp``: the cubins embedded with ``.incbin`` and the table
@@ -50,19 +52,21 @@ from triton.experimental.gluon._runtime import GluonASTSource
 
 from flashspec_export.kernels import hopper_tiles, tiled_argmax, verify_resample
 from flashspec_export.kernels.tiles import (
+    HAND_IN_TUNED,
     HOPPER_TUNED,
-    TRUNCATION_TUNED,
     TUNED,
     TUNED_BY_DEVICE,
     block_h_of,
     dot_options_of,
     epi_rows_of,
+    hand_in_row,
     hopper_row,
     tuned_row,
 )
 
 logger = logging.getLogger(__name__)
 
+HAND_IN_CAP = hopper_tiles.HAND_IN_CAP.value
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 _POINTER_TYPE = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32"}
 _GLUON_DTYPE = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
@@ -84,15 +88,21 @@ VERIFY_FINALIZE_BLOCK_R = (4, 8)
 MAX_FINALIZE_ELEMENTS = 8192  # BLOCK_R · BLOCK_S of one verify program (registers, compile time)
 # The truncation's stage 2 (``_truncated_summaries``) per next_power_of_2(split count): its
 # constexprs are the JIT's for that block, so the library's sums and sorts are the Triton
-# backend's to the bit. Up to 512 splits (a truncating launch makes 2 per SM over its row blocks).
-SETTLE_BLOCK_S = tuple(2**i for i in range(10))
+# backend's to the bit. 64-2048 splits: the portable hand-in launches make 2-4 per SM (264-528 on
+# an H100 or H200), the Hopper kernel one per 128 or 256 ids (501-2048 for the Llama-3, Qwen3 and
+# Gemma-3 heads); fewer (V below 16384 on the Hopper kernel) run the native kernels.
+SETTLE_BLOCK_S = tuple(2**i for i in range(6, 12))
 # (TOP_K, TOP_P): the launcher takes the JIT's variant (top_k / top_p given or not)
-_SETTLE_VARIANTS = ((True, False), (False, True), (True, True))
+_TRUNCATION_VARIANTS = ((True, False), (False, True), (True, True))
+# The hand-in threshold kernel's blocks of sampled logits: the launcher takes the smallest that
+# holds ceil(V / HAND_IN_STRIDE) (the threshold does not depend on it), so vocabularies up to
+# 262144 ids; larger ones run the native kernels.
+THRESHOLD_BLOCKS = (1024, 2048)
 
 
-def _verify_tiles_args(truncating: bool) -> tuple[tuple[str, str], ...]:
-    """``_verify_tiles_kernel``'s runtime parameters: with top-k / top-p (``CANDIDATES > 0``)
-    also ``truncated_ptr`` and ``cand_ptr``, compiled out otherwise."""
+def _verify_tiles_args(hand_in: bool) -> tuple[tuple[str, str], ...]:
+    """``_verify_tiles_kernel``'s runtime parameters: with top-k / top-p (``HAND_IN``) also the
+    truncated flags, the thresholds, the counts and the handed-in keys, compiled out otherwise."""
     return (
         ("hidden_ptr", "*T"),
         ("lm_head_ptr", "*T"),
@@ -101,9 +111,13 @@ def _verify_tiles_args(truncating: bool) -> tuple[tuple[str, str], ...]:
         ("positions_ptr", "*i64"),
         ("ws_float_ptr", "*fp32"),
         ("ws_index_ptr", "*i32"),
-        *((("truncated_ptr", "*i32"),) if truncating else ()),
+        *((("truncated_ptr", "*i32"),) if hand_in else ()),
         ("allowed_ptr", "*i32"),  # MASKED only: any pointer otherwise
-        *((("cand_ptr", "*i64"),) if truncating else ()),
+        *(
+            (("threshold_ptr", "*fp32"), ("count_ptr", "*i32"), ("hand_in_ptr", "*i64"))
+            if hand_in
+            else ()
+        ),
         ("num_rows", "i32"),
         ("gamma", "i32"),
         ("vocab_size", "i32"),
@@ -118,9 +132,35 @@ def _verify_tiles_args(truncating: bool) -> tuple[tuple[str, str], ...]:
 
 # Each kernel's non-constexpr parameters, in order: the launcher's argument arrays mirror these.
 RUNTIME_ARGS = {
-    "verify_tiles": _verify_tiles_args(truncating=False),
-    # the truncating variants: also the truncated flags in and the hand-in out
-    "verify_truncating_tiles": _verify_tiles_args(truncating=True),
+    "verify_tiles": _verify_tiles_args(hand_in=False),
+    # top-k / top-p: also the truncated flags and thresholds in, the hand-in out
+    "verify_hand_in_tiles": _verify_tiles_args(hand_in=True),
+    "sampled_logits": (
+        ("hidden_ptr", "*T"),
+        ("head_ptr", "*T"),
+        ("out_ptr", "*fp32"),
+        ("rows", "i32"),
+        ("num_sampled", "i32"),
+        ("hidden_size", "i32"),
+        ("stride_hr", "i32"),
+        ("stride_vr", "i32"),
+        ("k_run", "i32"),
+    ),
+    "hand_in_threshold": (
+        ("sample_ptr", "*fp32"),
+        ("allowed_ptr", "*i32"),  # MASKED only: any pointer otherwise
+        ("top_k_ptr", "*i64"),  # TOP_K only: any pointer otherwise
+        ("top_p_ptr", "*fp32"),  # TOP_P only: any pointer otherwise
+        ("truncated_ptr", "*i32"),
+        ("out_ptr", "*fp32"),
+        ("count_ptr", "*i32"),
+        ("rows", "i32"),
+        ("width", "i32"),
+        ("vocab_size", "i32"),
+        ("num_words", "i32"),
+        ("num_sampled", "i32"),
+        ("splits", "i32"),
+    ),
     "truncated_summaries": (
         ("ws_float_ptr", "*fp32"),
         ("ws_index_ptr", "*i32"),
@@ -137,7 +177,7 @@ RUNTIME_ARGS = {
         ("width", "i32"),
         ("num_splits", "i32"),
         ("num_kept", "i32"),
-        ("count_ptr", "*i32"),  # COUNTED only (never compiled in): any pointer otherwise
+        ("count_ptr", "*i32"),
         ("threshold_ptr", "*fp32"),
     ),
     "verify_finalize": (
@@ -181,8 +221,7 @@ RUNTIME_ARGS = {
         ("vocab_size", "i32"),
         ("allowed_ptr", "*i32"),  # MASKED only: any pointer otherwise
         ("num_words", "i32"),
-        # HAND_IN only (never compiled in: the library's top-k / top-p run the portable kernel):
-        # any pointer otherwise
+        # HAND_IN only: any pointer otherwise
         ("truncated_ptr", "*i32"),
         ("threshold_ptr", "*fp32"),
         ("count_ptr", "*i32"),
@@ -199,7 +238,9 @@ RUNTIME_ARGS = {
 }
 _FUNCTIONS = {
     "verify_tiles": verify_resample._verify_tiles_kernel,
-    "verify_truncating_tiles": verify_resample._verify_tiles_kernel,
+    "verify_hand_in_tiles": verify_resample._verify_tiles_kernel,
+    "sampled_logits": verify_resample._sampled_logits_kernel,
+    "hand_in_threshold": verify_resample._hand_in_threshold_kernel,
     "truncated_summaries": verify_resample._truncated_summaries_kernel,
     "verify_finalize": verify_resample._verify_finalize_kernel,
     "argmax_tiles": tiled_argmax._argmax_tiles_kernel,
@@ -208,6 +249,9 @@ _FUNCTIONS = {
 }
 # 16-divisible in the compiled specialisation (checked by the launcher).
 _DIVISIBLE = ("hidden_ptr", "lm_head_ptr", "stride_hn", "stride_hi", "stride_vv")
+# The hand-in's launches take the 16-byte aligned matrices and workspace buffers as the JIT sees
+# torch's: the launcher places them at 16-byte offsets of a 16-byte aligned workspace.
+_HAND_IN_DIVISIBLE = ("threshold_ptr", "count_ptr", "hand_in_ptr")
 # Stage 2 of top-k / top-p also takes its workspace pointers 16-divisible, as the JIT sees them:
 # without it the per-split loads lay out otherwise and the top-p normaliser's sum over the splits
 # runs in another order (Triton 3.6: other fp32 instructions; an H100 saw 64-ulp log-probabilities).
@@ -220,7 +264,20 @@ _DIVISIBLE_BY_KIND = {
         "truncated_ptr",
         "unsettled_ptr",
         "sel_ptr",
+        "count_ptr",
+        "threshold_ptr",
     ),
+    "verify_hand_in_tiles": ("truncated_ptr", *_HAND_IN_DIVISIBLE),
+    "sampled_logits": (
+        "hidden_ptr",
+        "head_ptr",
+        "out_ptr",
+        "hidden_size",
+        "stride_hr",
+        "stride_vr",
+        "k_run",
+    ),
+    "hand_in_threshold": ("sample_ptr", "truncated_ptr", "out_ptr", "count_ptr"),
 }
 
 
@@ -270,6 +327,30 @@ class SettleRow:
     top_k: bool
     top_p: bool
     block_s: int
+    kernel: str
+
+
+@dataclasses.dataclass(frozen=True)
+class SampledRow:
+    """A ``SAMPLED_TUNED`` row's sampled-logits kernel for one dtype: up to ``max_rows`` rows."""
+
+    dtype: str
+    max_rows: int  # -1: no bound
+    block_r: int
+    block_s: int
+    block_k: int
+    k_splits: int
+    kernel: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ThresholdRow:
+    """A hand-in threshold kernel: ``block`` >= the sampled logits of a row."""
+
+    top_k: bool
+    top_p: bool
+    masked: bool
+    block: int
     kernel: str
 
 
@@ -325,7 +406,8 @@ def tile_kernels(dtypes, hidden_sizes, arch: int = 90) -> tuple[list[KernelSpec]
     """The stage-1 kernels for each (dtype, H) and their table rows: per op, one row per segment
     of ``_row_bounds``, the Hopper kernel where ``HOPPER_TUNED`` names one (sm_90, 16-bit dtypes;
     one kernel per dtype and configuration, as it takes H at run time), else the portable kernel
-    of the ``TUNED`` row."""
+    of the ``TUNED`` row; and the top-k / top-p rows (op ``verify_truncated``,
+    ``_hand_in_rows``)."""
     specs: dict[str, KernelSpec] = {}
     rows = []
     for dtype_name in dtypes:
@@ -333,7 +415,7 @@ def tile_kernels(dtypes, hidden_sizes, arch: int = 90) -> tuple[list[KernelSpec]
         for hidden_size in hidden_sizes:
             if hidden_size % 16:
                 raise ValueError(f"hidden_sizes: {hidden_size} is not a multiple of 16")
-            for op, kind in (("verify_resample", "verify_tiles"), ("tiled_argmax", "argmax_tiles")):
+            for op in ("verify_resample", "tiled_argmax"):
                 # A GPU's own rows first: the launcher takes the first row that serves the call.
                 for device, table in TUNED_BY_DEVICE.items():
                     for bound, _ in table.get(op, ()):
@@ -341,7 +423,7 @@ def tile_kernels(dtypes, hidden_sizes, arch: int = 90) -> tuple[list[KernelSpec]
                         if arch == 90 and dtype in _GLUON_DTYPE and hopper_row(op, at) is not None:
                             continue  # the Hopper kernel serves these rows on every GPU
                         rows.append(
-                            _portable_row(specs, op, kind, dtype_name, hidden_size, bound, device)
+                            _portable_row(specs, op, dtype_name, hidden_size, bound, device)
                         )
                 for bound in _row_bounds(op):
                     at = bound if bound is not None else 1 << 30
@@ -350,11 +432,40 @@ def tile_kernels(dtypes, hidden_sizes, arch: int = 90) -> tuple[list[KernelSpec]
                     if hopper is not None:
                         row = _hopper_row(specs, op, dtype_name, hidden_size, bound, hopper)
                     else:
-                        row = _portable_row(specs, op, kind, dtype_name, hidden_size, bound)
+                        row = _portable_row(specs, op, dtype_name, hidden_size, bound)
                     rows.append(row)
-            for bound, config in TRUNCATION_TUNED:
-                rows.append(_truncating_row(specs, dtype_name, hidden_size, bound, config))
+            rows += _hand_in_rows(specs, dtype_name, hidden_size, arch)
     return list(specs.values()), rows
+
+
+def _hand_in_rows(specs, dtype_name, hidden_size, arch) -> list[TileRow]:
+    """The top-k / top-p rows (op ``verify_truncated``): at each row count the launch the Triton
+    backend takes (``verify_resample``), compiled with ``HAND_IN``: the ``HAND_IN_TUNED`` row,
+    else the Hopper kernel of ``HOPPER_TUNED`` (sm_90, 16-bit dtypes), else the ``TUNED`` row (a
+    GPU's own first, as for plain verify); the "log-probabilities" variants also form the online
+    softmax, which top-p's normaliser needs (``verify_resample``'s RETURN_LOGPROBS)."""
+    op = "verify_resample"
+    on_hopper = arch == 90 and DTYPES[dtype_name] in _GLUON_DTYPE
+
+    def hopper(at):
+        return hopper_row(op, at) if on_hopper else None
+
+    rows = []
+    for device, table in TUNED_BY_DEVICE.items():
+        for bound, _ in table.get(op, ()):
+            at = bound if bound is not None else 1 << 30
+            if hand_in_row(at) is None and hopper(at) is None:
+                rows.append(_portable_row(specs, op, dtype_name, hidden_size, bound, device, True))
+    bounds = {limit for limit, _ in HAND_IN_TUNED} | set(_row_bounds(op))
+    for bound in [*sorted(bounds - {None}), None]:
+        at = bound if bound is not None else 1 << 30
+        if hand_in_row(at) is not None:
+            rows.append(_hand_in_row(specs, dtype_name, hidden_size, bound))
+        elif hopper(at) is not None:
+            rows.append(_hopper_row(specs, op, dtype_name, hidden_size, bound, hopper(at), True))
+        else:
+            rows.append(_portable_row(specs, op, dtype_name, hidden_size, bound, "", True))
+    return rows
 
 
 def _portable_constexprs(dtype: torch.dtype, hidden_size: int, block_n: int, block_v: int) -> dict:
@@ -371,92 +482,79 @@ def _portable_constexprs(dtype: torch.dtype, hidden_size: int, block_n: int, blo
     }
 
 
-# The portable kernel's threshold hand-in (the Triton backend's top-k / top-p) compiled out: the
-# library's truncating tile kernels hand in candidates.
-_NO_HAND_IN = {"threshold_ptr": None, "count_ptr": None, "hand_in_ptr": None, "HAND_IN": False}
-
-
-def _truncating_row(specs, dtype_name, hidden_size, bound, config) -> TileRow:
-    """A ``TRUNCATION_TUNED`` row (op ``verify_truncated``): the portable kernel handing in
-    ``CANDIDATES`` keys per (row, split); its "log-probabilities" variants also form the online
-    softmax, which top-p's normaliser needs (``verify_resample``'s RETURN_LOGPROBS)."""
-    dtype = DTYPES[dtype_name]
-    block_n, block_v, num_warps, waves, num_stages = config
-    index = next(i for i, (limit, _) in enumerate(TRUNCATION_TUNED) if limit == bound)
-    base = f"fsAot_verify_truncating_tiles_{dtype_name}_h{hidden_size}_r{index}"
-    # tiles.truncation_config scores next_power_of_2(R) rows where that is below BLOCK_N; the
-    # compiled kernel scores the row's bound (the scores do not depend on it)
-    epi_rows = block_n if bound is None else min(block_n, triton.next_power_of_2(bound))
+def _verify_symbols(specs, base, hand_in, dtype, constexprs, epi_rows, num_warps, num_stages):
+    """Compile the four variants of a portable VerifyResample tile kernel (plain, with
+    log-probabilities, a mask, both; with ``hand_in``, top-k / top-p's hand-in) and return their
+    symbols by variant."""
     symbols = {}
     for variant in _VERIFY_VARIANTS:
-        constexprs = {
-            **_portable_constexprs(dtype, hidden_size, block_n, block_v),
+        extra = {
             "LIBDEVICE": True,
             "RETURN_LOGPROBS": variant.logprobs,
             "EPI_ROWS": epi_rows,
+            # the candidates' hand-in (the Triton backend's ``truncation_config``): never compiled
+            "cand_ptr": None,
             "MASKED": variant.masked,
-            "CANDIDATES": verify_resample.CANDIDATES,
-            **_NO_HAND_IN,
+            "CANDIDATES": 0,
+            "HAND_IN": hand_in,
         }
+        if not hand_in:  # top-k / top-p's inputs compiled out
+            extra |= {"truncated_ptr": None, "threshold_ptr": None, "count_ptr": None}
+            extra |= {"hand_in_ptr": None}
         symbol = symbols[variant] = base + variant.suffix
         specs[symbol] = KernelSpec(
             symbol,
-            "verify_truncating_tiles",
-            tuple(constexprs.items()),
+            "verify_hand_in_tiles" if hand_in else "verify_tiles",
+            tuple((constexprs | extra).items()),
             _POINTER_TYPE[dtype],
             num_warps,
             num_stages,
         )
+    return symbols
+
+
+def _hand_in_row(specs, dtype_name, hidden_size, bound) -> TileRow:
+    """A ``HAND_IN_TUNED`` row (op ``verify_truncated``): the portable kernel with the hand-in.
+    ``tiles.hand_in_config`` scores next_power_of_2(R) rows where that is below BLOCK_N; the
+    compiled kernel scores the row's bound (the scores do not depend on it)."""
+    dtype = DTYPES[dtype_name]
+    block_n, block_v, num_warps, waves, num_stages = hand_in_row(bound)
+    epi_rows = min(block_n, triton.next_power_of_2(bound))
+    base = f"fsAot_verify_hand_in_tiles_{dtype_name}_h{hidden_size}_b{bound}"
+    constexprs = _portable_constexprs(dtype, hidden_size, block_n, block_v)
+    symbols = _verify_symbols(specs, base, True, dtype, constexprs, epi_rows, num_warps, num_stages)
     return TileRow(
-        "verify_truncated",
-        dtype_name,
-        hidden_size,
-        -1 if bound is None else bound,
-        block_n,
-        block_v,
-        waves,
+        "verify_truncated", dtype_name, hidden_size, bound, block_n, block_v, waves,
         *_variant_symbols(symbols),
-    )
+    )  # fmt: skip
 
 
-def _portable_row(specs, op, kind, dtype_name, hidden_size, bound, device="") -> TileRow:
+def _portable_row(specs, op, dtype_name, hidden_size, bound, device="", hand_in=False) -> TileRow:
+    """A ``TUNED`` (``TUNED_BY_DEVICE``) row's portable kernels for ``op``; with ``hand_in`` the
+    top-k / top-p variants (op ``verify_truncated``)."""
     dtype = DTYPES[dtype_name]
     at = bound if bound is not None else 1 << 30
     block_n, block_v, num_warps, waves, num_stages = tuned_row(op, at, device)
     table = TUNED_BY_DEVICE[device][op] if device else TUNED[op]
     index = next(i for i, (limit, _) in enumerate(table) if limit is None or at <= limit)
     prefix = f"{device.lower()}_" if device else ""
+    kind = "argmax_tiles" if op == "tiled_argmax" else "verify_tiles"
+    if hand_in:
+        kind = "verify_hand_in_tiles"
     base = f"fsAot_{kind}_{dtype_name}_h{hidden_size}_{prefix}r{index}"
     constexprs = _portable_constexprs(dtype, hidden_size, block_n, block_v)
-    symbols = {}
-    epi_rows = epi_rows_of(op, at, device) or block_n
-    for variant in _VERIFY_VARIANTS if op == "verify_resample" else (None,):
-        extra = (
-            {}
-            if variant is None
-            else {
-                "LIBDEVICE": True,
-                "RETURN_LOGPROBS": variant.logprobs,
-                "EPI_ROWS": epi_rows,
-                # top-k / top-p's inputs compiled out (their kernels: _truncating_row)
-                "truncated_ptr": None,
-                "cand_ptr": None,
-                **_NO_HAND_IN,
-                "MASKED": variant.masked,
-                "CANDIDATES": 0,
-            }
+    if op == "tiled_argmax":
+        specs[base] = KernelSpec(
+            base, kind, tuple(constexprs.items()), _POINTER_TYPE[dtype], num_warps, num_stages
         )
-        symbol = symbols[variant] = base + (variant.suffix if variant else "")
-        specs[symbol] = KernelSpec(
-            symbol,
-            kind,
-            tuple((constexprs | extra).items()),
-            _POINTER_TYPE[dtype],
-            num_warps,
-            num_stages,
+        symbols = {None: base}
+    else:
+        epi_rows = epi_rows_of(op, at, device) or block_n
+        symbols = _verify_symbols(
+            specs, base, hand_in, dtype, constexprs, epi_rows, num_warps, num_stages
         )
     return TileRow(
-        op,
+        "verify_truncated" if hand_in else op,
         dtype_name,
         hidden_size,
         -1 if bound is None else bound,
@@ -468,7 +566,9 @@ def _portable_row(specs, op, kind, dtype_name, hidden_size, bound, device="") ->
     )
 
 
-def _hopper_row(specs, op, dtype_name, hidden_size, bound, config) -> TileRow:
+def _hopper_row(specs, op, dtype_name, hidden_size, bound, config, hand_in=False) -> TileRow:
+    """A ``HOPPER_TUNED`` row's Hopper kernels for ``op``; with ``hand_in`` the top-k / top-p
+    variants (op ``verify_truncated``)."""
     dtype = DTYPES[dtype_name]
     blocks = ((config.block_n, config.block_k), (config.block_v, config.block_k))
     swizzles = {_tma_swizzle(_hopper_layout(dtype, block)) for block in blocks}
@@ -478,7 +578,8 @@ def _hopper_row(specs, op, dtype_name, hidden_size, bound, config) -> TileRow:
     verify = op == "verify_resample"
     symbols = {}
     for variant in _VERIFY_VARIANTS if verify else (None,):
-        symbol = f"fsAot_hopper_{op}_{dtype_name}_{shape}" + (variant.suffix if variant else "")
+        symbol = f"fsAot_hopper_{op}_{dtype_name}_{shape}" + ("_hand_in" if hand_in else "")
+        symbol += variant.suffix if variant else ""
         symbols[variant] = symbol
         constexprs = {
             "VERIFY": verify,
@@ -488,7 +589,7 @@ def _hopper_row(specs, op, dtype_name, hidden_size, bound, config) -> TileRow:
             "EPI_WARPS": config.epi_warps,
             "EPI_REGS": config.epi_regs,
             "MASKED": variant.masked if variant else False,
-            "HAND_IN": False,  # the library's top-k / top-p run the portable kernel
+            "HAND_IN": hand_in,
         }
         specs[symbol] = KernelSpec(
             symbol,
@@ -499,7 +600,7 @@ def _hopper_row(specs, op, dtype_name, hidden_size, bound, config) -> TileRow:
             descriptor_blocks=blocks,
         )
     return TileRow(
-        op,
+        "verify_truncated" if hand_in else op,
         dtype_name,
         hidden_size,
         -1 if bound is None else bound,
@@ -543,11 +644,12 @@ def finalize_kernels() -> tuple[list[KernelSpec], list[FinalizeRow]]:
 
 def settle_kernels() -> tuple[list[KernelSpec], list[SettleRow]]:
     """The truncation's stage-2 kernels (independent of dtype and H): per block of splits and
-    (TOP_K, TOP_P), with ``_truncated_summaries``'s constexprs for that block."""
+    (TOP_K, TOP_P), with ``_truncated_summaries``'s constexprs for that block and the threshold
+    hand-in of up to ``HAND_IN_CAP`` keys a row."""
     specs, rows = [], []
     for block_s in SETTLE_BLOCK_S:
-        _, shape, num_warps = verify_resample.settle_shape(block_s)
-        for top_k, top_p in _SETTLE_VARIANTS:
+        _, shape, num_warps = verify_resample.settle_shape(block_s, counted=HAND_IN_CAP)
+        for top_k, top_p in _TRUNCATION_VARIANTS:
             flags = ("_k" if top_k else "") + ("_p" if top_p else "")
             symbol = f"fsAot_truncated_summaries_s{block_s}{flags}"
             # RETURN_LOGPROBS: the library's finalize may read every field
@@ -566,6 +668,54 @@ def settle_kernels() -> tuple[list[KernelSpec], list[SettleRow]]:
             )
             rows.append(SettleRow(top_k, top_p, block_s, symbol))
     return specs, rows
+
+
+def hand_in_kernels(dtypes) -> tuple[list[KernelSpec], list[SampledRow], list[ThresholdRow]]:
+    """The two launches before a top-k / top-p tile pass (``verify_resample._hand_in_thresholds``):
+    the sampled logits per dtype and ``SAMPLED_TUNED`` row, and the threshold kernel per
+    (TOP_K, TOP_P), mask or not, and block of ``THRESHOLD_BLOCKS``."""
+    specs, sampled, thresholds = [], [], []
+    for dtype_name in dtypes:
+        dtype = DTYPES[dtype_name]
+        for index, (bound, tune) in enumerate(verify_resample.SAMPLED_TUNED):
+            block_r, block_s, block_k, k_splits, num_warps, num_stages = tune
+            symbol = f"fsAot_sampled_logits_{dtype_name}_r{index}"
+            constexprs = {
+                **dot_options_of(dtype, compiled=True),
+                "STRIDE": verify_resample.HAND_IN_STRIDE,
+                "BLOCK_R": block_r,
+                "BLOCK_S": block_s,
+                "BLOCK_K": block_k,
+            }
+            specs.append(
+                KernelSpec(
+                    symbol, "sampled_logits", tuple(constexprs.items()), _POINTER_TYPE[dtype],
+                    num_warps, num_stages,
+                )
+            )  # fmt: skip
+            sampled.append(
+                SampledRow(dtype_name, -1 if bound is None else bound, block_r, block_s, block_k,
+                           k_splits, symbol)
+            )  # fmt: skip
+    depth = verify_resample.HAND_IN_TARGET // verify_resample.HAND_IN_STRIDE
+    for block in THRESHOLD_BLOCKS:
+        for masked in (False, True):
+            for top_k, top_p in _TRUNCATION_VARIANTS:
+                flags = ("_k" if top_k else "") + ("_p" if top_p else "") + ("_mask" * masked)
+                symbol = f"fsAot_hand_in_threshold_b{block}{flags}"
+                constexprs = {
+                    "TOP_K": top_k,
+                    "TOP_P": top_p,
+                    "MASKED": masked,
+                    "BLOCK": block,
+                    "STRIDE": verify_resample.HAND_IN_STRIDE,
+                    "TARGET": verify_resample.HAND_IN_TARGET,
+                    "MIN_TARGET": verify_resample.HAND_IN_MIN,
+                    "DEPTH": depth,
+                }
+                specs.append(KernelSpec(symbol, "hand_in_threshold", tuple(constexprs.items())))
+                thresholds.append(ThresholdRow(top_k, top_p, masked, block, symbol))
+    return specs, sampled, thresholds
 
 
 def _signature(spec: KernelSpec) -> tuple[dict, dict, dict]:
@@ -668,6 +818,8 @@ def render_cpp(
     tile_rows: list[TileRow],
     finalize_rows: list[FinalizeRow],
     settle_rows: list[SettleRow],
+    sampled_rows: list[SampledRow],
+    threshold_rows: list[ThresholdRow],
     arch: int,
 ) -> str:
     """The generated C++ source: the cubins (``.incbin`` of their files) and ``kTable``.
@@ -688,10 +840,12 @@ def render_cpp(
             f'extern "C" unsigned char const {symbol}[];',
         ]
     lines += ["", "namespace flashspec::aot", "{", ""]
+    kept, shape, _ = verify_resample.settle_shape(1, counted=HAND_IN_CAP)
     lines += [
-        f"static_assert(kHandIn == {verify_resample.CANDIDATES} && kMaxKept == "
-        f'{verify_resample.MAX_KEPT}, "kernels/verify_resample.py CANDIDATES / MAX_KEPT: '
-        'update tritonAotTable.h");',
+        f"static_assert(kHandInCap == {HAND_IN_CAP} && kMaxKept == {kept} && kSelected == "
+        f"{2 * shape['BLOCK_KEPT']} && kHandInStride == {verify_resample.HAND_IN_STRIDE},",
+        '    "kernels/verify_resample.py HAND_IN_CAP / MAX_KEPT / HAND_IN_STRIDE: update '
+        'tritonAotTable.h");',
         "",
         "namespace",
         "{",
@@ -728,6 +882,21 @@ def render_cpp(
     lines.append("SettleConfig const kSettles[] = {")
     for r in settle_rows:
         lines.append(f"    {{{int(r.top_k)}, {int(r.top_p)}, {r.block_s}, {index[r.kernel]}}},")
+    lines += ["};", "", "// dtype, max rows (-1: any), BLOCK_R, BLOCK_S, BLOCK_K, K_SPLITS,"]
+    lines += ["// kernel: the hand-in's sampled logits (kernels/verify_resample.py SAMPLED_TUNED)"]
+    lines.append("SampledConfig const kSampled[] = {")
+    for r in sampled_rows:
+        lines.append(
+            f"    {{{_ABI_DTYPE[r.dtype]}, {r.max_rows}, {r.block_r}, {r.block_s}, {r.block_k}, "
+            f"{r.k_splits}, {index[r.kernel]}}},"
+        )
+    lines += ["};", "", "// top-k, top-p, mask, BLOCK, kernel: the hand-in's thresholds"]
+    lines.append("ThresholdConfig const kThresholds[] = {")
+    for r in threshold_rows:
+        lines.append(
+            f"    {{{int(r.top_k)}, {int(r.top_p)}, {int(r.masked)}, {r.block}, "
+            f"{index[r.kernel]}}},"
+        )
     lines += [
         "};",
         "",
@@ -736,7 +905,9 @@ def render_cpp(
         f"Table const kTable{{{arch}, {_cpp_string('triton ' + triton.__version__)}, kKernels,",
         "    sizeof(kKernels) / sizeof(kKernels[0]), kTiles, sizeof(kTiles) / sizeof(kTiles[0]),",
         "    kFinalizes, sizeof(kFinalizes) / sizeof(kFinalizes[0]), kSettles,",
-        "    sizeof(kSettles) / sizeof(kSettles[0])};",
+        "    sizeof(kSettles) / sizeof(kSettles[0]), kSampled,",
+        "    sizeof(kSampled) / sizeof(kSampled[0]), kThresholds,",
+        "    sizeof(kThresholds) / sizeof(kThresholds[0])};",
         "",
         "} // namespace flashspec::aot",
         "",
@@ -752,7 +923,8 @@ def generate(out_dir: pathlib.Path, dtypes, hidden_sizes, arch: int = 90, jobs: 
     tile_specs, tile_rows = tile_kernels(dtypes, hidden_sizes, arch)
     finalize_specs, finalize_rows = finalize_kernels()
     settle_specs, settle_rows = settle_kernels()
-    specs = tile_specs + finalize_specs + settle_specs
+    hand_in_specs, sampled_rows, threshold_rows = hand_in_kernels(dtypes)
+    specs = tile_specs + finalize_specs + settle_specs + hand_in_specs
     cubin_dir = out_dir / "cubin"
     cubin_dir.mkdir(parents=True, exist_ok=True)
     logger.info("compiling %d Triton kernels for sm_%d", len(specs), arch)
@@ -763,7 +935,9 @@ def generate(out_dir: pathlib.Path, dtypes, hidden_sizes, arch: int = 90, jobs: 
             path = (cubin_dir / f"{spec.symbol}.cubin").resolve()
             path.write_bytes(cubin)
             kernels[spec.symbol] = (path, name, len(cubin), warps, shared)
-    source = render_cpp(kernels, tile_rows, finalize_rows, settle_rows, arch)
+    source = render_cpp(
+        kernels, tile_rows, finalize_rows, settle_rows, sampled_rows, threshold_rows, arch
+    )
     target = out_dir / "tritonAotKernels.cpp"
     tmp = target.with_suffix(".tmp")
     tmp.write_text(source)

@@ -676,10 +676,10 @@ def _hand_in_thresholds(
         vocab_size,
         truncation.words_for(vocab_size),
         num_sampled,
+        partials.shape[0],
         TOP_K=top_k is not None,
         TOP_P=top_p is not None,
         MASKED=allowed_tokens is not None,
-        SPLITS=partials.shape[0],
         BLOCK=max(triton.next_power_of_2(num_sampled), HAND_IN_TARGET // HAND_IN_STRIDE),
         STRIDE=HAND_IN_STRIDE,
         TARGET=HAND_IN_TARGET,
@@ -778,7 +778,7 @@ def _sampled_logits_kernel(
     tl.store(out, acc, mask=(r < rows)[:, None] & (s < num_sampled)[None, :])
 
 
-@triton.jit(do_not_specialize=["rows", "width", "vocab_size", "num_words", "num_sampled"])
+@triton.jit(do_not_specialize=["rows", "width", "vocab_size", "num_words", "num_sampled", "splits"])
 def _hand_in_threshold_kernel(
     sample_ptr,  # [SPLITS, R, num_sampled] partial logits of ids 0, STRIDE, 2 · STRIDE, ...
     allowed_ptr,  # [R, num_words] int32 allowed-token bit masks (MASKED only)
@@ -792,11 +792,11 @@ def _hand_in_threshold_kernel(
     vocab_size,
     num_words,
     num_sampled,
+    splits,  # partial sums per logit
     TOP_K: tl.constexpr,
     TOP_P: tl.constexpr,
     MASKED: tl.constexpr,
-    SPLITS: tl.constexpr,  # partial sums per logit
-    BLOCK: tl.constexpr,  # next_power_of_2(num_sampled), at least DEPTH
+    BLOCK: tl.constexpr,  # at least num_sampled and DEPTH (a power of 2)
     STRIDE: tl.constexpr,
     TARGET: tl.constexpr,
     MIN_TARGET: tl.constexpr,
@@ -812,7 +812,7 @@ def _hand_in_threshold_kernel(
     i = tl.arange(0, BLOCK)
     ok = i < num_sampled
     x = tl.zeros([BLOCK], tl.float32)
-    for split in tl.static_range(SPLITS):
+    for split in range(splits):
         row = (split * rows + r).to(tl.int64) * num_sampled
         x += tl.load(sample_ptr + row + i, mask=ok, other=float("-inf"))
     if MASKED:

@@ -226,15 +226,18 @@ def test_the_optional_verify_inputs_are_checked(optional, named):
         assert status == -1 and message.startswith("VerifyResample: ") and named in message, message
 
 
-def test_the_truncated_workspace_holds_the_candidates_and_the_exact_recompute():
+def test_the_truncated_workspace_holds_the_candidates_the_exact_recompute_and_the_hand_in():
     """With top_k / top_p a call's workspace adds, after the plain one, 32 candidate keys and a
-    floor per (row, split), two flags per row (unsettled; truncated, the compiled kernels' input)
-    and the exact recompute's [rows, V] fp32 logits, each part 256-byte aligned
-    (plugins/verifyResample/truncation.cuh)."""
+    floor per (row, split), two flags per row (unsettled; truncated, the compiled kernels'
+    flags) and the exact recompute's [rows, V] fp32 logits, each part 256-byte aligned
+    (plugins/verifyResample/truncation.cuh); then the compiled kernels' hand-in
+    (plugins/common/tritonAot.h handInBytes): up to 8 partial sums of every 128th logit, a
+    threshold and a count per row, 4096 handed-in keys and 2048 keys of stage-2 scratch a row,
+    each part 16-byte aligned."""
     lib = cuda.library()
 
-    def up(x):
-        return -(-x // 256) * 256
+    def up(x, to=256):
+        return -(-x // to) * to
 
     for rows, splits, hidden, vocab in (
         (20, 7, 64, 1000),
@@ -244,8 +247,10 @@ def test_the_truncated_workspace_holds_the_candidates_and_the_exact_recompute():
         plain = lib.flashspecVerifyResampleWorkspaceSize(rows, splits, hidden)
         extra = up(rows * splits * 32 * 8) + up(rows * splits * 8) + 2 * up(rows * 4)
         extra += up(rows * vocab * 4)
+        hand_in = up(8 * rows * -(-vocab // 128) * 4, 16) + 2 * up(rows * 4, 16)
+        hand_in += rows * 4096 * 8 + rows * 2048 * 8
         got = lib.flashspecVerifyResampleTruncatedWorkspaceSize(rows, splits, hidden, vocab)
-        assert got == up(plain) + extra
+        assert got == up(plain) + extra + hand_in
 
 
 def test_dynamic_dimensions_match_and_argmax_inputs_are_checked():

@@ -16,10 +16,11 @@ pytest.importorskip("triton", reason="needs triton (pip install -e '.[triton]')"
 
 from flashspec_export.kernels import aot, verify_resample
 from flashspec_export.kernels.tiles import (
+    HAND_IN_TUNED,
     HOPPER_TUNED,
-    TRUNCATION_TUNED,
     TUNED,
     TUNED_BY_DEVICE,
+    hand_in_row,
     hopper_row,
     tuned_row,
 )
@@ -110,46 +111,81 @@ def test_a_gpus_own_rows_come_first():
 
 def test_other_architectures_get_only_the_portable_kernels():
     specs, rows = aot.tile_kernels(["bfloat16"], [4096], arch=80)
-    assert {s.kind for s in specs} == {"verify_tiles", "argmax_tiles", "verify_truncating_tiles"}
+    assert {s.kind for s in specs} == {"verify_tiles", "argmax_tiles", "verify_hand_in_tiles"}
     assert all(r.block_k == 0 for r in rows)
+    truncated = [r for r in rows if r.op == "verify_truncated"]
+    assert [r.max_rows for r in truncated if not r.device][-1] == -1  # every R served
 
 
-def test_truncation_rows_are_the_truncation_launch_table():
-    """Per (dtype, H) one op ``verify_truncated`` row per TRUNCATION_TUNED row, each the
-    portable kernel handing in CANDIDATES keys, in the four variants, with the row's warps and
+def _launch_at(rows_list, rows: int, device: str = ""):
+    """The first row of ``rows_list`` serving ``rows`` on the GPU named ``device``: the
+    launcher's findTile."""
+    return next(
+        r
+        for r in rows_list
+        if (r.max_rows < 0 or rows <= r.max_rows) and (not r.device or r.device in device)
+    )
+
+
+@pytest.mark.parametrize("device", ["NVIDIA H100 80GB HBM3", "NVIDIA H200"])
+def test_truncation_rows_are_the_launches_the_triton_backend_takes(device):
+    """Top-k / top-p (op ``verify_truncated``): at every row count the launch the Triton backend
+    takes (``verify_resample``: ``HAND_IN_TUNED``'s row, else ``choose_config``'s on an sm_90
+    GPU), compiled with the hand-in in the four variants (no candidates), with its warps and
     stages."""
-    specs, rows = aot.tile_kernels(["bfloat16", "float16"], [3840, 4096])
+    specs, rows = aot.tile_kernels(["bfloat16"], [4096])
+    by_symbol = {s.symbol: s for s in specs}
+    mine = [r for r in rows if r.op == "verify_truncated"]
+    assert {r.max_rows for r in mine} >= {b for b, c in HAND_IN_TUNED if c is not None}
+    for at in (1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 64, 65, 128, 129, 192, 256, 320, 448, 512, 2048):
+        r = _launch_at(mine, at, device)
+        spec = by_symbol[r.kernel]
+        hand_in, hopper = hand_in_row(at), hopper_row("verify_resample", at)
+        if hand_in is None and hopper is not None:
+            assert spec.kind == "hopper_tiles" and dict(spec.constexprs)["HAND_IN"]
+            assert (r.block_n, r.block_v, r.block_k) == hopper[:3]
+            continue
+        block_n, block_v, warps, waves, stages = hand_in or tuned_row("verify_resample", at, device)
+        assert (r.block_n, r.block_v, r.waves, r.block_k) == (block_n, block_v, waves, 0)
+        wanted = ((False, False), (True, False), (False, True), (True, True))
+        symbols = (r.kernel, r.logprobs_kernel, r.masked_kernel, r.masked_logprobs_kernel)
+        for symbol, flags in zip(symbols, wanted, strict=True):
+            spec = by_symbol[symbol]
+            constexprs = dict(spec.constexprs)
+            assert spec.kind == "verify_hand_in_tiles"
+            assert (spec.num_warps, spec.num_stages) == (warps, stages)
+            assert (constexprs["RETURN_LOGPROBS"], constexprs["MASKED"]) == flags
+            assert constexprs["HAND_IN"] and constexprs["CANDIDATES"] == 0
+            assert (constexprs["BLOCK_N"], constexprs["BLOCK_V"]) == (block_n, block_v)
+            # the rows it scores: at least the call's
+            assert at <= constexprs["EPI_ROWS"] <= block_n or constexprs["EPI_ROWS"] == block_n
+
+
+def test_hand_in_kernels_cover_the_sampled_table_and_the_vocabularies():
+    """The hand-in's sampled logits: one kernel per SAMPLED_TUNED row and dtype with its
+    launch; its thresholds: every (top-k, top-p, mask) and blocks for the sampled logits of
+    vocabularies up to 262144 ids (Gemma-3's)."""
+    specs, sampled, thresholds = aot.hand_in_kernels(["bfloat16", "float16"])
     by_symbol = {s.symbol: s for s in specs}
     for dtype in ("bfloat16", "float16"):
-        for hidden in (3840, 4096):
-            mine = [
-                r
-                for r in rows
-                if (r.op, r.dtype, r.hidden_size) == ("verify_truncated", dtype, hidden)
-            ]
-            assert [r.max_rows for r in mine] == [
-                -1 if b is None else b for b, _ in TRUNCATION_TUNED
-            ]
-            for r, (_, config) in zip(mine, TRUNCATION_TUNED, strict=True):
-                block_n, block_v, warps, waves, stages = config
-                assert (r.block_n, r.block_v, r.waves, r.block_k) == (block_n, block_v, waves, 0)
-                wanted = ((False, False), (True, False), (False, True), (True, True))
-                symbols = (r.kernel, r.logprobs_kernel, r.masked_kernel, r.masked_logprobs_kernel)
-                for symbol, flags in zip(symbols, wanted, strict=True):
-                    spec = by_symbol[symbol]
-                    constexprs = dict(spec.constexprs)
-                    assert spec.kind == "verify_truncating_tiles"
-                    assert (spec.num_warps, spec.num_stages) == (warps, stages)
-                    assert (constexprs["RETURN_LOGPROBS"], constexprs["MASKED"]) == flags
-                    assert constexprs["CANDIDATES"] == verify_resample.CANDIDATES
-                    assert (constexprs["BLOCK_N"], constexprs["BLOCK_V"]) == (block_n, block_v)
-                    assert constexprs["EPI_ROWS"] <= block_n
+        mine = [r for r in sampled if r.dtype == dtype]
+        assert len(mine) == len(verify_resample.SAMPLED_TUNED)
+        for r, (bound, tune) in zip(mine, verify_resample.SAMPLED_TUNED, strict=True):
+            assert r.max_rows == (-1 if bound is None else bound)
+            assert (r.block_r, r.block_s, r.block_k, r.k_splits) == tune[:4]
+            spec = by_symbol[r.kernel]
+            assert (spec.num_warps, spec.num_stages) == tune[4:]
+            assert r.k_splits <= 8  # tritonAot.h kMaxSampledSplits
+    variants = {(r.top_k, r.top_p, r.masked) for r in thresholds}
+    assert variants == {(k, p, m) for k, p in aot._TRUNCATION_VARIANTS for m in (False, True)}
+    assert max(r.block for r in thresholds) * verify_resample.HAND_IN_STRIDE >= 262144
 
 
 def test_settle_kernels_are_the_jits_for_every_split_count_they_take():
     """Stage 2 of top-k / top-p: per power of 2 of the split count and (top-k, top-p), the
-    constexprs and warps ``_truncated_summaries`` launches with for every split count the
-    launcher gives the kernel (blockS / 2 < S <= blockS), so its sums are the JIT's."""
+    constexprs and warps ``_truncated_summaries`` launches with on the threshold hand-in for every
+    split count the launcher gives the kernel (blockS / 2 < S <= blockS), so its sums are the
+    JIT's."""
     specs, rows = aot.settle_kernels()
     by_symbol = {s.symbol: s for s in specs}
     assert {(r.top_k, r.top_p) for r in rows} == {(True, False), (False, True), (True, True)}
@@ -159,15 +195,17 @@ def test_settle_kernels_are_the_jits_for_every_split_count_they_take():
         assert (constexprs["TOP_K"], constexprs["TOP_P"]) == (r.top_k, r.top_p)
         assert not spec.enable_fp_fusion
         for splits in range(r.block_s // 2 + 1, r.block_s + 1):
-            _, shape, warps = verify_resample.settle_shape(splits)
+            _, shape, warps = verify_resample.settle_shape(splits, counted=aot.HAND_IN_CAP)
             assert {k: constexprs[k] for k in shape} == shape and spec.num_warps == warps
-    assert max(r.block_s for r in rows) >= 2 * 132  # two programs per SM of an H100 / H200
+    # the Hopper kernel's splits: one per 128 ids of Gemma-3's 262144
+    assert max(r.block_s for r in rows) >= 262144 // 128
     # Compiled for 16-divisible workspace pointers, as the JIT specialises them: else Triton 3.6
     # lays the per-split loads out otherwise and sums top-p's normaliser in another order.
     fn = aot._FUNCTIONS["truncated_summaries"]
     for spec in specs:
         _, _, attrs = aot._signature(spec)
-        for name in ("ws_float_ptr", "ws_index_ptr", "cand_ptr", "truncated_ptr", "sel_ptr"):
+        for name in ("ws_float_ptr", "ws_index_ptr", "cand_ptr", "truncated_ptr", "sel_ptr",
+                     "count_ptr", "threshold_ptr"):  # fmt: skip
             assert attrs[(fn.arg_names.index(name),)] == [["tt.divisibility", 16]], name
 
 
@@ -199,7 +237,8 @@ def test_kernel_signatures_match_the_launcher():
     tiles, _ = aot.tile_kernels(["bfloat16"], [4096])
     finals, _ = aot.finalize_kernels()
     settles, _ = aot.settle_kernels()
-    for spec in (*tiles, *finals, *settles):
+    hand_ins, _, _ = aot.hand_in_kernels(["bfloat16"])
+    for spec in (*tiles, *finals, *settles, *hand_ins):
         signature, constexprs, _ = aot._signature(spec)
         runtime = [name for name, ty in signature.items() if ty != "constexpr"]
         assert runtime == [name for name, _ in aot.RUNTIME_ARGS[spec.kind]]
@@ -227,13 +266,20 @@ def test_kernels_compile_for_sm90_without_a_driver():
         "spec = next(s for s in tiles if s.symbol.startswith(spec.symbol) and "
         "dict(s.constexprs)['MASKED'])\n"
         "assert aot.compile_kernel(spec, 90)[1] == 'hopper_tiles_kernel'\n"
-        # top-k / top-p: a truncating tile kernel and the largest stage 2 (16 warps, no scratch)
-        "spec = next(s for s in tiles if s.kind == 'verify_truncating_tiles')\n"
+        # top-k / top-p: a hand-in tile kernel, the Hopper kernel's, the largest stage 2 (no
+        # scratch) and the threshold kernel
+        "spec = next(s for s in tiles if s.kind == 'verify_hand_in_tiles')\n"
         "assert aot.compile_kernel(spec, 90)[1] == '_verify_tiles_kernel'\n"
+        "spec = next(s for s in tiles if s.kind == 'hopper_tiles' and "
+        "dict(s.constexprs)['HAND_IN'])\n"
+        "assert aot.compile_kernel(spec, 90)[1] == 'hopper_tiles_kernel'\n"
         "settles, _ = aot.settle_kernels()\n"
         "spec = settles[-1]\n"
         "cubin, name, shared, warps = aot.compile_kernel(spec, 90)\n"
-        "assert name == '_truncated_summaries_kernel' and warps == 16, (name, warps)\n"
+        "assert name == '_truncated_summaries_kernel' and warps == 8, (name, warps)\n"
+        "hand_ins, _, _ = aot.hand_in_kernels(['bfloat16'])\n"
+        "spec = hand_ins[-1]\n"
+        "assert aot.compile_kernel(spec, 90)[1] == '_hand_in_threshold_kernel'\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     result = subprocess.run(

@@ -293,7 +293,7 @@ def _verify_call(
     seeds, starts = seed.to(torch.int64).contiguous(), positions.to(torch.int64).contiguous()
     top_k = _per_sequence(top_k, n, torch.int64, device)
     top_p = _per_sequence(top_p, n, torch.float32, device)
-    # top-k / top-p run a launch table of their own (kernels/tiles.py TRUNCATION_TUNED)
+    # top-k / top-p run launch-table rows of their own (kernels/aot.py _hand_in_rows)
     op = OPS["verify_truncated" if top_k is not None or top_p is not None else "verify_resample"]
     splits = lib.flashspecResolveNumSplits(op, rows, hidden_size, vocab_size, dtype, num_splits)
     if allowed_tokens is not None:

@@ -236,7 +236,8 @@ cudaError_t contextKernels(cudaStream_t launchStream, bool launching, CUfunction
 //! Launch kernel `index` on grid (gridX, gridY); args: the addresses of its runtime arguments, the
 //! two scratch pointers not included.
 template <size_t N>
-cudaError_t launch(int32_t index, unsigned gridX, unsigned gridY, void* (&&args)[N], cudaStream_t stream)
+cudaError_t launch(
+    int32_t index, unsigned gridX, unsigned gridY, void* (&&args)[N], cudaStream_t stream, unsigned gridZ = 1)
 {
     CUfunction const* functions = nullptr;
     cudaError_t const status = contextKernels(stream, true, functions);
@@ -255,7 +256,7 @@ cudaError_t launch(int32_t index, unsigned gridX, unsigned gridY, void* (&&args)
     params[N] = &globalScratch;
     params[N + 1] = &profileScratch;
     Kernel const& k = kTable.kernels[index];
-    return toCudaError(driver().launchKernel(fn, gridX, gridY, 1, 32 * k.numWarps, 1, 1, k.sharedBytes,
+    return toCudaError(driver().launchKernel(fn, gridX, gridY, gridZ, 32 * k.numWarps, 1, 1, k.sharedBytes,
         reinterpret_cast<CUstream>(stream), params, nullptr));
 }
 
@@ -369,6 +370,39 @@ SettleConfig const* findSettle(int32_t splits, bool topK, bool topP)
     return nullptr;
 }
 
+//! The hand-in's sampled-logits kernel for `numRows` rows of `dtype` (SAMPLED_TUNED), or nullptr.
+SampledConfig const* findSampled(int32_t dtype, int32_t numRows)
+{
+    for (size_t i = 0; i < kTable.numSampled; ++i)
+    {
+        SampledConfig const& s = kTable.sampled[i];
+        if (s.dtype == dtype && (s.maxRows < 0 || numRows <= s.maxRows))
+        {
+            return &s;
+        }
+    }
+    return nullptr;
+}
+
+//! The smallest hand-in threshold kernel for the call's top_k / top_p / mask inputs whose block
+//! holds ceil(V / kHandInStride) sampled logits, or nullptr.
+ThresholdConfig const* findThreshold(bool topK, bool topP, bool masked, int32_t vocabSize)
+{
+    int32_t const sampled = cdiv(vocabSize, kHandInStride);
+    ThresholdConfig const* best = nullptr;
+    for (size_t i = 0; i < kTable.numThresholds; ++i)
+    {
+        ThresholdConfig const& t = kTable.thresholds[i];
+        bool const fits = (t.topK != 0) == topK && (t.topP != 0) == topP && (t.masked != 0) == masked
+            && t.block >= sampled;
+        if (fits && (best == nullptr || t.block < best->block))
+        {
+            best = &t;
+        }
+    }
+    return best;
+}
+
 //! The common conditions of a plan: the compiled specialisation (16-byte aligned matrices), and
 //! the kernels' int32 workspace offsets (4 planes of numRows x splits floats). The Hopper kernel
 //! splits the vocabulary into its tiles (no other split count), needs the driver's TMA
@@ -427,7 +461,11 @@ struct HopperArgs
     int32_t* rowScratch;
     int32_t gamma;
     int32_t const* allowedTokens = nullptr; //!< [numRows, ceil(V / 32)]: read by the MASKED kernels only
-    void* unused = nullptr; //!< the top-k / top-p hand-in's four pointers: the compiled-in kernels take none
+    // top-k / top-p (the HAND_IN kernels; never read by the others): HandInBuffers
+    int32_t const* truncated = nullptr;
+    float const* thresholds = nullptr;
+    int32_t* counts = nullptr;
+    int64_t* keys = nullptr;
 };
 
 //! Stage 1 by the Hopper kernel `kernel` over hidden [numRows, H] and lm_head [vocabSize, H]: one
@@ -474,7 +512,7 @@ cudaError_t launchHopper(Plan const& plan, int32_t kernel, void const* hidden, v
             &rowsOperand.strides[1], &headOperand.map, &headOperand.shape[0], &headOperand.shape[1],
             &headOperand.strides[0], &headOperand.strides[1], &a.temperature, &a.seed, &a.positions, &a.bestScore,
             &a.bestIndex, &a.bestLogit, &a.max, &a.sumExp, &a.rowScratch, &numRows, &a.gamma, &vocabSize,
-            &a.allowedTokens, &numWords, &a.unused, &a.unused, &a.unused, &a.unused},
+            &a.allowedTokens, &numWords, &a.truncated, &a.thresholds, &a.counts, &a.keys},
         stream);
 }
 
@@ -636,19 +674,19 @@ bool planVerifyResample(VerifyResampleParams const& p, Plan& plan)
     int32_t const splits = p.numSplits > 0 ? p.numSplits : numSplits(*tile, rows, p.vocabSize, sms);
     FinalizeConfig const* finalize
         = findFinalize(FLASHSPEC_OP_VERIFY_RESAMPLE, splits, p.gamma + 1, p.logprobs != nullptr);
-    SettleConfig const* settle = truncating ? findSettle(splits, p.topK != nullptr, p.topP != nullptr) : nullptr;
-    // Stage 2's scratch lies in the exact recompute's logits: more than 2 x kMaxKept keys handed
-    // in (then V > 64 x 64 on the table's splits) need 16 x kMaxKept bytes of them per row.
-    bool const scratchFits = splits * kHandIn <= 2 * kMaxKept || int64_t{p.vocabSize} * 4 >= 16 * kMaxKept;
-    // Stage 2 is compiled for 16-divisible workspace pointers (kernels/aot.py _DIVISIBLE_BY_KIND).
-    if (finalize == nullptr || (truncating && (settle == nullptr || !scratchFits || !aligned16(p.workspace)))
-        || !fitsSpecialisation(*tile, p.hidden, p.lmHead, rows, p.vocabSize, splits)
-        || (p.allowedTokens != nullptr && tile->maskedKernel < 0))
+    plan = {tile, finalize, splits, sms};
+    if (truncating)
     {
-        return false;
+        plan.sampled = findSampled(p.dtype, rows);
+        plan.threshold = findThreshold(p.topK != nullptr, p.topP != nullptr, p.allowedTokens != nullptr, p.vocabSize);
+        plan.settle = findSettle(splits, p.topK != nullptr, p.topP != nullptr);
     }
-    plan = {tile, finalize, splits, sms, settle};
-    return true;
+    // The hand-in's kernels are compiled for 16-divisible workspace pointers (kernels/aot.py
+    // _DIVISIBLE_BY_KIND).
+    bool const handIn = !truncating
+        || (plan.sampled != nullptr && plan.threshold != nullptr && plan.settle != nullptr && aligned16(p.workspace));
+    return finalize != nullptr && handIn && fitsSpecialisation(*tile, p.hidden, p.lmHead, rows, p.vocabSize, splits)
+        && (p.allowedTokens == nullptr || tile->maskedKernel >= 0);
 }
 
 cudaError_t launchTiledArgmax(TiledArgmaxParams const& p, Plan const& plan, cudaStream_t stream)
@@ -762,34 +800,70 @@ cudaError_t launchVerifyResample(VerifyResampleParams const& p, Plan const& plan
 }
 
 cudaError_t launchVerifyTruncated(
-    VerifyResampleParams const& p, Plan const& plan, TruncationBuffers const& b, cudaStream_t stream)
+    VerifyResampleParams const& p, Plan const& plan, HandInBuffers const& b, cudaStream_t stream)
 {
     // The softmax variants also serve top-p: its normaliser is the online softmax (verify_resample:
     // RETURN_LOGPROBS = return_logprobs or top_p).
     VerifyArgs a = verifyArgs(p, plan, p.logprobs != nullptr || p.topP != nullptr);
-    int32_t const* truncated = b.truncated;
-    int64_t* candidates = b.candidates;
-    cudaError_t const status = launch(a.kernel, cdiv(a.numRows, plan.tile->blockN), a.splits,
-        {&a.hidden, &a.lmHead, &a.temperature, &a.seed, &a.positions, &a.wsFloat, &a.wsIndex, &truncated,
-            &a.allowed, &candidates, &a.numRows, &a.gamma, &a.vocabSize, &a.splits, &a.tilesPerSplit, &a.numWords,
-            &a.strideHn, &a.strideHi, &a.strideVv},
-        stream);
+    // A pointer a kernel is not compiled to read stands in for an absent top_k / top_p / mask.
+    int64_t const* topK = p.topK != nullptr ? p.topK : a.seed;
+    float const* topP = p.topP != nullptr ? p.topP : a.temperature;
+    int32_t* truncated = b.truncated;
+    float* partials = b.partials;
+    float* thresholds = b.thresholds;
+    int32_t* counts = b.counts;
+    int64_t* keys = b.keys;
+
+    // The sampled logits: [kSplits, R, ceil(V / kHandInStride)] partials (sampled_logits).
+    SampledConfig const& sc = *plan.sampled;
+    void const* hidden = a.hidden;
+    void const* lmHead = a.lmHead;
+    int32_t numSampled = cdiv(a.vocabSize, kHandInStride);
+    int32_t hiddenSize = a.strideHi;
+    int32_t kSplits = std::min(sc.kSplits, cdiv(hiddenSize, sc.blockK));
+    int32_t kRun = cdiv(cdiv(hiddenSize, sc.blockK), kSplits) * sc.blockK;
+    cudaError_t status = launch(sc.kernel, cdiv(numSampled, sc.blockS), cdiv(a.numRows, sc.blockR),
+        {&hidden, &lmHead, &partials, &a.numRows, &numSampled, &hiddenSize, &a.strideHi, &a.strideVv, &kRun}, stream,
+        kSplits);
+    // The thresholds, the truncated flags and the zeroed counts (_hand_in_thresholds).
+    int32_t width = a.gamma + 1;
+    if (status == cudaSuccess)
+    {
+        status = launch(plan.threshold->kernel, a.numRows, 1,
+            {&partials, &a.allowed, &topK, &topP, &truncated, &thresholds, &counts, &a.numRows, &width, &a.vocabSize,
+                &a.numWords, &numSampled, &kSplits},
+            stream);
+    }
+    // The tile pass: the truncated sequences' rows hand in every dot at or above their threshold.
+    if (status == cudaSuccess && plan.tile->blockK > 0)
+    {
+        size_t const plane = static_cast<size_t>(a.numRows) * a.splits;
+        auto* rowScratch
+            = reinterpret_cast<int32_t*>(static_cast<char*>(p.workspace) + rowScratchOffset(a.numRows, a.splits));
+        HopperArgs h{a.temperature, a.seed, a.positions, a.wsFloat, a.wsIndex, a.wsFloat + plane, a.wsFloat + 2 * plane,
+            a.wsFloat + 3 * plane, rowScratch, a.gamma, a.allowed, truncated, thresholds, counts, keys};
+        status = launchHopper(plan, a.kernel, a.hidden, a.lmHead, a.numRows, hiddenSize, a.vocabSize, h,
+            static_cast<char*>(p.workspace) + verifyBlockOffset(a.numRows, a.splits), stream);
+    }
+    else if (status == cudaSuccess)
+    {
+        status = launch(a.kernel, cdiv(a.numRows, plan.tile->blockN), a.splits,
+            {&a.hidden, &a.lmHead, &a.temperature, &a.seed, &a.positions, &a.wsFloat, &a.wsIndex, &truncated,
+                &a.allowed, &thresholds, &counts, &keys, &a.numRows, &a.gamma, &a.vocabSize, &a.splits,
+                &a.tilesPerSplit, &a.numWords, &a.strideHn, &a.strideHi, &a.strideVv},
+            stream);
+    }
     if (status != cudaSuccess)
     {
         return status;
     }
-    // Stage 2, one program per row; a pointer the kernel is not compiled to read stands in for an
-    // absent top_k / top_p.
-    int64_t const* topK = p.topK != nullptr ? p.topK : a.seed;
-    float const* topP = p.topP != nullptr ? p.topP : a.temperature;
+    // Stage 2, one program per row, on the hand-in (settle_shape(splits, counted=kHandInCap)).
     int32_t* unsettled = b.unsettled;
     int64_t* selected = b.selected;
-    int32_t width = a.gamma + 1;
-    int32_t numKept = std::min(kMaxKept, a.splits * kHandIn);
-    void* unused = nullptr; // the Hopper hand-in's counts and thresholds: the compiled-in kernels take none
+    int32_t numKept = kMaxKept;
     return launch(plan.settle->kernel, a.numRows, 1,
-        {&a.wsFloat, &a.wsIndex, &candidates, &truncated, &topK, &topP, &a.temperature, &a.seed, &a.positions,
-            &unsettled, &selected, &a.numRows, &width, &a.splits, &numKept, &unused, &unused},
+        {&a.wsFloat, &a.wsIndex, &keys, &truncated, &topK, &topP, &a.temperature, &a.seed, &a.positions, &unsettled,
+            &selected, &a.numRows, &width, &a.splits, &numKept, &counts, &thresholds},
         stream);
 }
 

@@ -79,17 +79,55 @@ struct Plan
     FinalizeConfig const* finalize;
     int32_t splits;
     int32_t sms;                      // the device's SM count (the Hopper kernel's CTAs)
-    SettleConfig const* settle = nullptr; // top-k / top-p: the stage 2 of the truncating tile kernel
+    // top-k / top-p: the hand-in's sampled logits and threshold kernels, and stage 2
+    SampledConfig const* sampled = nullptr;
+    ThresholdConfig const* threshold = nullptr;
+    SettleConfig const* settle = nullptr;
 };
 
-//! A top-k / top-p call's buffers (in the truncation part of the workspace, truncation.cuh).
-struct TruncationBuffers
+//! Most partial sums of a sampled logit (SampledConfig::kSplits; the generated table asserts it).
+constexpr int32_t kMaxSampledSplits = 8;
+
+//! A top-k / top-p call's buffers: the native workspace's truncated and unsettled flags
+//! (truncation.cuh), then the hand-in's own region (handInBytes, at handInAt).
+struct HandInBuffers
 {
-    int32_t const* truncated; //!< [batch]: 1 where top-k or top-p applies
-    int64_t* candidates;      //!< [numRows, splits, kCandidates + 1]: each split's hand-in, then its floor
-    int32_t* unsettled;       //!< [numRows] out: 1 where the hand-in does not settle the kept set
-    int64_t* selected;        //!< [numRows, 2 * kMaxKept] scratch of stage 2 (> 2 * kMaxKept keys handed in)
+    int32_t* truncated; //!< [batch] out: 1 where top-k or top-p applies
+    int32_t* unsettled; //!< [numRows] out: 1 where the hand-in does not settle the kept set
+    float* partials;    //!< [kSplits, numRows, ceil(V / kHandInStride)]: the sampled logits
+    float* thresholds;  //!< [numRows]: the dot each row hands in from
+    int32_t* counts;    //!< [numRows]: keys each row handed in
+    int64_t* keys;      //!< [numRows, kHandInCap]: the handed-in keys
+    int64_t* selected;  //!< [numRows, kSelected]: stage 2's scratch
 };
+
+//! The hand-in region's bytes for numRows rows of a vocabulary of vocabSize ids.
+inline size_t handInBytes(int32_t numRows, int32_t vocabSize)
+{
+    size_t const rows = static_cast<size_t>(numRows);
+    size_t const sampled = static_cast<size_t>((vocabSize + kHandInStride - 1) / kHandInStride);
+    return align16(kMaxSampledSplits * rows * sampled * sizeof(float)) + 2 * align16(rows * sizeof(float))
+        + align16(rows * kHandInCap * sizeof(int64_t)) + rows * kSelected * sizeof(int64_t);
+}
+
+//! The hand-in buffers in a region of handInBytes at `base` (16-byte aligned: each buffer is).
+inline HandInBuffers handInAt(void* base, int32_t numRows, int32_t vocabSize, int32_t* truncated, int32_t* unsettled)
+{
+    size_t const rows = static_cast<size_t>(numRows);
+    size_t const sampled = static_cast<size_t>((vocabSize + kHandInStride - 1) / kHandInStride);
+    auto* p = static_cast<char*>(base);
+    HandInBuffers b{truncated, unsettled};
+    b.partials = reinterpret_cast<float*>(p);
+    p += align16(kMaxSampledSplits * rows * sampled * sizeof(float));
+    b.thresholds = reinterpret_cast<float*>(p);
+    p += align16(rows * sizeof(float));
+    b.counts = reinterpret_cast<int32_t*>(p);
+    p += align16(rows * sizeof(int32_t));
+    b.keys = reinterpret_cast<int64_t*>(p);
+    p += align16(rows * kHandInCap * sizeof(int64_t));
+    b.selected = reinterpret_cast<int64_t*>(p);
+    return b;
+}
 
 
 //! The FlashspecKernelPath of a plan.
@@ -125,18 +163,21 @@ cudaError_t prepare();
 void warnNative(int32_t op, int32_t dtype, int32_t hiddenSize);
 
 //! A plan for the call, or false: the native kernels run it. A top-k / top-p call plans on the
-//! TRUNCATION_TUNED rows (op FLASHSPEC_OP_VERIFY_TRUNCATED) and a stage-2 kernel for its splits.
+//! hand-in rows (op FLASHSPEC_OP_VERIFY_TRUNCATED), the hand-in's sampled logits and threshold
+//! kernels and a stage-2 kernel for its splits.
 bool planTiledArgmax(TiledArgmaxParams const& params, Plan& plan);
 bool planVerifyResample(VerifyResampleParams const& params, Plan& plan);
 
 cudaError_t launchTiledArgmax(TiledArgmaxParams const& params, Plan const& plan, cudaStream_t stream);
 cudaError_t launchVerifyResample(VerifyResampleParams const& params, Plan const& plan, cudaStream_t stream);
 
-//! A top-k / top-p call's first two stages (its plan has a settle kernel): the truncating tile
-//! pass, then stage 2, which rewrites the summaries of the rows it settles and flags the others
-//! in `buffers.unsettled` (the caller recomputes them before launchVerifyFinalize).
+//! A top-k / top-p call up to its finalize (its plan has the hand-in's kernels), the Triton
+//! backend's launches (verify_resample): the sampled logits, the thresholds (which also write
+//! `buffers.truncated` and zero the counts), the tile pass handing in every dot at or above its
+//! row's threshold, then stage 2, which rewrites the summaries of the rows it settles and flags
+//! the others in `buffers.unsettled` (the caller recomputes them before launchVerifyFinalize).
 cudaError_t launchVerifyTruncated(
-    VerifyResampleParams const& params, Plan const& plan, TruncationBuffers const& buffers, cudaStream_t stream);
+    VerifyResampleParams const& params, Plan const& plan, HandInBuffers const& buffers, cudaStream_t stream);
 //! The finalize of a verify plan: acceptance, the emitted tokens and log-probabilities.
 cudaError_t launchVerifyFinalize(VerifyResampleParams const& params, Plan const& plan, cudaStream_t stream);
 

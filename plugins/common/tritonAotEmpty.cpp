@@ -5,6 +5,6 @@
 namespace flashspec::aot
 {
 
-Table const kTable{0, "none", nullptr, 0, nullptr, 0, nullptr, 0, nullptr, 0};
+Table const kTable{0, "none", nullptr, 0, nullptr, 0, nullptr, 0, nullptr, 0, nullptr, 0, nullptr, 0};
 
 } // namespace flashspec::aot

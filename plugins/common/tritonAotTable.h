@@ -26,9 +26,10 @@ struct Kernel
 };
 
 //! A row of the launch tables kernels/tiles.py TUNED (TUNED_BY_DEVICE) / HOPPER_TUNED for one
-//! (op, dtype, H), or of TRUNCATION_TUNED (op FLASHSPEC_OP_VERIFY_TRUNCATED: the truncating
-//! variants, whose log-probabilities kernels also serve top-p): the stage-1 kernels and the
-//! geometry. blockK > 0: the Hopper kernel
+//! (op, dtype, H), or (op FLASHSPEC_OP_VERIFY_TRUNCATED) the launch the Triton backend takes for
+//! top-k / top-p (HAND_IN_TUNED, else the others) compiled with the threshold hand-in, whose
+//! log-probabilities kernels also serve top-p: the stage-1 kernels and the geometry. blockK > 0:
+//! the Hopper kernel
 //! (kernels/hopper_tiles.py), a persistent kernel (one CTA per SM) that reads hidden and lm_head
 //! through TMA descriptors.
 struct TileConfig
@@ -59,10 +60,14 @@ struct FinalizeConfig
     int32_t kernel;
 };
 
-//! Each (row, split)'s hand-in of the truncating tile kernels (verify_resample.CANDIDATES) and the
-//! keys stage 2 settles a kept set in (MAX_KEPT): the generated table static_asserts both.
-constexpr int32_t kHandIn = 32;
+//! The threshold hand-in of top-k / top-p (kernels/verify_resample.py _hand_in_thresholds): keys a
+//! row may hand in (hopper_tiles.HAND_IN_CAP), the keys stage 2 settles a kept set in (MAX_KEPT),
+//! its scratch of selected keys a row, and the stride of the ids whose logits set the threshold
+//! (HAND_IN_STRIDE): the generated table static_asserts them.
+constexpr int32_t kHandInCap = 4096;
 constexpr int32_t kMaxKept = 1024;
+constexpr int32_t kSelected = 2048;
+constexpr int32_t kHandInStride = 128;
 
 //! A stage-2 kernel of top-k / top-p (kernels/verify_resample.py _truncated_summaries_kernel):
 //! settles the kept sets of split counts in (blockS / 2, blockS] (its constexprs are the Triton
@@ -72,6 +77,30 @@ struct SettleConfig
     int32_t topK; // compiled for a top_k input
     int32_t topP; // compiled for a top_p input
     int32_t blockS;
+    int32_t kernel;
+};
+
+//! The hand-in's sampled logits (kernels/verify_resample.py _sampled_logits_kernel) for one dtype
+//! and a row of SAMPLED_TUNED: [kSplits, R, ceil(V / kHandInStride)] partial logits.
+struct SampledConfig
+{
+    int32_t dtype;
+    int32_t maxRows; // the row's bound, -1 for the last row (any R)
+    int32_t blockR;
+    int32_t blockS;
+    int32_t blockK;
+    int32_t kSplits; // at most; cdiv(H, blockK) where fewer
+    int32_t kernel;
+};
+
+//! The hand-in's threshold kernel (_hand_in_threshold_kernel): one program per row, over a block
+//! of at least ceil(V / kHandInStride) sampled logits.
+struct ThresholdConfig
+{
+    int32_t topK;
+    int32_t topP;
+    int32_t masked;
+    int32_t block;
     int32_t kernel;
 };
 
@@ -87,6 +116,10 @@ struct Table
     size_t numFinalizes;
     SettleConfig const* settles;
     size_t numSettles;
+    SampledConfig const* sampled;
+    size_t numSampled;
+    ThresholdConfig const* thresholds;
+    size_t numThresholds;
 };
 
 //! Generated (build/tritonAot/tritonAotKernels.cpp), or empty (common/tritonAotEmpty.cpp).

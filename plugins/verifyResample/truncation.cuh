@@ -115,12 +115,11 @@ struct Workspace
     int64_t* candidates; // [numRows, numSplits, kCandidates], descending, kEmptyKey padded
     int64_t* floors;     // [numRows, numSplits]
     int32_t* unsettled;  // [numRows]: 1 where the candidates did not settle the kept set
-    int32_t* truncated;  // [numRows >= batch]: 1 where top-k / top-p apply (the compiled kernels' input)
+    int32_t* truncated;  // [numRows >= batch]: 1 where top-k / top-p apply (the compiled kernels' flags)
     float* logits;       // [numRows, vocabSize]: the exact recompute's masked logits
 };
-// The compiled Triton kernels (tritonAot.h TruncationBuffers) use the same region: their hand-in
-// [numRows, numSplits, kCandidates + 1] in candidates and floors (contiguous), their stage 2's
-// scratch in logits (free until the exact recompute writes them).
+// The compiled Triton kernels (tritonAot.h HandInBuffers) use its truncated and unsettled flags;
+// their hand-in has a region of its own, after this one.
 
 //! The exact recompute's shared memory (dynamic: 64 KB of held keys and their scan, 16 KB of
 //! radix counts).

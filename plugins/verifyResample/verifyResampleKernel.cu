@@ -912,32 +912,25 @@ bool validParams(VerifyResampleParams const& p)
         && validDtype(p.dtype) && p.numSplits >= 0;
 }
 
-//! A call with top-k or top-p: on the compiled Triton kernels the truncating tile pass of
-//! TRUNCATION_TUNED and its stage 2 (tritonAot.h launchVerifyTruncated), then the native exact
-//! recompute of the rows they leave unsettled; else the native kernels throughout.
+//! A call with top-k or top-p: on the compiled Triton kernels the threshold hand-in and its
+//! stage 2 (tritonAot.h launchVerifyTruncated), then the native exact recompute of the rows they
+//! leave unsettled; else the native kernels throughout.
 bool truncating(VerifyResampleParams const& p)
 {
     return p.topK != nullptr || p.topP != nullptr;
-}
-
-// The compiled kernels' hand-in (kHandIn keys and a floor per (row, split)) lies in the native
-// candidates and floors (truncation.cuh Workspace).
-static_assert(aot::kHandIn <= trunc::kCandidates, "the compiled hand-in outgrows the candidates");
-
-//! [batch] int32: 1 where top-k or top-p applies (the compiled kernels' `truncated` input).
-__global__ void truncatedFlagsKernel(RowInputs in, int32_t* truncated, int batch)
-{
-    int const n = blockIdx.x * blockDim.x + threadIdx.x;
-    if (n < batch)
-    {
-        truncated[n] = truncatesRow(in, n) ? 1 : 0;
-    }
 }
 
 //! Where truncation's state begins in the workspace: after everything a plain call uses.
 size_t truncationOffset(int32_t numRows, int32_t numSplits, int32_t hiddenSize)
 {
     return trunc::alignUp(getVerifyResampleWorkspaceSize(numRows, numSplits, hiddenSize));
+}
+
+//! Where the compiled kernels' hand-in begins: after the native truncation's state.
+size_t handInOffset(int32_t numRows, int32_t numSplits, int32_t hiddenSize, int32_t vocabSize)
+{
+    return trunc::alignUp(
+        truncationOffset(numRows, numSplits, hiddenSize) + trunc::workspaceBytes(numRows, numSplits, vocabSize));
 }
 
 } // namespace
@@ -953,15 +946,17 @@ size_t getVerifyResampleWorkspaceSize(int32_t numRows, int32_t numSplits, int32_
     return aot::verifyBlockOffset(numRows, numSplits) + aot::wholeBlockBytes(hiddenSize);
 }
 
+//! A top-k / top-p call's workspace: a plain call's, the native truncation's (truncation.cuh),
+//! then the compiled kernels' hand-in (tritonAot.h handInBytes).
 size_t getVerifyResampleTruncatedWorkspaceSize(int32_t numRows, int32_t numSplits, int32_t hiddenSize, int32_t vocabSize)
 {
-    return truncationOffset(numRows, numSplits, hiddenSize) + trunc::workspaceBytes(numRows, numSplits, vocabSize);
+    return handInOffset(numRows, numSplits, hiddenSize, vocabSize) + aot::handInBytes(numRows, vocabSize);
 }
 
 namespace
 {
 
-//! A top-k / top-p call on the compiled Triton kernels: the truncating tile pass and its stage 2
+//! A top-k / top-p call on the compiled Triton kernels: the threshold hand-in and its stage 2
 //! (tritonAot.cu), the native exact recompute of the rows stage 2 leaves unsettled (its two
 //! passes return at once where no row of theirs is flagged: no host read, CUDA-graph safe), then
 //! the compiled finalize.
@@ -980,14 +975,10 @@ cudaError_t invokeTruncatedOnCompiled(VerifyResampleParams const& p, aot::Plan c
         static_cast<char*>(p.workspace) + truncationOffset(numRows, splits, p.hiddenSize), numRows, splits);
     RowInputs const in{p.draftTokens, p.temperature, p.seed, p.positions, p.topK, p.topP,
         reinterpret_cast<uint32_t const*>(p.allowedTokens), p.gamma, (p.vocabSize + 31) / 32};
-    truncatedFlagsKernel<<<(p.batch + 255) / 256, 256, 0, stream>>>(in, tw.truncated, p.batch);
-    aot::TruncationBuffers const buffers{
-        tw.truncated, tw.candidates, tw.unsettled, reinterpret_cast<int64_t*>(tw.logits)};
-    cudaError_t status = cudaGetLastError();
-    if (status == cudaSuccess)
-    {
-        status = aot::launchVerifyTruncated(p, aotPlan, buffers, stream);
-    }
+    aot::HandInBuffers const buffers = aot::handInAt(
+        static_cast<char*>(p.workspace) + handInOffset(numRows, splits, p.hiddenSize, p.vocabSize), numRows,
+        p.vocabSize, tw.truncated, tw.unsettled);
+    cudaError_t status = aot::launchVerifyTruncated(p, aotPlan, buffers, stream);
     if (status == cudaSuccess && p.unsettled != nullptr)
     {
         status = cudaMemcpyAsync(
