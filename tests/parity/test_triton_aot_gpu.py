@@ -184,7 +184,8 @@ def test_truncated_verify_equals_triton_through_the_compiled_kernels(rows, head,
     the settled sequences its tokens and counts bit for bit and its log-probabilities to a few
     ulp of the LSE: the keys are handed in in the order the tiles' atomics take, and the kept
     set's sum of exponentials runs in that order, so two runs of either backend differ by an ulp
-    or two on a few rows (H100, 16-512 rows: 1-3 rows, 3.8e-6). Stage 2 is compiled for 16-divisible workspace
+    or two on a few rows (H100, 16-512 rows: 1-3 rows, 3.8e-6; the LSE of these logits reaches
+    ~70 at T 0.6, where 4 ulp are 3e-5). Stage 2 is compiled for 16-divisible workspace
     pointers, as the JIT sees them: without it Triton 3.6 summed top-p's normaliser in another
     order, 64 ulp. The unsettled ones are recomputed by the library's native exact pass (the
     Triton backend's: the materialised one), so their tokens agree up to bf16 near-ties."""
@@ -222,7 +223,7 @@ def test_truncated_verify_equals_triton_through_the_compiled_kernels(rows, head,
         assert torch.equal(library.num_emitted[settled], settled_only.num_emitted[settled])
         if logprobs:
             torch.testing.assert_close(
-                library.logprobs[settled], settled_only.logprobs[settled], rtol=0, atol=1e-5
+                library.logprobs[settled], settled_only.logprobs[settled], rtol=0, atol=4e-5
             )
         if not settled.all():  # the recomputed sequences: the Triton backend's own recompute
             again = verify_resample(*case, return_logprobs=logprobs, config=config, **truncate)
