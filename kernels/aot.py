@@ -164,7 +164,7 @@ RUNTIME_ARGS = {
     "truncated_summaries": (
         ("ws_float_ptr", "*fp32"),
         ("ws_index_ptr", "*i32"),
-        ("cand_ptr", "*i64"),
+        ("keys_ptr", "*i64"),
         ("truncated_ptr", "*i32"),
         ("top_k_ptr", "*i64"),  # TOP_K only: any pointer otherwise
         ("top_p_ptr", "*fp32"),  # TOP_P only: any pointer otherwise
@@ -260,7 +260,7 @@ _DIVISIBLE_BY_KIND = {
     "truncated_summaries": (
         "ws_float_ptr",
         "ws_index_ptr",
-        "cand_ptr",
+        "keys_ptr",
         "truncated_ptr",
         "unsettled_ptr",
         "sel_ptr",
@@ -492,10 +492,7 @@ def _verify_symbols(specs, base, hand_in, dtype, constexprs, epi_rows, num_warps
             "LIBDEVICE": True,
             "RETURN_LOGPROBS": variant.logprobs,
             "EPI_ROWS": epi_rows,
-            # the candidates' hand-in (the Triton backend's ``truncation_config``): never compiled
-            "cand_ptr": None,
             "MASKED": variant.masked,
-            "CANDIDATES": 0,
             "HAND_IN": hand_in,
         }
         if not hand_in:  # top-k / top-p's inputs compiled out
@@ -648,7 +645,7 @@ def settle_kernels() -> tuple[list[KernelSpec], list[SettleRow]]:
     hand-in of up to ``HAND_IN_CAP`` keys a row."""
     specs, rows = [], []
     for block_s in SETTLE_BLOCK_S:
-        _, shape, num_warps = verify_resample.settle_shape(block_s, counted=HAND_IN_CAP)
+        _, shape, num_warps = verify_resample.settle_shape(block_s)
         for top_k, top_p in _TRUNCATION_VARIANTS:
             flags = ("_k" if top_k else "") + ("_p" if top_p else "")
             symbol = f"fsAot_truncated_summaries_s{block_s}{flags}"
@@ -840,7 +837,7 @@ def render_cpp(
             f'extern "C" unsigned char const {symbol}[];',
         ]
     lines += ["", "namespace flashspec::aot", "{", ""]
-    kept, shape, _ = verify_resample.settle_shape(1, counted=HAND_IN_CAP)
+    kept, shape, _ = verify_resample.settle_shape(1)
     lines += [
         f"static_assert(kHandInCap == {HAND_IN_CAP} && kMaxKept == {kept} && kSelected == "
         f"{2 * shape['BLOCK_KEPT']} && kHandInStride == {verify_resample.HAND_IN_STRIDE},",

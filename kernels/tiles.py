@@ -47,9 +47,6 @@ class KernelConfig(NamedTuple):
         17 rows): one split per ``block_v`` ids; the other fields restate its shape
     epi_rows : VerifyResample scores only the first ``epi_rows`` rows of each block (a power of
         two below ``block_n``, for launches of at most that many rows); 0: all ``block_n``
-    candidates : VerifyResample's top-k / top-p hand in CANDIDATES keys per split (the CUDA
-        library's truncating tile kernels; ``truncation_config``) instead of every dot above a
-        threshold
     """
 
     block_n: int
@@ -60,7 +57,6 @@ class KernelConfig(NamedTuple):
     num_stages: int = 3
     hopper: HopperConfig | None = None
     epi_rows: int = 0
-    candidates: bool = False
 
 
 # Tuned on an H100 (Llama-3-8B head, bf16; scripts/tune_kernels.py, docs/BENCHMARKS.md): per op,
@@ -242,52 +238,6 @@ def choose_config(
         epi_rows = epi_rows_of(op, rows, name)
     splits = num_splits(rows, vocab_size, block_n, block_v, waves, sms)
     return KernelConfig(block_n, block_v, block_h, splits, num_warps, num_stages, None, epi_rows)
-
-
-# The CUDA library's truncating tile pass of VerifyResample (top-k / top-p: the portable kernel,
-# whose splits each select a hand-in of candidates once; the Triton backend's hands in every dot
-# above a threshold from the plain launch): rows up to the key -> (BLOCK_N, BLOCK_V, num_warps,
-# waves, num_stages). A split's selection is a run of reductions at its end, and stage 2 reads
-# every split's 32 keys, so programs are few (2 per SM). A truncating program holds its
-# candidates' state: 205 registers at 16 x 64 and 4 warps against plain verify's 105, which
-# leaves the H200 12% of its warps active at 16 rows (ncu, docs/bench/truncation_ncu_r16_h200.log);
-# from 9 rows a 4-stage pipeline of 64-id tiles keeps more of the head in flight. Read from
-# docs/bench/truncation_shapes_{h100,128_512_h100,small_rows_h200}.log (top-k 50 tile pass ×
-# plain verify, Llama-3-8B head): H100 R 16 1.09 (plain verify's row 1.24), R 32 1.16 (1.55),
-# R 64 1.43 (1.77); H200 R 16 1.14 (1.29). Up to 8 rows the H100's plain row serves both GPUs:
-# the H200's own (4 programs per SM) runs its tile pass at 1.06 but hands stage 2 twice the
-# keys, 1.32 in all at 1 row against 1.20 (truncation_speed_small_rows{_own_waves,}_h200.log).
-# From 65 rows the 64 x 64 tile of 4 warps (2.27x at 128 rows and 2.52x at 512, against 4.30x
-# and 3.82x for plain verify's 128 x 128 of 16 warps: `git show
-# 6ac787a:docs/bench/truncation_tiles_h100.log`).
-TRUNCATION_TUNED = (
-    (8, (16, 128, 8, 2, 3)),
-    (32, (16, 64, 4, 2, 4)),
-    (64, (32, 64, 4, 2, 4)),
-    (None, (64, 64, 4, 2, 4)),
-)
-
-
-def truncation_config(
-    rows: int, hidden_size: int, vocab_size: int, dtype: torch.dtype, device: torch.device
-) -> KernelConfig:
-    """The launch of the CUDA library's truncating VerifyResample tile pass
-    (``TRUNCATION_TUNED``, ``candidates``: each split hands in CANDIDATES keys); under the
-    interpreter, the portable kernel's one shape (``choose_config``)."""
-    if device.type != "cuda" or triton.knobs.runtime.interpret:
-        config = choose_config(
-            "verify_resample", rows, hidden_size, vocab_size, dtype, device, hopper=False
-        )
-        return config._replace(candidates=True)
-    row = next(config for limit, config in TRUNCATION_TUNED if limit is None or rows <= limit)
-    block_n, block_v, num_warps, waves, num_stages = row
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    splits = num_splits(rows, vocab_size, block_n, block_v, waves, sm_count(index))
-    fewer = triton.next_power_of_2(rows)  # below BLOCK_N: only these rows are scored
-    epi_rows = fewer if fewer < block_n else 0
-    return KernelConfig(
-        block_n, block_v, block_h_of(dtype), splits, num_warps, num_stages, None, epi_rows, True
-    )
 
 
 # The portable kernel's launch for a top-k / top-p call at 2-16 rows, whose tile pass hands in

@@ -95,34 +95,6 @@ def _first_rows(acc, EPI_ROWS: tl.constexpr):
 
 
 @triton.jit
-def column_top2(first, second, dropped, keys):
-    """Fold a tile's ``keys [ROWS, BLOCK_V]`` into the running state of each (row, column) of
-    the split's tiles: its two largest keys (``first > second``) and the largest it let go
-    (``dropped``). Elementwise: four int64 min / max per key, no reduction."""
-    low = tl.minimum(keys, first)
-    first = tl.maximum(keys, first)
-    dropped = tl.maximum(dropped, tl.minimum(low, second))
-    second = tl.maximum(low, second)
-    return first, second, dropped
-
-
-@triton.jit
-def select_candidates(first, second, dropped, C: tl.constexpr):
-    """The split's hand-in per row: ``[ROWS, C]`` keys taken largest first from the columns'
-    two, and the floor ``[ROWS]`` — the largest key of the split not handed in (EMPTY_KEY if
-    none). Every key of the split above the floor is handed in. C + 1 reductions, once a split."""
-    both = tl.join(first, second)  # [ROWS, BLOCK_V, 2]
-    slot = tl.arange(0, C)[None, :]
-    cand = tl.full([first.shape[0], C], EMPTY_KEY, tl.int64)
-    for j in tl.static_range(C):
-        best = tl.max(tl.max(both, 2), 1)
-        cand = tl.where(slot == j, best[:, None], cand)
-        both = tl.where(both == best[:, None, None], EMPTY_KEY, both)
-    floor = tl.maximum(tl.max(tl.max(both, 2), 1), tl.max(dropped, 1))
-    return cand, floor
-
-
-@triton.jit
 def _allowed(allowed_ptr, rows, row_ok, tile, num_words, BLOCK_V: tl.constexpr):
     """[ROWS, BLOCK_V] bool: the tile's ids allowed by the rows' masks, from the tile's
     ``BLOCK_V / 32`` words per row (bit j of word w allows id 32·w + j)."""
@@ -164,9 +136,8 @@ def _verify_tiles_kernel(
     positions_ptr,  # [N] int64
     ws_float_ptr,  # [4, R, S] float32: best_score, best_logit, max, sum_exp
     ws_index_ptr,  # [R, S] int32: best_index
-    truncated_ptr,  # [N] int32: 1 where top-k / top-p apply (CANDIDATES / HAND_IN only)
+    truncated_ptr,  # [N] int32: 1 where top-k / top-p apply (HAND_IN only)
     allowed_ptr,  # [R, W] int32 allowed-token bit masks (only with MASKED)
-    cand_ptr,  # [R, S, CANDIDATES + 1] int64 out: the split's hand-in and its floor (last)
     threshold_ptr,  # [R] float32: the dot a row hands in from (HAND_IN only; NaN: none)
     count_ptr,  # [R] int32: keys handed in, zero before the launch (HAND_IN only)
     hand_in_ptr,  # [R, HAND_IN_CAP] int64 out: the handed-in keys (HAND_IN only)
@@ -191,7 +162,6 @@ def _verify_tiles_kernel(
     BLOCK_H: tl.constexpr,
     EPI_ROWS: tl.constexpr,  # rows the epilogue scores: BLOCK_N, or fewer when R is below it
     MASKED: tl.constexpr = False,  # apply allowed_tokens (read once per tile)
-    CANDIDATES: tl.constexpr = 0,  # > 0: hand in CANDIDATES (logit, id) keys per split
     HAND_IN: tl.constexpr = False,  # hand in every dot at or above the row's threshold
 ):
     pid_r = tl.program_id(0)
@@ -221,15 +191,10 @@ def _verify_tiles_kernel(
     u_a, u_b = row_keys(seed, position, STREAM_PICK)
     # A block of greedy rows only (T = 0 serving) skips the noise: its scores are the logits;
     # so does a block whose sampled rows are all truncated (their winner is taken from the
-    # candidates or hand-in in stage 2, ``_truncated_summaries``).
+    # hand-in in stage 2, ``_truncated_summaries``).
     sampled = row_ok & (temperature >= GREEDY_BELOW)
-    if CANDIDATES > 0 or HAND_IN:
-        sampled &= tl.load(truncated_ptr + seq, mask=row_ok, other=0) == 0
-    if CANDIDATES > 0:
-        first = tl.full([EPI_ROWS, BLOCK_V], EMPTY_KEY, tl.int64)
-        second = first
-        dropped = first
     if HAND_IN:
+        sampled &= tl.load(truncated_ptr + seq, mask=row_ok, other=0) == 0
         theta = tl.load(threshold_ptr + rows, mask=row_ok, other=float("nan"))  # NaN: none
         any_hand_in = tl.max(tl.where(theta == theta, 1, 0), 0) > 0
     any_sampled = tl.max(tl.where(sampled, 1, 0), 0) > 0
@@ -275,10 +240,6 @@ def _verify_tiles_kernel(
             if any_hand_in:
                 _hand_in_tile(valid & (acc >= theta[:, None]), acc, cols, rows, count_ptr,
                               hand_in_ptr)  # fmt: skip
-        if CANDIDATES > 0:
-            first, second, dropped = column_top2(
-                first, second, dropped, order_key(logits, cols[None, :])
-            )
 
         # The two-level sample: per 64-id block an exp per logit, running sums and one hash
         # pair; greedy rows take the argmax of their logits.
@@ -313,12 +274,6 @@ def _verify_tiles_kernel(
         tl.store(ws_float_ptr + F_BEST_LOGIT * plane + ws_off, best_logit, mask=row_ok)
         tl.store(ws_float_ptr + F_MAX * plane + ws_off, m, mask=row_ok)
         tl.store(ws_float_ptr + F_SUM_EXP * plane + ws_off, s, mask=row_ok)
-    if CANDIDATES > 0:
-        cand, floor = select_candidates(first, second, dropped, CANDIDATES)
-        slot = tl.arange(0, CANDIDATES)
-        out = cand_ptr + ws_off * (CANDIDATES + 1)
-        tl.store(out[:, None] + slot[None, :], cand, mask=row_ok[:, None])
-        tl.store(out + CANDIDATES, floor, mask=row_ok)
 
 
 @triton.jit(do_not_specialize=["num_rows", "gamma", "num_splits", "stride_dn"])
@@ -441,8 +396,7 @@ def verify_resample(
         [N, γ + 1, ceil(vocab_size / 32)] int32 bit masks — the truncation of
         ``reference/truncation.py``, fused: the mask is read once per tile (by the Hopper kernel
         too); top-k / top-p: each truncated row hands in its dots above a threshold
-        (``_hand_in_thresholds``; under a ``truncation_config`` launch, the CUDA library's, each
-        (row, split) its candidates), stage 2 settles the kept set from them
+        (``_hand_in_thresholds``), stage 2 settles the kept set from them
         (``_truncated_summaries``), and a sequence whose kept set they do not settle is
         recomputed materialised, after one flag read back to the host
     settle_only : return ``(result, unsettled [R] bool)``: with top-k / top-p, instead of
@@ -502,11 +456,9 @@ def verify_resample(
     )
 
     # Top-k / top-p: every truncated row hands in its dots at or above a threshold
-    # (``_hand_in_thresholds``), or under a launch of ``truncation_config`` (the CUDA library's
-    # truncating tile kernels) each split of the portable kernel its CANDIDATES largest keys.
+    # (``_hand_in_thresholds``).
     hand_in = None
-    candidates = truncating and config.hopper is None and config.candidates
-    if truncating and not candidates:
+    if truncating:
         truncated, counts, keys = launch_workspace(
             device,
             "verify_hand_in",
@@ -540,11 +492,6 @@ def verify_resample(
         )
     else:
         tiles_per_split = triton.cdiv(triton.cdiv(vocab_size, config.block_v), splits)
-        if candidates:
-            truncated = _truncated_sequences(top_k, top_p, n, device)
-            (keys,) = launch_workspace(
-                device, "verify_candidates", ((rows, splits, CANDIDATES + 1), torch.int64)
-            )
         unread = seed  # a placeholder for the pointers a variant never reads
         _verify_tiles_kernel[(triton.cdiv(rows, config.block_n), splits)](
             hidden,
@@ -556,7 +503,6 @@ def verify_resample(
             workspace.index,
             truncated if truncating else unread,
             allowed_tokens if allowed_tokens is not None else unread,
-            keys if candidates else unread,
             *(hand_in[1:] if hand_in is not None else (unread,) * 3),
             rows,
             gamma,
@@ -576,16 +522,14 @@ def verify_resample(
             BLOCK_H=config.block_h,
             EPI_ROWS=config.epi_rows or config.block_n,
             MASKED=allowed_tokens is not None,
-            CANDIDATES=CANDIDATES if candidates else 0,
             HAND_IN=hand_in is not None,
             num_warps=config.num_warps,
             num_stages=config.num_stages,
         )
     if truncating:
         unsettled = _truncated_summaries(
-            workspace, keys, truncated, top_k, top_p, temperature, seed, positions,
-            hand_in=None if hand_in is None else (counts, thresholds),
-            return_logprobs=return_logprobs,
+            workspace, keys, counts, thresholds, truncated, top_k, top_p, temperature, seed,
+            positions, return_logprobs=return_logprobs,
         )  # fmt: skip
     block_r = max(FINALIZE_MIN_ROWS, triton.next_power_of_2(width))
     block_s = triton.next_power_of_2(splits)
@@ -619,11 +563,8 @@ def verify_resample(
     return (result, unsettled) if settle_only else result
 
 
-# Candidates kept per (row, split) for top-k / top-p: the exact kept set is settled from them when
-# it lies inside the keys every split has handed in (``_truncated_summaries``).
-CANDIDATES = 32
-# Kept tokens a truncated row may have and be settled by its candidates (the issue's k <= 1024);
-# a larger kept set is recomputed materialised.
+# Kept tokens a truncated row may have and be settled by its hand-in (the issue's k <= 1024); a
+# larger kept set is recomputed materialised.
 MAX_KEPT = 1024
 # the largest key of a -inf logit
 _NEG_INF_LAST: tl.constexpr = tl.constexpr(((-(2**31) + 2**23 - 1) << 32) | (2**31 - 1))
@@ -655,7 +596,7 @@ def _hand_in_thresholds(
 ) -> torch.Tensor:
     """[R] float32: the dot from which each truncated row hands in (NaN for the other rows;
     -FLT_MAX, every finite dot, where the sampled ids hold too few allowed finite logits); on the
-    way ``truncated [N]`` int32 (``_truncated_sequences``) is written and the hand-in's
+    way ``truncated [N]`` int32 (1 where top-k or top-p applies) is written and the hand-in's
     ``counts [R]`` int32 zeroed. Two launches: ``sampled_logits``, then
     ``_hand_in_threshold_kernel``."""
     rows = hidden2d.shape[0]
@@ -784,7 +725,7 @@ def _hand_in_threshold_kernel(
     allowed_ptr,  # [R, num_words] int32 allowed-token bit masks (MASKED only)
     top_k_ptr,  # [N] int64 (TOP_K only)
     top_p_ptr,  # [N] float32 (TOP_P only)
-    truncated_ptr,  # [N] int32 out: 1 where top-k / top-p apply (``_truncated_sequences``)
+    truncated_ptr,  # [N] int32 out: 1 where top-k (k > 0) or top-p (p < 1) applies
     out_ptr,  # [R] float32 out
     count_ptr,  # [R] int32 out: zero (the hand-in's counts, before the tile pass)
     rows,
@@ -840,16 +781,6 @@ def _hand_in_threshold_kernel(
         tl.store(truncated_ptr + n, on.to(tl.int32))
 
 
-def _truncated_sequences(top_k, top_p, n: int, device) -> torch.Tensor:
-    """[N] int32: 1 where top-k (k > 0) or top-p (p < 1) applies."""
-    on = torch.zeros(n, dtype=torch.bool, device=device)
-    if top_k is not None:
-        on |= top_k > 0
-    if top_p is not None:
-        on |= top_p < 1.0
-    return on.to(torch.int32)
-
-
 @triton.constexpr_function
 def _log2(n):
     return n.bit_length() - 1
@@ -890,19 +821,17 @@ def _bitonic_merge(h, stage: tl.constexpr, order: tl.constexpr):
 
 
 @triton.jit
-def top_sorted(x, K: tl.constexpr, RUN: tl.constexpr = 1):
-    """The ``K`` largest int64 keys of each row of ``x [ROWS, B]``, largest first (``B``, ``K``,
-    ``RUN`` powers of two, ``2 <= K <= B``, ``RUN <= K``): ``tl.topk``'s bitonic top-k — runs of
-    ``K`` sorted alternately, then halved by pairwise max and merged again — with the
-    add-reduction compare-and-swap above. ``x`` may come in sorted runs of ``RUN`` keys, run j
-    ascending for even j and descending for odd j (one descending run if ``RUN == B``): their
-    ``log RUN · (log RUN + 1) / 2`` steps are skipped. ``log K · (log K + 1) / 2`` steps over all
-    ``ROWS · B`` keys (less those), then ``log K`` per halving."""
+def top_sorted(x, K: tl.constexpr):
+    """The ``K`` largest int64 keys of each row of ``x [ROWS, B]``, largest first (``B``, ``K``
+    powers of two, ``2 <= K <= B``): ``tl.topk``'s bitonic top-k — runs of ``K`` sorted
+    alternately, then halved by pairwise max and merged again — with the add-reduction
+    compare-and-swap above. ``log K · (log K + 1) / 2`` steps over all ``ROWS · B`` keys, then
+    ``log K`` per halving."""
     ROWS: tl.constexpr = x.shape[0]
     LOG_B: tl.constexpr = _log2(x.shape[1])
     LOG_K: tl.constexpr = _log2(K)
     h = tl.reshape(x, [2] * _log2(x.numel))
-    for i in tl.static_range(_log2(RUN) + 1, LOG_K + 1):
+    for i in tl.static_range(1, LOG_K + 1):
         h = _bitonic_merge(h, i, 2 if i < LOG_B else 1)
     for i in tl.static_range(LOG_K + 1, LOG_B + 1):
         h = tl.max(h, _log2(h.numel) - 1 - LOG_K)
@@ -1010,17 +939,11 @@ def _mass_cut(x, on, w, p):
     return (lo.to(tl.int64) << 32) | lo_w, reach
 
 
-@triton.jit
-def _first(x, rank, other):
-    """``x[:, 0]`` of a ``[ROWS, B]`` block ``x`` (``rank = tl.arange(0, B)``)."""
-    return tl.max(tl.where(rank[None, :] == 0, x, other), 1)
-
-
 @triton.jit(do_not_specialize=["num_rows", "width", "num_splits", "num_kept"])
 def _truncated_summaries_kernel(
     ws_float_ptr,  # [4, R, S] float32: read (max, sum_exp; TOP_P only), rewritten for settled rows
     ws_index_ptr,  # [R, S] int32: rewritten for settled rows
-    cand_ptr,  # [R, S, C + 1] int64: each split's C handed-in keys, then its floor
+    keys_ptr,  # [R, BLOCK_HANDED] int64: each row's handed-in keys, in no order
     truncated_ptr,  # [N] int32: 1 where top-k / top-p apply
     top_k_ptr,  # [N] int64 (only with TOP_K)
     top_p_ptr,  # [N] float32 (only with TOP_P)
@@ -1028,35 +951,31 @@ def _truncated_summaries_kernel(
     seed_ptr,  # [N] int64
     positions_ptr,  # [N] int64
     unsettled_ptr,  # [R] int8 out: 1 where a truncated row is not settled
-    sel_ptr,  # [R, 2 · BLOCK_KEPT] int64 scratch: the selected keys (past 2 · BLOCK_KEPT keys;
-    # top-k alone: its nucleus)
+    sel_ptr,  # [R, 2 · BLOCK_KEPT] int64 scratch: top-k alone, its nucleus compacted
     num_rows,  # R = N · (γ + 1)
     width,  # γ + 1
     num_splits,  # S
-    num_kept,  # L = min(MAX_KEPT, S · C): the keys a kept set is settled in
-    count_ptr,  # [R] int32: keys each row handed in (COUNTED only)
-    threshold_ptr,  # [R] float32: the dot each row handed in from (COUNTED only)
-    C: tl.constexpr,  # CANDIDATES
+    num_kept,  # L = min(MAX_KEPT, BLOCK_HANDED): the keys a top-k kept set is settled in
+    count_ptr,  # [R] int32: keys each row handed in
+    threshold_ptr,  # [R] float32: the dot each row handed in from
     TOP_K: tl.constexpr,
     TOP_P: tl.constexpr,
     LIBDEVICE: tl.constexpr,
     ROWS: tl.constexpr,  # rows per program: 1 on a GPU (more under the interpreter)
-    RUN: tl.constexpr,  # C: the hand-ins are sorted runs (1: sort them, when L < C)
-    BLOCK_HANDED: tl.constexpr,  # next_power_of_2(S · C)
+    BLOCK_HANDED: tl.constexpr,  # the hand-in's keys a row (HAND_IN_CAP), a power of 2
     BLOCK_KEPT: tl.constexpr,  # next_power_of_2(L), at least 2
     BLOCK_S: tl.constexpr,  # next_power_of_2(S)
-    COUNTED: tl.constexpr = False,  # the threshold hand-in: cand_ptr [R, BLOCK_HANDED]
     RETURN_LOGPROBS: tl.constexpr = True,  # False: the sample only (no LSE, no logit, no sums)
 ):
-    """Stage 2 of ``ROWS`` truncated rows (``_truncated_summaries``): per row, tau from the S
-    floors, the L largest of the S · C handed-in keys in order (``top_sorted``; past
-    ``2 · BLOCK_KEPT`` keys, on the selected keys only), the kept set, softmax and nucleus over
-    them, the Gumbel-max of the nucleus (with ``RETURN_LOGPROBS``, the sample's logit and the
-    nucleus's LSE too), and the rewrite of the row's summaries as one split. Memory traffic per
-    truncated row: its candidates (8 · S · (C + 1) bytes), its max / sum_exp (8 · S; top-p
-    only), the rewritten fields (8 · S: score and index; 20 · S with log-probabilities) and one
-    flag, plus the selected keys through the scratch (up to 16 · BLOCK_KEPT bytes written and
-    read, L2); an untruncated row reads one flag and writes one."""
+    """Stage 2 of ``ROWS`` truncated rows (``_truncated_summaries``): per row, tau from its
+    threshold, the kept set among the handed-in keys (top-k's by bisection, no sort), the softmax
+    and nucleus over them (top-p's cut by mass, by bisection), the Gumbel-max of the nucleus (with
+    ``RETURN_LOGPROBS``, the sample's logit and the nucleus's LSE too), and the rewrite of the
+    row's summaries as one split. Memory traffic per truncated row: its handed-in keys (8 bytes
+    each, up to its count), its max / sum_exp (8 · S; top-p only), the rewritten fields (8 · S:
+    score and index; 20 · S with log-probabilities) and one flag, plus top-k's nucleus through
+    the scratch (up to 16 · BLOCK_KEPT bytes written and read, L2); an untruncated row reads one
+    flag and writes one."""
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     row_ok = r < num_rows
     n = r // width
@@ -1066,67 +985,42 @@ def _truncated_summaries_kernel(
     else:
         split = tl.arange(0, BLOCK_S)
         split_ok = on[:, None] & (split < num_splits)[None, :]  # [ROWS, BLOCK_S]
-        if COUNTED:
-            # ---- the threshold hand-in (``_hand_in_tile``, ``hopper_tiles._hand_in_chunk``): in
-            # no order, the keys of the row's raw dots at or above its threshold theta, here
-            # rekeyed by their logits dot / T. Every dot left out is below theta, so its logit is
-            # at most fl(theta / T): tau is that logit's largest key; FULL_KEY (nothing known)
-            # when the row's count passed the buffer or theta is NaN; EMPTY_KEY when nothing
-            # finite was left out (theta -FLT_MAX keeps every finite dot).
-            count = tl.load(count_ptr + r, mask=on, other=0)
-            theta = tl.load(threshold_ptr + r, mask=on, other=0.0)
-            t_row = tl.load(temperature_ptr + n, mask=on, other=1.0)
-            scale = tl.where(t_row < GREEDY_BELOW, 1.0, t_row)
-            t = tl.arange(0, BLOCK_HANDED)
-            raw = tl.load(
-                cand_ptr + r.to(tl.int64)[:, None] * BLOCK_HANDED + t[None, :],
-                mask=on[:, None] & (t[None, :] < count[:, None]),
-                other=EMPTY_KEY,
-            )  # [ROWS, BLOCK_HANDED]
-            raw_dot, raw_id = decode_key(raw)
-            rekeyed = order_key(tl.math.div_rn(raw_dot, scale[:, None]), raw_id)
-            handed = tl.where(raw == EMPTY_KEY, EMPTY_KEY, rekeyed)
-            top_left = tl.math.div_rn(theta, scale)
-            tau = tl.where(top_left == float("-inf"), EMPTY_KEY, order_key(top_left, 0))
-            tau = tl.where(theta == -FLT_MAX, EMPTY_KEY, tau)
-            tau = tl.where((count > BLOCK_HANDED) | (theta != theta), FULL_KEY, tau)
-        else:
-            # ---- tau: the largest finite key some split did not hand in (EMPTY_KEY if none).
-            # Above it the handed-in keys are, in order, an exact prefix of the row's order.
-            row_cand = cand_ptr + r.to(tl.int64)[:, None] * num_splits * (C + 1)
-            floor = tl.load(row_cand + split[None, :] * (C + 1) + C, mask=split_ok, other=EMPTY_KEY)
-            floor_logit, _ = decode_key(floor)
-            hidden_finite = (floor != EMPTY_KEY) & (floor_logit > float("-inf"))
-            tau = tl.max(tl.where(hidden_finite, floor, EMPTY_KEY), 1)  # [ROWS]
-
-            # ---- the handed-in keys (one read of the row's candidates, 8 · S · (C + 1)
-            # bytes). A split hands in its keys largest first (``select_candidates``): with
-            # RUN = C they are loaded as the sorted runs ``top_sorted`` starts from (even splits
-            # reversed, unless one split is all), and its first log C stages are skipped.
-            t = tl.arange(0, BLOCK_HANDED)
-            slot = t % C
-            if RUN > 1 and RUN < BLOCK_HANDED:
-                slot = tl.where((t // C) % 2 == 0, C - 1 - slot, slot)  # ascending runs
-            handed = tl.load(
-                row_cand + ((t // C) * (C + 1) + slot)[None, :],
-                mask=on[:, None] & (t < num_splits * C)[None, :],
-                other=EMPTY_KEY,
-            )  # [ROWS, BLOCK_HANDED]
-        # ---- the L largest handed-in keys, largest first: up to 2 · BLOCK_KEPT keys, a bitonic
-        # top-k over them, in registers; more keys are selected first, then sorted (below; the
-        # top-k of 8448 keys at 264 splits took ~175 µs on an H200).
+        # ---- the threshold hand-in (``_hand_in_tile``, ``hopper_tiles._hand_in_chunk``): in no
+        # order, the keys of the row's raw dots at or above its threshold theta, here rekeyed by
+        # their logits dot / T. Every dot left out is below theta, so its logit is at most
+        # fl(theta / T): tau is that logit's largest key; FULL_KEY (nothing known) when the row's
+        # count passed the buffer or theta is NaN; EMPTY_KEY when nothing finite was left out
+        # (theta -FLT_MAX keeps every finite dot). Above tau the handed-in keys are every key of
+        # the row.
+        count = tl.load(count_ptr + r, mask=on, other=0)
+        theta = tl.load(threshold_ptr + r, mask=on, other=0.0)
+        t_row = tl.load(temperature_ptr + n, mask=on, other=1.0)
+        scale = tl.where(t_row < GREEDY_BELOW, 1.0, t_row)
+        t = tl.arange(0, BLOCK_HANDED)
+        raw = tl.load(
+            keys_ptr + r.to(tl.int64)[:, None] * BLOCK_HANDED + t[None, :],
+            mask=on[:, None] & (t[None, :] < count[:, None]),
+            other=EMPTY_KEY,
+        )  # [ROWS, BLOCK_HANDED]
+        raw_dot, raw_id = decode_key(raw)
+        rekeyed = order_key(tl.math.div_rn(raw_dot, scale[:, None]), raw_id)
+        handed = tl.where(raw == EMPTY_KEY, EMPTY_KEY, rekeyed)
+        top_left = tl.math.div_rn(theta, scale)
+        tau = tl.where(top_left == float("-inf"), EMPTY_KEY, order_key(top_left, 0))
+        tau = tl.where(theta == -FLT_MAX, EMPTY_KEY, tau)
+        tau = tl.where((count > BLOCK_HANDED) | (theta != theta), FULL_KEY, tau)
+        # ---- the known keys: above tau and of finite logits
         known_all = tl.sum(((handed > tau[:, None]) & (handed > _NEG_INF_LAST)).to(tl.int32), 1)
-        # every finite logit of the row was handed in, and lies among the L keys
+        # every finite logit of the row was handed in, and no more than L of them
         complete = (tau == EMPTY_KEY) & (known_all <= num_kept)
         plane = num_rows * num_splits
         row_ws = r[:, None] * num_splits + split[None, :]  # [ROWS, BLOCK_S]
-        if TOP_P and COUNTED:
-            # ---- the threshold hand-in under top-p: no order needed. The kept set is top-k's
-            # cut (bisection, as for top-k alone), the softmax is over it (top-k on) or over
-            # every allowed token (the stage-1 online sums), and the nucleus is the keys at or
-            # above the largest key whose keys at or above weigh p (``_mass_cut``). Settled as
-            # the sorted path settles it: k within the known keys, the nucleus ending inside
-            # them (top-p alone), or every finite logit known.
+        if TOP_P:
+            # ---- top-p: no order needed. The kept set is top-k's cut (bisection, as for top-k
+            # alone), the softmax is over it (top-k on) or over every allowed token (the stage-1
+            # online sums), and the nucleus is the keys at or above the largest key whose keys at
+            # or above weigh p (``_mass_cut``). Settled where k lies within the known keys, the
+            # nucleus ends inside them (top-p alone), or every finite logit is known.
             logit, ids = decode_key(handed)
             k = tl.load(top_k_ptr + n, mask=on, other=0) if TOP_K else tl.zeros([ROWS], tl.int64)
             p = tl.load(top_p_ptr + n, mask=on, other=1.0)
@@ -1141,67 +1035,11 @@ def _truncated_summaries_kernel(
             ends_inside = tl.max((keep & ~nucleus).to(tl.int32), 1) > 0
             any_nucleus = tl.max(nucleus.to(tl.int32), 1) > 0
             settled = (complete | top_k_known | (~top_k_on & ends_inside)) & any_nucleus
-        elif TOP_P:
-            if BLOCK_HANDED > 2 * BLOCK_KEPT:
-                # Only keys above max(tau, -inf) may be known, and only the L largest of them: those
-                # are selected — all of them, or (more than L) L to 2 · BLOCK_KEPT keys above a cut
-                # found by bisection (or the L-th largest: then L - a copies of it) — compacted
-                # through this row's scratch (16 · BLOCK_KEPT bytes, L2), and their top BLOCK_KEPT
-                # sorted alone. Ranks past the known keys may hold other keys than the full top-k's
-                # (or EMPTY_KEY), never known.
-                BLOCK_SEL: tl.constexpr = 2 * BLOCK_KEPT
-                above = handed > tl.maximum(tau, _NEG_INF_LAST)[:, None]
-                over = known_all > num_kept  # [ROWS]
-                cut, exact = _selection_cut(handed, above & over[:, None], num_kept, BLOCK_SEL)
-                chosen = above & (handed > tl.where(over, cut, tau)[:, None])
-                a = tl.sum(chosen.to(tl.int32), 1)
-                filled = tl.where(over & exact, num_kept, a)
-                spot = tl.cumsum(chosen.to(tl.int32), 1) - 1
-                row_sel = sel_ptr + r.to(tl.int64)[:, None] * BLOCK_SEL
-                tl.store(row_sel + spot, handed, mask=chosen & on[:, None])
-                tl.debug_barrier()  # the stores seen by every thread of the program
-                j = tl.arange(0, BLOCK_SEL)[None, :]
-                chosen = tl.load(row_sel + j, mask=on[:, None] & (j < a[:, None]), other=EMPTY_KEY)
-                chosen = tl.where((j >= a[:, None]) & (j < filled[:, None]), cut[:, None], chosen)
-                keys = top_sorted(chosen, BLOCK_KEPT)  # [ROWS, BLOCK_KEPT] descending
-            else:
-                keys = top_sorted(handed, BLOCK_KEPT, RUN)  # [ROWS, BLOCK_KEPT] descending
-            rank = tl.arange(0, BLOCK_KEPT)
-            logit, ids = decode_key(keys)
-            known = (
-                (rank < num_kept)[None, :]
-                & (keys > tau[:, None])
-                & (keys != EMPTY_KEY)
-                & (logit > float("-inf"))
-            )
-            # [ROWS] top-k (0: off) and top-p (1: off)
-            k = tl.load(top_k_ptr + n, mask=on, other=0) if TOP_K else tl.zeros([ROWS], tl.int64)
-            p = tl.load(top_p_ptr + n, mask=on, other=1.0)
-            keep = known & ((k == 0)[:, None] | (rank[None, :] < k[:, None]))
-            top_k_on = k > 0
-            top_k_known = top_k_on & (k <= tl.sum(known.to(tl.int32), 1))
-
-            # ---- softmax over the kept set (top-k on) or over every allowed token (the stage-1
-            # online sums of the row's splits), then the nucleus: mass strictly before < p
-            keep_first = _first(keep.to(tl.int32), rank, 0) != 0
-            # the largest kept logit
-            top = tl.where(keep_first, _first(logit, rank, float("-inf")), 0.0)
-            m = tl.load(ws_float_ptr + F_MAX * plane + row_ws, mask=split_ok, other=float("-inf"))
-            s = tl.load(ws_float_ptr + F_SUM_EXP * plane + row_ws, mask=split_ok, other=0.0)
-            probs = _kept_probs(logit, keep, top, top_k_on, m, s, LIBDEVICE)
-            before = tl.cumsum(probs, 1) - probs
-            # (p >= 1) | (before < p), as a select: the interpreter cannot `|` a broadcast
-            # comparison
-            nucleus = keep & tl.where((p >= 1.0)[:, None], True, before < p[:, None])
-            nucleus |= keep & (rank == 0)[None, :]  # the top token is always kept
-            ends_inside = tl.max((keep & ~nucleus).to(tl.int32), 1) > 0
-            any_nucleus = tl.max(nucleus.to(tl.int32), 1) > 0
-            settled = (complete | top_k_known | (~top_k_on & ends_inside)) & any_nucleus
         else:
             # ---- top-k alone needs no order: the kept set is the known keys at or above the
             # k-th largest (a cut by bisection, ``_selection_cut`` with need = most = k), the
-            # softmax is over it, and the Gumbel-max is order-free. Settled as the sorted path
-            # settles it: k within the L largest known keys, or every finite logit known.
+            # softmax is over it, and the Gumbel-max is order-free. Settled where k lies within
+            # the L largest known keys, or every finite logit is known.
             logit, ids = decode_key(handed)
             k = tl.load(top_k_ptr + n, mask=on, other=0)
             nucleus, _, top_k_known = _top_k_kept(handed, tau, known_all, k, num_kept)
@@ -1260,111 +1098,93 @@ def _truncated_summaries_kernel(
             tl.store(ws_float + F_SUM_EXP * plane, tl.where(first, 1.0, 0.0), mask=write)
 
 
-def settle_shape(
-    splits: int, candidates: int = CANDIDATES, *, counted: int = 0
-) -> tuple[int, dict, int]:
-    """The stage-2 launch for ``splits`` splits of ``candidates`` keys each, or (``counted``, a
-    power of 2) for the threshold hand-in of up to ``counted`` keys a row over ``splits``
-    tiles: (L, the keys a kept set is settled in; the block constexprs
-    of ``_truncated_summaries_kernel``; its warps). The constexprs depend on
-    ``next_power_of_2(splits)`` only (for a power-of-2 ``candidates``), so the CUDA library
-    compiles one kernel per power of 2 (``kernels/aot.py``)."""
-    handed = counted or splits * candidates
-    kept = min(MAX_KEPT, handed)
-    block_handed = triton.next_power_of_2(handed)
-    block_kept = max(2, triton.next_power_of_2(kept))
-    sorted_runs = not counted and candidates & (candidates - 1) == 0 and block_kept >= candidates
+def settle_shape(splits: int, cap: int = hopper_tiles.HAND_IN_CAP) -> tuple[int, dict, int]:
+    """The stage-2 launch for a hand-in of up to ``cap`` keys a row (a power of 2) over
+    ``splits`` splits: (L, the keys a top-k kept set is settled in; the block constexprs of
+    ``_truncated_summaries_kernel``; its warps). The constexprs depend on
+    ``next_power_of_2(splits)`` only, so the CUDA library compiles one kernel per power of 2
+    (``kernels/aot.py``)."""
+    kept = min(MAX_KEPT, cap)
     constexprs = {
-        "C": candidates,
-        # the hand-ins are sorted runs of C keys (1: sort them, when L < C or in no order)
-        "RUN": candidates if sorted_runs else 1,
-        "BLOCK_HANDED": block_handed,
-        "BLOCK_KEPT": block_kept,
+        "BLOCK_HANDED": triton.next_power_of_2(cap),
+        "BLOCK_KEPT": max(2, triton.next_power_of_2(kept)),
         "BLOCK_S": triton.next_power_of_2(splits),
-        "COUNTED": bool(counted),
     }
-    # the top-k's cross-warp steps: fewer with more warps (16 at 200 splits). The hand-in's 4096
-    # keys: 8 warps. Its sorted top-p path took 16 (33 µs a launch at 32-128 rows against 43 with
-    # 8, H200); its bisections (top-k alone, and top-p since it cuts by mass) gain nothing from 16
-    # at 32-128 rows and lose at 256 (docs/bench/hopper_hand_in_parts_h200.log)
-    warps = min(16, max(4, block_handed // 512))
+    # The hand-in's 4096 keys: 8 warps. The bisections (top-k's cut, top-p's by mass) gain
+    # nothing from 16 at 32-128 rows and lose at 256 (docs/bench/hopper_hand_in_parts_h200.log)
+    warps = min(16, max(4, constexprs["BLOCK_HANDED"] // 512))
     return kept, constexprs, warps
 
 
 def _truncated_summaries(
     workspace: VerifyWorkspace,
-    candidates: torch.Tensor,
+    keys: torch.Tensor,
+    counts: torch.Tensor,
+    thresholds: torch.Tensor,
     truncated: torch.Tensor,
     top_k: torch.Tensor | None,
     top_p: torch.Tensor | None,
     temperature: torch.Tensor,
     seed: torch.Tensor,
     positions: torch.Tensor,
-    hand_in: tuple[torch.Tensor, torch.Tensor] | None = None,
     return_logprobs: bool = True,
 ) -> torch.Tensor:
-    """Stage 2 of the truncated rows: their kept set from the candidates, their sample, and their
+    """Stage 2 of the truncated rows: their kept set from the hand-in, their sample, and their
     summaries rewritten as one split (the finalize then accepts and emits as for any row). One
     launch, one program per row (a row whose sequence is not truncated reads one flag).
 
-    Per row, every split hands in ``CANDIDATES`` order keys and a floor, the largest key it did
-    not hand in (``select_candidates``). So the handed-in keys above the largest floor of the row
-    are, in order, an exact prefix of the row's (descending logit, ascending id) order — all of
-    the row when no split left out a finite logit. The kept set is settled inside that prefix when
-    top-k's k tokens lie in it, or (top-p alone) when the nucleus ends inside it, the normaliser
-    then being every allowed token's, from the stage-1 online softmax. Probabilities are formed
-    as the reference's softmax does, ``exp(l - max) / Σ exp(l - max)``. The sample is the
-    Gumbel-max over the kept candidates with the same noise (``reference.noise``), ties to the
-    lowest id; the log-probability's LSE is the kept set's. Rows it does not settle are returned
-    for ``_recompute``.
+    Per row, the tile pass handed in the order key of every raw dot at or above the row's
+    threshold theta, in no order. Every dot left out is below theta, so above the largest key of
+    the logit fl(theta / T) the handed-in keys are all of the row's keys — all of the row when
+    theta kept every finite dot. The kept set is settled there when top-k's k tokens lie in it, or
+    (top-p alone) when the nucleus ends inside it, the normaliser then being every allowed
+    token's, from the stage-1 online softmax. Probabilities are formed as the reference's softmax
+    does, ``exp(l - max) / Σ exp(l - max)``. The sample is the Gumbel-max over the kept keys with
+    the same noise (``reference.noise``), ties to the lowest id; the log-probability's LSE is the
+    kept set's. Rows it does not settle are returned for ``_recompute``.
 
-    The mass before each token is summed here (``tl.cumsum``, ``tl.sum``) in another order than
-    the reference's, so a token whose mass-before lies within float rounding of p may be kept by
-    one and not the other. ``tests/parity/test_truncation_kernels.py`` holds the same steps in
-    torch (``truncated_summaries_torch``) and compares the two.
+    The mass at or above a key is summed here (``tl.sum``, by bisection) in another order than the
+    reference's cumulative sum, so a token whose mass-before lies within float rounding of p may be
+    kept by one and not the other; and the keys' order is the tile pass's atomics', so the LSE's
+    last bits may change from run to run (the tokens do not).
+    ``tests/parity/test_truncation_kernels.py`` holds the same steps in torch
+    (``truncated_summaries_torch``) and compares the two.
 
     Parameters
     ----------
     workspace : the stage-1 summaries of ``R = N · (γ + 1)`` rows and S splits, rewritten in place
-    candidates : [R, S, CANDIDATES + 1] int64 — each split's hand-in, then its floor; or with
-        ``hand_in``, [R, HAND_IN_CAP] int64 — the threshold hand-in's
-    truncated : [N] int32 (``_truncated_sequences``)
+    keys : [R, cap] int64 — each row's handed-in keys (the first ``counts`` of them)
+    counts : [R] int32 — keys handed in per row (past ``cap``: stored no more, not settled)
+    thresholds : [R] float32 — the dot each row handed in from (NaN: none)
+    truncated : [N] int32 — 1 where top-k or top-p applies
     top_k : [N] int64 or None, top_p : [N] float32 or None
     temperature, seed, positions : [N] (as ``verify_resample``)
-    hand_in : the threshold hand-in's ``(counts [R] int32, thresholds [R] float32)``: keys handed in
-        per row, and the dot they were handed in from
     return_logprobs : also rewrite the fields the log-probabilities read (the sample's logit, the
         kept set's LSE); False: the sample alone, as the finalize then reads no more
 
     Returns
     -------
-    unsettled : [R] bool — truncated rows whose kept set the candidates do not settle (their
+    unsettled : [R] bool — truncated rows whose kept set the hand-in does not settle (their
         summaries are left as they were)
     """
     n = temperature.shape[0]
-    if hand_in is None:
-        rows, splits, width_c = candidates.shape
-        kept, shape, num_warps = settle_shape(splits, width_c - 1)
-        counts = thresholds = truncated  # placeholder pointers, never read
-    else:
-        (rows, cap), splits = candidates.shape, workspace.index.shape[1]
-        kept, shape, num_warps = settle_shape(splits, counted=cap)
-        counts, thresholds = hand_in
+    (rows, cap), splits = keys.shape, workspace.index.shape[1]
+    kept, shape, num_warps = settle_shape(splits, cap)
     block_kept = shape["BLOCK_KEPT"]
-    unsettled = torch.empty(rows, dtype=torch.int8, device=candidates.device)
+    unsettled = torch.empty(rows, dtype=torch.int8, device=keys.device)
     selected = unsettled  # placeholder pointer, never read (BLOCK_HANDED <= 2 · BLOCK_KEPT)
     if shape["BLOCK_HANDED"] > 2 * block_kept:
         (selected,) = launch_workspace(
-            candidates.device, "truncation_selected", ((rows, 2 * block_kept), torch.int64)
+            keys.device, "truncation_selected", ((rows, 2 * block_kept), torch.int64)
         )
     placeholder = truncated  # never read without TOP_K / TOP_P
     top_k, top_p = (None if t is None else t.contiguous() for t in (top_k, top_p))
     # One row per program on a GPU; under the interpreter a block of rows (its cost is per op)
-    rows_per_program = 1 if use_libdevice(candidates) else min(64, triton.next_power_of_2(rows))
+    rows_per_program = 1 if use_libdevice(keys) else min(64, triton.next_power_of_2(rows))
     _truncated_summaries_kernel[(triton.cdiv(rows, rows_per_program),)](
         workspace.floats,
         workspace.index,
-        candidates,
+        keys,
         truncated,
         top_k if top_k is not None else placeholder,
         top_p if top_p is not None else placeholder,
@@ -1381,7 +1201,7 @@ def _truncated_summaries(
         thresholds,
         TOP_K=top_k is not None,
         TOP_P=top_p is not None,
-        LIBDEVICE=use_libdevice(candidates),
+        LIBDEVICE=use_libdevice(keys),
         ROWS=rows_per_program,
         RETURN_LOGPROBS=return_logprobs,
         **shape,

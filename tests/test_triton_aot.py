@@ -131,8 +131,7 @@ def _launch_at(rows_list, rows: int, device: str = ""):
 def test_truncation_rows_are_the_launches_the_triton_backend_takes(device):
     """Top-k / top-p (op ``verify_truncated``): at every row count the launch the Triton backend
     takes (``verify_resample``: ``HAND_IN_TUNED``'s row, else ``choose_config``'s on an sm_90
-    GPU), compiled with the hand-in in the four variants (no candidates), with its warps and
-    stages."""
+    GPU), compiled with the hand-in in the four variants, with its warps and stages."""
     specs, rows = aot.tile_kernels(["bfloat16"], [4096])
     by_symbol = {s.symbol: s for s in specs}
     mine = [r for r in rows if r.op == "verify_truncated"]
@@ -155,7 +154,7 @@ def test_truncation_rows_are_the_launches_the_triton_backend_takes(device):
             assert spec.kind == "verify_hand_in_tiles"
             assert (spec.num_warps, spec.num_stages) == (warps, stages)
             assert (constexprs["RETURN_LOGPROBS"], constexprs["MASKED"]) == flags
-            assert constexprs["HAND_IN"] and constexprs["CANDIDATES"] == 0
+            assert constexprs["HAND_IN"]
             assert (constexprs["BLOCK_N"], constexprs["BLOCK_V"]) == (block_n, block_v)
             # the rows it scores: at least the call's
             assert at <= constexprs["EPI_ROWS"] <= block_n or constexprs["EPI_ROWS"] == block_n
@@ -195,7 +194,7 @@ def test_settle_kernels_are_the_jits_for_every_split_count_they_take():
         assert (constexprs["TOP_K"], constexprs["TOP_P"]) == (r.top_k, r.top_p)
         assert not spec.enable_fp_fusion
         for splits in range(r.block_s // 2 + 1, r.block_s + 1):
-            _, shape, warps = verify_resample.settle_shape(splits, counted=aot.HAND_IN_CAP)
+            _, shape, warps = verify_resample.settle_shape(splits)
             assert {k: constexprs[k] for k in shape} == shape and spec.num_warps == warps
     # the Hopper kernel's splits: one per 128 ids of Gemma-3's 262144
     assert max(r.block_s for r in rows) >= 262144 // 128
@@ -204,7 +203,7 @@ def test_settle_kernels_are_the_jits_for_every_split_count_they_take():
     fn = aot._FUNCTIONS["truncated_summaries"]
     for spec in specs:
         _, _, attrs = aot._signature(spec)
-        for name in ("ws_float_ptr", "ws_index_ptr", "cand_ptr", "truncated_ptr", "sel_ptr",
+        for name in ("ws_float_ptr", "ws_index_ptr", "keys_ptr", "truncated_ptr", "sel_ptr",
                      "count_ptr", "threshold_ptr"):  # fmt: skip
             assert attrs[(fn.arg_names.index(name),)] == [["tt.divisibility", 16]], name
 

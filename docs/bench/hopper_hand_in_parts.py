@@ -76,10 +76,10 @@ def parts(rows: int, lm: torch.Tensor, shape: HeadShape) -> dict:
         "sample_cublas": lambda: h2 @ lm[: vocab : vr.HAND_IN_STRIDE].T,
         "sample": lambda: vr.sampled_logits(h2, lm, vocab),
         "stage2": lambda: vr._truncated_summaries(
-            ws, keys, truncated, top_k, None, temperature, seed, positions, (counts, theta)
+            ws, keys, counts, theta, truncated, top_k, None, temperature, seed, positions
         ),
         "stage2_p": lambda: vr._truncated_summaries(
-            ws, keys, truncated, None, top_p, temperature, seed, positions, (counts, theta)
+            ws, keys, counts, theta, truncated, None, top_p, temperature, seed, positions
         ),
     }
     times = {k: round(statistics.median(v), 1) for k, v in time_graphs(fns, 20, 200).items()}

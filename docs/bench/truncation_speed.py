@@ -1,5 +1,5 @@
 """The fused truncation of VerifyResample (issue 35) on a GPU: its speed beside plain verify and
-beside the materialised way serving stacks truncate, and how often its candidates settle the
+beside the materialised way serving stacks truncate, and how often its hand-in settles the
 kept set on the stdlib-tiny pair's real logits.
 
 Speed (bf16 LM head, ``scripts/kernel_bench.time_graphs``: CUDA graphs, settled, interleaved).
@@ -19,14 +19,14 @@ trained LM's spread at T ~ 1, where a 0.9 nucleus holds a few hundred of 128k to
   while equal — what vLLM-style samplers do;
 - ``matmul``: cuBLAS alone;
 - ``cuda_*``: the CUDA library's (the TensorRT plugins' kernels; with ``plugins/build``), plain
-  and truncating (top-k / top-p: its compiled-in truncating tile kernels and stage 2, then its
+  and truncating (top-k / top-p: the Triton backend's hand-in and stage 2 compiled in, then its
   native exact recomputation of the unsettled rows, included in the time; a mask: its compiled-in
   kernels' masked variants, ``cuda_mask_native`` the native kernels' mask, as before them). The
   path each took is printed and kept in the JSON (``cuda_paths``).
 
 Settle rate: the stdlib-tiny target (fp32, ``transformers``) over held-out standard-library files;
 its final hidden states at every position, verified at γ = 0 in batches of R rows with each
-(T, top-k, top-p); the share of rows the candidates do not settle (recomputed materialised by the
+(T, top-k, top-p); the share of rows the hand-in does not settle (recomputed materialised by the
 op).
 
     python docs/bench/truncation_speed.py --rows 1 4 16 64 128 512 --json $OUT/truncation.json
@@ -93,8 +93,8 @@ def _stage1_only(*args, **kwargs):
     captures it): the tile pass and the finalize."""
     saved = kernel._truncated_summaries
 
-    def skip(workspace, candidates, *rest, **options):
-        return torch.zeros(candidates.shape[0], dtype=torch.bool, device=candidates.device)
+    def skip(workspace, keys, *rest, **options):
+        return torch.zeros(keys.shape[0], dtype=torch.bool, device=keys.device)
 
     kernel._truncated_summaries = skip
     try:
@@ -273,7 +273,6 @@ def main() -> None:
     parser.add_argument("--heads", nargs="+", default=["llama3-8b"])
     parser.add_argument("--rows", nargs="+", type=int, default=[1, 4, 16, 64, 128, 512])
     parser.add_argument("--settle-rows", nargs="+", type=int, default=[16, 128])
-    parser.add_argument("--candidates", type=int, default=kernel.CANDIDATES)
     parser.add_argument("--no-speed", action="store_true", help="the settle rates only")
     parser.add_argument("--no-settle", action="store_true", help="the speed table only")
     parser.add_argument("--providers", nargs="+", default=[], help="time these (and verify)")
@@ -285,10 +284,9 @@ def main() -> None:
     parser.add_argument("--json", type=pathlib.Path)
     args = parser.parse_args()
     PROVIDERS.extend(args.providers)
-    kernel.CANDIDATES = args.candidates  # per (row, split); the kernel's constexpr
     on_gpu = torch.cuda.is_available() and args.settle_device == "cuda"
     name = torch.cuda.get_device_name() if on_gpu else "cpu (Triton interpreter)"
-    out = {"device": name, "candidates": args.candidates}
+    out = {"device": name}
     print(out, flush=True)
     if not args.no_settle:
         cases = [tuple(float(v) if i != 1 else int(v) for i, v in enumerate(c.split(":")))

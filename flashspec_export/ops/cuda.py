@@ -4,10 +4,10 @@ C ABI (``plugins/common/flashspecCApi.h``), called with ctypes on torch tensors.
 Where the library was built with the Triton kernels compiled in (CMake ``FLASHSPEC_TRITON_AOT``)
 a call runs them on their GPU architecture for the compiled (dtype, H), else the native CUDA
 kernels; ``kernel_path`` says which. The truncation runs there too: an ``allowed_tokens`` mask in
-the compiled kernels' masked variants, ``top_k`` / ``top_p`` in their truncating tile kernels and
-stage 2 (the Triton backend's, with its own launch table and split count); on the native path in
-``plugins/verifyResample/truncation.cuh``. Either way the rows the per-split candidates do not
-settle are recomputed exactly on the device (no host read: CUDA-graph safe).
+the compiled kernels' masked variants, ``top_k`` / ``top_p`` in the Triton backend's threshold
+hand-in and stage 2 compiled in (its launches and split count); on the native path in
+``plugins/verifyResample/truncation.cuh`` (per-split candidates). Either way the rows stage 2 does
+not settle are recomputed exactly on the device (no host read: CUDA-graph safe).
 
 The library is ``plugins/build/libflashspec_kernels.so`` (build: ``cmake -S plugins -B
 plugins/build && cmake --build plugins/build -j``) or the path in ``$FLASHSPEC_KERNELS_LIB``.
@@ -240,11 +240,11 @@ def verify_resample(
     The truncation (``reference/truncation.py``; validated by ``ops.verify_resample``), each None
     for off: ``top_k`` int or [N] int64 (0: off), ``top_p`` float or [N] float32 in (0, 1] (1:
     off), ``allowed_tokens`` [N, γ + 1, ceil(vocab_size / 32)] int32. The mask is read in the
-    tile pass; top-k / top-p are settled from per-split candidates in a second stage (of the
-    compiled kernels where they serve the call), and the rows those do not settle recomputed
-    exactly (``plugins/verifyResample/truncation.cuh``). ``unsettled``: an
-    [N · (γ + 1)] int32 CUDA tensor that receives 1 for the rows so recomputed (for tests), or
-    None."""
+    tile pass; top-k / top-p are settled in a second stage from the keys the tile pass hands in
+    (the compiled kernels' threshold hand-in where they serve the call, else the native kernels'
+    per-split candidates), and the rows those do not settle recomputed exactly
+    (``plugins/verifyResample/truncation.cuh``). ``unsettled``: an [N · (γ + 1)] int32 CUDA
+    tensor that receives 1 for the rows so recomputed (for tests), or None."""
     stream = _device_and_stream(hidden)
     with torch.cuda.device(hidden.device):
         _prepare_outside_capture()
@@ -306,7 +306,7 @@ def _verify_call(
         unsettled.dtype != torch.int32 or unsettled.numel() != rows or not unsettled.is_contiguous()
     ):
         raise ValueError(f"unsettled: expected a contiguous int32 tensor of {rows} elements")
-    if top_k is not None or top_p is not None:  # the candidates and the exact recompute's logits
+    if top_k is not None or top_p is not None:  # the hand-ins and the exact recompute's logits
         nbytes = lib.flashspecVerifyResampleTruncatedWorkspaceSize(
             rows, splits, hidden_size, vocab_size
         )

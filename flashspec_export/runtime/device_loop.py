@@ -410,7 +410,7 @@ class DeviceLoop:
     def _capture(self) -> None:
         """Warm up (compiles the kernels; the state is reset before use) and capture each piece
         of every arm's step, as the request needs them (``self._eager_verify``). A truncating
-        verify is not captured: it reads back whether its candidates settled every row
+        verify is not captured: it reads back whether its hand-in settled every row
         (``kernels/verify_resample.py``), and recomputes the rows they did not, exactly; nor one
         whose masks the host computes."""
         stream = torch.cuda.Stream(self.device)
@@ -469,7 +469,7 @@ class DeviceLoop:
         top_k : [N] int64 (0: off), top_p : [N] float32 in (0, 1] (1: off): the target samples
             from its top-k / nucleus (``ops.verify_resample``); the verify then runs outside
             the step's graphs with one read back per step (an exact recompute of any row its
-            candidates do not settle)
+            hand-in does not settle)
         allowed : per sequence, a ``loop.Allowed`` callable or None, as ``loop.generate`` takes:
             asked for every row of every step (the generated tokens and the drafts before the
             row, read back from the device: one read a step), its mask fed to the verify, which
