@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import dataclasses
+import itertools
 import logging
 import os
 import pathlib
@@ -326,6 +327,7 @@ class SettleRow:
 
     top_k: bool
     top_p: bool
+    logprobs: bool  # also rewrites the fields the log-probabilities read
     block_s: int
     kernel: str
 
@@ -640,30 +642,31 @@ def finalize_kernels() -> tuple[list[KernelSpec], list[FinalizeRow]]:
 
 
 def settle_kernels() -> tuple[list[KernelSpec], list[SettleRow]]:
-    """The truncation's stage-2 kernels (independent of dtype and H): per block of splits and
-    (TOP_K, TOP_P), with ``_truncated_summaries``'s constexprs for that block and the threshold
-    hand-in of up to ``HAND_IN_CAP`` keys a row."""
+    """The truncation's stage-2 kernels (independent of dtype and H): per block of splits,
+    (TOP_K, TOP_P) and log-probabilities or not (the fields the finalize then reads), with
+    ``_truncated_summaries``'s constexprs for that block and the threshold hand-in of up to
+    ``HAND_IN_CAP`` keys a row."""
     specs, rows = [], []
-    for block_s in SETTLE_BLOCK_S:
+    for block_s, (top_k, top_p), logprobs in itertools.product(
+        SETTLE_BLOCK_S, _TRUNCATION_VARIANTS, (False, True)
+    ):
         _, shape, num_warps = verify_resample.settle_shape(block_s)
-        for top_k, top_p in _TRUNCATION_VARIANTS:
-            flags = ("_k" if top_k else "") + ("_p" if top_p else "")
-            symbol = f"fsAot_truncated_summaries_s{block_s}{flags}"
-            # RETURN_LOGPROBS: the library's finalize may read every field
-            constexprs = {
-                "TOP_K": top_k, "TOP_P": top_p, "LIBDEVICE": True, "ROWS": 1,
-                "RETURN_LOGPROBS": True, **shape,
-            }  # fmt: skip
-            specs.append(
-                KernelSpec(
-                    symbol,
-                    "truncated_summaries",
-                    tuple(constexprs.items()),
-                    num_warps=num_warps,
-                    enable_fp_fusion=False,
-                )
+        flags = ("_k" if top_k else "") + ("_p" if top_p else "") + ("_lp" if logprobs else "")
+        symbol = f"fsAot_truncated_summaries_s{block_s}{flags}"
+        constexprs = {
+            "TOP_K": top_k, "TOP_P": top_p, "LIBDEVICE": True, "ROWS": 1,
+            "RETURN_LOGPROBS": logprobs, **shape,
+        }  # fmt: skip
+        specs.append(
+            KernelSpec(
+                symbol,
+                "truncated_summaries",
+                tuple(constexprs.items()),
+                num_warps=num_warps,
+                enable_fp_fusion=False,
             )
-            rows.append(SettleRow(top_k, top_p, block_s, symbol))
+        )
+        rows.append(SettleRow(top_k, top_p, logprobs, block_s, symbol))
     return specs, rows
 
 
@@ -875,10 +878,14 @@ def render_cpp(
             f"    {{{_ABI_OP[r.op]}, {int(r.logprobs)}, {r.block_r}, {r.block_s}, "
             f"{index[r.kernel]}}},"
         )
-    lines += ["};", "", "// top-k, top-p, BLOCK_S, kernel: the truncation's stage 2"]
+    lines += ["};", "", "// top-k, top-p, log-probabilities, BLOCK_S, kernel: the truncation's"]
+    lines += ["// stage 2"]
     lines.append("SettleConfig const kSettles[] = {")
     for r in settle_rows:
-        lines.append(f"    {{{int(r.top_k)}, {int(r.top_p)}, {r.block_s}, {index[r.kernel]}}},")
+        lines.append(
+            f"    {{{int(r.top_k)}, {int(r.top_p)}, {int(r.logprobs)}, {r.block_s}, "
+            f"{index[r.kernel]}}},"
+        )
     lines += ["};", "", "// dtype, max rows (-1: any), BLOCK_R, BLOCK_S, BLOCK_K, K_SPLITS,"]
     lines += ["// kernel: the hand-in's sampled logits (kernels/verify_resample.py SAMPLED_TUNED)"]
     lines.append("SampledConfig const kSampled[] = {")

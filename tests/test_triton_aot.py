@@ -181,17 +181,21 @@ def test_hand_in_kernels_cover_the_sampled_table_and_the_vocabularies():
 
 
 def test_settle_kernels_are_the_jits_for_every_split_count_they_take():
-    """Stage 2 of top-k / top-p: per power of 2 of the split count and (top-k, top-p), the
-    constexprs and warps ``_truncated_summaries`` launches with on the threshold hand-in for every
-    split count the launcher gives the kernel (blockS / 2 < S <= blockS), so its sums are the
-    JIT's."""
+    """Stage 2 of top-k / top-p: per power of 2 of the split count, (top-k, top-p) and
+    log-probabilities or not (as the call asks them: ``_truncated_summaries``' RETURN_LOGPROBS),
+    the constexprs and warps ``_truncated_summaries`` launches with on the threshold hand-in for
+    every split count the launcher gives the kernel (blockS / 2 < S <= blockS), so its sums are
+    the JIT's."""
     specs, rows = aot.settle_kernels()
     by_symbol = {s.symbol: s for s in specs}
-    assert {(r.top_k, r.top_p) for r in rows} == {(True, False), (False, True), (True, True)}
+    assert {(r.top_k, r.top_p, r.logprobs) for r in rows} == {
+        (k, p, lp) for k, p in ((True, False), (False, True), (True, True)) for lp in (False, True)
+    }
     for r in rows:
         spec = by_symbol[r.kernel]
         constexprs = dict(spec.constexprs)
         assert (constexprs["TOP_K"], constexprs["TOP_P"]) == (r.top_k, r.top_p)
+        assert constexprs["RETURN_LOGPROBS"] == r.logprobs
         assert not spec.enable_fp_fusion
         for splits in range(r.block_s // 2 + 1, r.block_s + 1):
             _, shape, warps = verify_resample.settle_shape(splits)

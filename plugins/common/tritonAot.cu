@@ -356,13 +356,14 @@ FinalizeConfig const* findFinalize(int32_t op, int32_t splits, int32_t width, bo
 }
 
 //! The truncation's stage-2 kernel for `splits` (blockS = next_power_of_2(splits): the Triton
-//! JIT's constexprs) and the call's top_k / top_p inputs, or nullptr.
-SettleConfig const* findSettle(int32_t splits, bool topK, bool topP)
+//! JIT's constexprs), the call's top_k / top_p inputs and log-probabilities output, or nullptr.
+SettleConfig const* findSettle(int32_t splits, bool topK, bool topP, bool logprobs)
 {
     for (size_t i = 0; i < kTable.numSettles; ++i)
     {
         SettleConfig const& s = kTable.settles[i];
-        if ((s.topK != 0) == topK && (s.topP != 0) == topP && s.blockS >= splits && s.blockS < 2 * splits)
+        if ((s.topK != 0) == topK && (s.topP != 0) == topP && (s.logprobs != 0) == logprobs && s.blockS >= splits
+            && s.blockS < 2 * splits)
         {
             return &s;
         }
@@ -574,7 +575,7 @@ int32_t tunedSplits(int32_t op, int32_t numRows, int32_t hiddenSize, int32_t voc
     // top-k / top-p a stage 2 (top-k's: the same blocks as the others').
     if (op == FLASHSPEC_OP_VERIFY_TRUNCATED)
     {
-        bool const settles = findSettle(splits, true, false) != nullptr;
+        bool const settles = findSettle(splits, true, false, false) != nullptr;
         return settles && findFinalize(FLASHSPEC_OP_VERIFY_RESAMPLE, splits, 1, false) != nullptr ? splits : 0;
     }
     return findFinalize(op, splits, 1, false) != nullptr ? splits : 0;
@@ -679,7 +680,7 @@ bool planVerifyResample(VerifyResampleParams const& p, Plan& plan)
     {
         plan.sampled = findSampled(p.dtype, rows);
         plan.threshold = findThreshold(p.topK != nullptr, p.topP != nullptr, p.allowedTokens != nullptr, p.vocabSize);
-        plan.settle = findSettle(splits, p.topK != nullptr, p.topP != nullptr);
+        plan.settle = findSettle(splits, p.topK != nullptr, p.topP != nullptr, p.logprobs != nullptr);
     }
     // The hand-in's kernels are compiled for 16-divisible workspace pointers (kernels/aot.py
     // _DIVISIBLE_BY_KIND).

@@ -74,8 +74,9 @@ constexpr int32_t kHandInStride = 128;
 //! JIT's for them).
 struct SettleConfig
 {
-    int32_t topK; // compiled for a top_k input
-    int32_t topP; // compiled for a top_p input
+    int32_t topK;     // compiled for a top_k input
+    int32_t topP;     // compiled for a top_p input
+    int32_t logprobs; // also rewrites the fields the log-probabilities read
     int32_t blockS;
     int32_t kernel;
 };
