@@ -650,7 +650,7 @@ def settle_kernels() -> tuple[list[KernelSpec], list[SettleRow]]:
     for block_s, (top_k, top_p), logprobs in itertools.product(
         SETTLE_BLOCK_S, _TRUNCATION_VARIANTS, (False, True)
     ):
-        _, shape, num_warps = verify_resample.settle_shape(block_s)
+        _, shape, num_warps = verify_resample.settle_shape(block_s, top_p=top_p)
         flags = ("_k" if top_k else "") + ("_p" if top_p else "") + ("_lp" if logprobs else "")
         symbol = f"fsAot_truncated_summaries_s{block_s}{flags}"
         constexprs = {

@@ -1098,10 +1098,12 @@ def _truncated_summaries_kernel(
             tl.store(ws_float + F_SUM_EXP * plane, tl.where(first, 1.0, 0.0), mask=write)
 
 
-def settle_shape(splits: int, cap: int = hopper_tiles.HAND_IN_CAP) -> tuple[int, dict, int]:
+def settle_shape(
+    splits: int, cap: int = hopper_tiles.HAND_IN_CAP, top_p: bool = False
+) -> tuple[int, dict, int]:
     """The stage-2 launch for a hand-in of up to ``cap`` keys a row (a power of 2) over
-    ``splits`` splits: (L, the keys a top-k kept set is settled in; the block constexprs of
-    ``_truncated_summaries_kernel``; its warps). The constexprs depend on
+    ``splits`` splits, with top-p or not: (L, the keys a top-k kept set is settled in; the block
+    constexprs of ``_truncated_summaries_kernel``; its warps). The constexprs depend on
     ``next_power_of_2(splits)`` only, so the CUDA library compiles one kernel per power of 2
     (``kernels/aot.py``)."""
     kept = min(MAX_KEPT, cap)
@@ -1110,9 +1112,10 @@ def settle_shape(splits: int, cap: int = hopper_tiles.HAND_IN_CAP) -> tuple[int,
         "BLOCK_KEPT": max(2, triton.next_power_of_2(kept)),
         "BLOCK_S": triton.next_power_of_2(splits),
     }
-    # The hand-in's 4096 keys: 8 warps. The bisections (top-k's cut, top-p's by mass) gain
-    # nothing from 16 at 32-128 rows and lose at 256 (docs/bench/hopper_hand_in_parts_h200.log)
-    warps = min(16, max(4, constexprs["BLOCK_HANDED"] // 512))
+    # The hand-in's 4096 keys: top-k 8 warps, top-p 16. H100, a whole top-p 0.9 call, 8 -> 16
+    # warps: 1-64 rows -3 to -11 µs (of 360-434), 128 rows -4, 512 rows -10; top-k 50 the same
+    # within 2 µs, 4 warps 15-21 µs slower below 512 rows (docs/bench/stage2_warps{.py,_h100.log})
+    warps = min(16, max(4, constexprs["BLOCK_HANDED"] // (256 if top_p else 512)))
     return kept, constexprs, warps
 
 
@@ -1169,7 +1172,7 @@ def _truncated_summaries(
     """
     n = temperature.shape[0]
     (rows, cap), splits = keys.shape, workspace.index.shape[1]
-    kept, shape, num_warps = settle_shape(splits, cap)
+    kept, shape, num_warps = settle_shape(splits, cap, top_p is not None)
     block_kept = shape["BLOCK_KEPT"]
     unsettled = torch.empty(rows, dtype=torch.int8, device=keys.device)
     selected = unsettled  # placeholder pointer, never read (BLOCK_HANDED <= 2 · BLOCK_KEPT)
