@@ -43,6 +43,7 @@ import itertools
 import logging
 import os
 import pathlib
+import textwrap
 from typing import NamedTuple
 
 import torch
@@ -813,6 +814,18 @@ def _cpp_string(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+def _cpp_array(element: str, name: str, fields: str, rows) -> list[str]:
+    """The generated source of the array ``element const name[]``: a comment naming its
+    ``fields``, then one braced initialiser per row of values."""
+    return [
+        *(f"// {line}" for line in textwrap.wrap(fields, 96)),
+        f"{element} const {name}[] = {{",
+        *(f"    {{{', '.join(str(v) for v in row)}}}," for row in rows),
+        "};",
+        "",
+    ]
+
+
 def render_cpp(
     kernels: dict[str, tuple[pathlib.Path, str, int, int, int]],
     tile_rows: list[TileRow],
@@ -843,66 +856,72 @@ def render_cpp(
     kept, shape, _ = verify_resample.settle_shape(1)
     lines += [
         f"static_assert(kHandInCap == {HAND_IN_CAP} && kMaxKept == {kept} && kSelected == "
-        f"{2 * shape['BLOCK_KEPT']} && kHandInStride == {verify_resample.HAND_IN_STRIDE},",
-        '    "kernels/verify_resample.py HAND_IN_CAP / MAX_KEPT / HAND_IN_STRIDE: update '
-        'tritonAotTable.h");',
+        f"{2 * shape['BLOCK_KEPT']} && kHandInStride == {verify_resample.HAND_IN_STRIDE} && "
+        f"kMaxSampledSplits >= {max(r.k_splits for r in sampled_rows)},",
+        '    "kernels/verify_resample.py HAND_IN_CAP / MAX_KEPT / HAND_IN_STRIDE / SAMPLED_TUNED: '
+        'update tritonAotTable.h");',
         "",
         "namespace",
         "{",
         "",
     ]
-    lines.append("Kernel const kKernels[] = {")
-    for symbol, (_path, name, size, warps, shared) in kernels.items():
-        lines.append(f"    {{{_cpp_string(name)}, {symbol}, {size}, {warps}, {shared}}},")
-    lines += ["};", "", "// op, dtype, hidden size, max rows (-1: any), BLOCK_N, BLOCK_V, waves,"]
-    lines += ["// kernel, kernels with log-probabilities, a mask, both (-1: none), BLOCK_K and TMA"]
-    lines += ["// swizzle of the Hopper kernel (0: portable), a part of the GPU's name (empty: any"]
-    lines += ["// GPU):"]
-    lines += ["// kernels/tiles.py TUNED, TUNED_BY_DEVICE and HOPPER_TUNED"]
-    lines.append("TileConfig const kTiles[] = {")
+    kernel_rows = [
+        (_cpp_string(name), symbol, size, warps, shared)
+        for symbol, (_path, name, size, warps, shared) in kernels.items()
+    ]
+    lines += _cpp_array(
+        "Kernel", "kKernels", "name, cubin, bytes, warps, shared memory", kernel_rows
+    )
+    tiles = []
     for r in tile_rows:
         lp, masked, masked_lp = (
             index[k] if k else -1
             for k in (r.logprobs_kernel, r.masked_kernel, r.masked_logprobs_kernel)
         )
-        lines.append(
-            f"    {{{_ABI_OP[r.op]}, {_ABI_DTYPE[r.dtype]}, {r.hidden_size}, {r.max_rows}, "
-            f"{r.block_n}, {r.block_v}, {r.waves}, {index[r.kernel]}, {lp}, {masked}, "
-            f"{masked_lp}, {r.block_k}, {r.tma_swizzle}, {_cpp_string(r.device)}}},"
-        )
-    lines += ["};", "", "// op, log-probabilities, BLOCK_R (argmax: rows per program), BLOCK_S,"]
-    lines += ["// kernel"]
-    lines.append("FinalizeConfig const kFinalizes[] = {")
-    for r in finalize_rows:
-        lines.append(
-            f"    {{{_ABI_OP[r.op]}, {int(r.logprobs)}, {r.block_r}, {r.block_s}, "
-            f"{index[r.kernel]}}},"
-        )
-    lines += ["};", "", "// top-k, top-p, log-probabilities, BLOCK_S, kernel: the truncation's"]
-    lines += ["// stage 2"]
-    lines.append("SettleConfig const kSettles[] = {")
-    for r in settle_rows:
-        lines.append(
-            f"    {{{int(r.top_k)}, {int(r.top_p)}, {int(r.logprobs)}, {r.block_s}, "
-            f"{index[r.kernel]}}},"
-        )
-    lines += ["};", "", "// dtype, max rows (-1: any), BLOCK_R, BLOCK_S, BLOCK_K, K_SPLITS,"]
-    lines += ["// kernel: the hand-in's sampled logits (kernels/verify_resample.py SAMPLED_TUNED)"]
-    lines.append("SampledConfig const kSampled[] = {")
-    for r in sampled_rows:
-        lines.append(
-            f"    {{{_ABI_DTYPE[r.dtype]}, {r.max_rows}, {r.block_r}, {r.block_s}, {r.block_k}, "
-            f"{r.k_splits}, {index[r.kernel]}}},"
-        )
-    lines += ["};", "", "// top-k, top-p, mask, BLOCK, kernel: the hand-in's thresholds"]
-    lines.append("ThresholdConfig const kThresholds[] = {")
-    for r in threshold_rows:
-        lines.append(
-            f"    {{{int(r.top_k)}, {int(r.top_p)}, {int(r.masked)}, {r.block}, "
-            f"{index[r.kernel]}}},"
-        )
+        tiles.append((
+            _ABI_OP[r.op], _ABI_DTYPE[r.dtype], r.hidden_size, r.max_rows, r.block_n, r.block_v,
+            r.waves, index[r.kernel], lp, masked, masked_lp, r.block_k, r.tma_swizzle,
+            _cpp_string(r.device),
+        ))  # fmt: skip
+    lines += _cpp_array(
+        "TileConfig",
+        "kTiles",
+        "op, dtype, hidden size, max rows (-1: any), BLOCK_N, BLOCK_V, waves, kernel, kernels "
+        "with log-probabilities, a mask, both (-1: none), BLOCK_K and TMA swizzle of the Hopper "
+        "kernel (0: portable), a part of the GPU's name (empty: any GPU): kernels/tiles.py TUNED, "
+        "TUNED_BY_DEVICE and HOPPER_TUNED",
+        tiles,
+    )
+    lines += _cpp_array(
+        "FinalizeConfig",
+        "kFinalizes",
+        "op, log-probabilities, BLOCK_R (argmax: rows per program), BLOCK_S, kernel",
+        [(_ABI_OP[r.op], int(r.logprobs), r.block_r, r.block_s, index[r.kernel])
+         for r in finalize_rows],
+    )  # fmt: skip
+    lines += _cpp_array(
+        "SettleConfig",
+        "kSettles",
+        "top-k, top-p, log-probabilities, BLOCK_S, kernel: the truncation's stage 2",
+        [(int(r.top_k), int(r.top_p), int(r.logprobs), r.block_s, index[r.kernel])
+         for r in settle_rows],
+    )  # fmt: skip
+    lines += _cpp_array(
+        "SampledConfig",
+        "kSampled",
+        "dtype, max rows (-1: any), BLOCK_R, BLOCK_S, BLOCK_K, K_SPLITS, kernel: the hand-in's "
+        "sampled logits (kernels/verify_resample.py SAMPLED_TUNED)",
+        [(_ABI_DTYPE[r.dtype], r.max_rows, r.block_r, r.block_s, r.block_k, r.k_splits,
+          index[r.kernel]) for r in sampled_rows],
+    )  # fmt: skip
+    lines += _cpp_array(
+        "ThresholdConfig",
+        "kThresholds",
+        "top-k, top-p, mask, BLOCK, kernel: the hand-in's thresholds",
+        [(int(r.top_k), int(r.top_p), int(r.masked), r.block, index[r.kernel])
+         for r in threshold_rows],
+    )  # fmt: skip
     lines += [
-        "};",
         "",
         "} // namespace",
         "",

@@ -85,9 +85,6 @@ struct Plan
     SettleConfig const* settle = nullptr;
 };
 
-//! Most partial sums of a sampled logit (SampledConfig::kSplits; the generated table asserts it).
-constexpr int32_t kMaxSampledSplits = 8;
-
 //! A top-k / top-p call's buffers: the native workspace's truncated and unsettled flags
 //! (truncation.cuh), then the hand-in's own region (handInBytes, at handInAt).
 struct HandInBuffers

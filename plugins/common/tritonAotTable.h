@@ -63,11 +63,13 @@ struct FinalizeConfig
 //! The threshold hand-in of top-k / top-p (kernels/verify_resample.py _hand_in_thresholds): keys a
 //! row may hand in (hopper_tiles.HAND_IN_CAP), the keys stage 2 settles a kept set in (MAX_KEPT),
 //! its scratch of selected keys a row, and the stride of the ids whose logits set the threshold
-//! (HAND_IN_STRIDE): the generated table static_asserts them.
+//! (HAND_IN_STRIDE), and the most partial sums of a sampled logit (SampledConfig::kSplits): the
+//! generated table static_asserts them.
 constexpr int32_t kHandInCap = 4096;
 constexpr int32_t kMaxKept = 1024;
 constexpr int32_t kSelected = 2048;
 constexpr int32_t kHandInStride = 128;
+constexpr int32_t kMaxSampledSplits = 8;
 
 //! A stage-2 kernel of top-k / top-p (kernels/verify_resample.py _truncated_summaries_kernel):
 //! settles the kept sets of split counts in (blockS / 2, blockS] (its constexprs are the Triton
