@@ -347,9 +347,9 @@ def kernel_path(
 ) -> str:
     """Which kernels ``op``'s call with these arguments (those of ``tiled_argmax`` /
     ``verify_resample`` here, ``truncation`` its top_k / top_p / allowed_tokens) runs on the
-    current device: ``"triton_aot"`` (the Triton kernels compiled into the library) or
-    ``"native"`` (the CUDA kernels of ``plugins/``; every call with top-k / top-p). Launches
-    nothing."""
+    current device: ``"triton_aot"`` (the portable Triton kernels compiled into the library),
+    ``"triton_aot_hopper"`` (their Hopper kernel) or ``"native"`` (the CUDA kernels of
+    ``plugins/``). Launches nothing."""
     if op not in ("tiled_argmax", "verify_resample"):
         raise ValueError(f"op: expected 'tiled_argmax' or 'verify_resample', got {op!r}")
     takes = {"top_k", "top_p", "allowed_tokens"} if op == "verify_resample" else set()
