@@ -24,7 +24,7 @@ enum FlashspecOp
     FLASHSPEC_OP_VERIFY_RESAMPLE = 1,
     FLASHSPEC_OP_NOISE = 2,
     //! VerifyResample with top_k or top_p inputs, for flashspecResolveNumSplits (its own launch
-    //! table, kernels/tiles.py TRUNCATION_TUNED); its params and path are VerifyResample's.
+    //! table rows, kernels/aot.py _hand_in_rows); its params and path are VerifyResample's.
     FLASHSPEC_OP_VERIFY_TRUNCATED = 3,
 };
 

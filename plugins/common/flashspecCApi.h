@@ -51,8 +51,9 @@ FLASHSPEC_API int32_t flashspecTritonAotArch(void);
 //! Workspace bytes of a call (numRows: N for TiledArgmax, N · (γ + 1) for VerifyResample).
 FLASHSPEC_API size_t flashspecTiledArgmaxWorkspaceSize(int32_t numRows, int32_t numSplits, int32_t hiddenSize);
 FLASHSPEC_API size_t flashspecVerifyResampleWorkspaceSize(int32_t numRows, int32_t numSplits, int32_t hiddenSize);
-//! ... of a VerifyResample call with top_k or top_p (the per-split candidates and the exact
-//! recompute's [numRows, vocabSize] fp32 logits after the above; a mask alone needs no more).
+//! ... of a VerifyResample call with top_k or top_p (the native per-split candidates, the exact
+//! recompute's [numRows, vocabSize] fp32 logits and the compiled kernels' hand-in after the
+//! above; a mask alone needs no more).
 FLASHSPEC_API size_t flashspecVerifyResampleTruncatedWorkspaceSize(int32_t numRows, int32_t numSplits, int32_t hiddenSize, int32_t vocabSize);
 FLASHSPEC_API int32_t flashspecTiledArgmax(void const* params, void* stream);     // params: TiledArgmaxParams
 FLASHSPEC_API int32_t flashspecVerifyResample(void const* params, void* stream);  // params: VerifyResampleParams

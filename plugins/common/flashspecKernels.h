@@ -119,8 +119,8 @@ int32_t verifyResamplePath(VerifyResampleParams const& params);
 size_t getTiledArgmaxWorkspaceSize(int32_t numRows, int32_t numSplits, int32_t hiddenSize);
 size_t getVerifyResampleWorkspaceSize(int32_t numRows, int32_t numSplits, int32_t hiddenSize);
 //! The workspace of a VerifyResample call with topK or topP: getVerifyResampleWorkspaceSize's, then
-//! the per-split candidates and the exact recompute's [numRows, vocabSize] fp32 logits. (A mask
-//! alone needs nothing more.)
+//! the native kernels' per-split candidates, the exact recompute's [numRows, vocabSize] fp32
+//! logits and the compiled kernels' hand-in. (A mask alone needs nothing more.)
 size_t getVerifyResampleTruncatedWorkspaceSize(int32_t numRows, int32_t numSplits, int32_t hiddenSize, int32_t vocabSize);
 
 //! Loads the kernels invoke<Op> launches through the driver (the compiled Triton kernels:
