@@ -858,7 +858,7 @@ cudaError_t launchVerifyTruncated(
     {
         return status;
     }
-    // Stage 2, one program per row, on the hand-in (settle_shape(splits, counted=kHandInCap)).
+    // Stage 2, one program per row, on the hand-in (verify_resample.settle_shape).
     int32_t* unsettled = b.unsettled;
     int64_t* selected = b.selected;
     int32_t numKept = kMaxKept;
