@@ -888,16 +888,41 @@ def _top_k_kept(handed, tau, known_all, k, num_kept):
     return kept, top_k_on, top_k_on & (k <= tl.minimum(known_all, num_kept))
 
 
+# Stage 2's sums over the handed-in keys, whose order is the tile pass's atomics', are exact:
+# each term in [0, 1] truncated to a multiple of 2**-40 and added as an int64 (at most 2**52 for
+# the hand-in's 4096 keys), so they do not depend on that order and two runs, the Triton backend
+# and the CUDA library, keep the same nucleus and give the same LSE bit for bit (float sums in the
+# atomics' order moved a top-p boundary token between two runs: 1 row of 129 at p 0.95).
+FIXED_ONE: tl.constexpr = tl.constexpr(2.0**40)
+
+
+@triton.jit
+def _fixed_sum(w, keep):
+    """``(Σ, any_nan)`` per row of ``w [ROWS, B]`` over ``keep``: the terms (in [0, 1], or NaN)
+    summed exactly in units of 2**-40 (int64; NaN terms count 0), and whether one was NaN."""
+    nan = keep & (w != w)
+    fixed = (tl.where(keep & ~nan, w, 0.0) * FIXED_ONE).to(tl.int64)
+    return tl.sum(fixed, 1), tl.max(nan.to(tl.int32), 1) > 0
+
+
+@triton.jit
+def _fixed_total(w, keep):
+    """The float32 sum of ``_fixed_sum`` (rounded once; NaN where a term was)."""
+    total, nan = _fixed_sum(w, keep)
+    return tl.where(nan, float("nan"), total.to(tl.float32) * (1.0 / FIXED_ONE))
+
+
 @triton.jit
 def _kept_probs(logit, keep, top, top_k_on, m, s, LIBDEVICE: tl.constexpr):
     """``[ROWS, B]``: the probabilities of the kept keys ``keep`` of logits ``logit`` (0
     elsewhere) as the reference's softmax forms them, ``exp(l - max) / Σ exp(l - max)``: over the
-    kept set where top-k is on (``top``: its largest logit), else over every allowed token (the
-    stage-1 online sums ``m``, ``s`` of the row's splits, ``[ROWS, BLOCK_S]``)."""
+    kept set where top-k is on (``top``: its largest logit; the sum exact, ``_fixed_total``),
+    else over every allowed token (the stage-1 online sums ``m``, ``s`` of the row's splits,
+    ``[ROWS, BLOCK_S]``, in split order)."""
     big_m = tl.max(m, 1)
     finite_m = tl.where(big_m == float("-inf"), 0.0, big_m)
     total_all = tl.sum(s * math_exp(m - finite_m[:, None], LIBDEVICE), 1)
-    total_kept = tl.sum(tl.where(keep, math_exp(logit - top[:, None], LIBDEVICE), 0.0), 1)
+    total_kept = _fixed_total(math_exp(logit - top[:, None], LIBDEVICE), keep)
     shift = tl.where(top_k_on, top, finite_m)
     total = tl.where(top_k_on, total_kept, total_all)
     total = tl.where(total == 0.0, 1.0, total)  # 0: no kept token (no 0 / 0 to mask)
@@ -909,32 +934,36 @@ def _kept_probs(logit, keep, top, top_k_on, m, s, LIBDEVICE: tl.constexpr):
 
 @triton.jit
 def _mass_cut(x, on, w, p):
-    """The nucleus cut of each row of ``x [ROWS, B]`` among its keys ``on`` of weights ``w``:
-    ``(cut, reach)``, ``cut`` the largest key whose keys at or above it weigh ``p`` or more, so
-    that the keys at or above it are those whose weight strictly before them (in descending key
-    order) is below ``p``; ``reach`` False where all of them weigh less (``cut`` unspecified).
-    Bisection on the high word (the logit's order; one masked sum over the row a step), then on
-    the low word (the id) among the keys tied on it. The sums run in the reduction's order, not a
-    running sum's: a key whose weight before it lies within float rounding of ``p`` may fall on
-    the other side than in the reference's cumulative sum."""
+    """The nucleus cut of each row of ``x [ROWS, B]`` among its keys ``on`` of weights ``w`` (in
+    [0, 1]): ``(cut, reach)``, ``cut`` the largest key whose keys at or above it weigh ``p`` or
+    more, so that the keys at or above it are those whose weight strictly before them (in
+    descending key order) is below ``p``; ``reach`` False where all of them weigh less or a
+    weight is NaN (``cut`` unspecified). The weights and ``p`` in units of 2**-40, summed exactly
+    (``_fixed_sum``): the cut does not depend on the keys' order. Bisection on the high word (the
+    logit's order; one masked sum over the row a step), then on the low word (the id) among the
+    keys tied on it. A key whose mass before it lies within float rounding of ``p`` may fall on
+    the other side than in the reference's float32 cumulative sum."""
     high = (x >> 32).to(tl.int32)
-    reach = tl.sum(tl.where(on, w, 0.0), 1) >= p  # p > 0: a row of no keys does not reach it
+    total, nan = _fixed_sum(w, on)
+    fixed = (tl.where(on & (w == w), w, 0.0) * FIXED_ONE).to(tl.int64)
+    p_fixed = (p * FIXED_ONE).to(tl.int64)
+    reach = (total >= p_fixed) & ~nan  # p > 0: a row of no keys does not reach it
     lo = tl.min(tl.where(on, high, 2**31 - 1), 1)  # the keys at or above weigh all: >= p
     hi = tl.max(tl.where(on, high, -(2**31)), 1)
     while tl.max((reach & (lo < hi)).to(tl.int32), 0) > 0:
         go = reach & (lo < hi)
         mid = ((lo.to(tl.int64) + hi.to(tl.int64) + 1) >> 1).to(tl.int32)
-        up = go & (tl.sum(tl.where(on & (high >= mid[:, None]), w, 0.0), 1) >= p)
+        up = go & (tl.sum(tl.where(on & (high >= mid[:, None]), fixed, 0), 1) >= p_fixed)
         lo = tl.where(up, mid, lo)
         hi = tl.where(go & ~up, mid - 1, hi)
-    above = tl.sum(tl.where(on & (high > lo[:, None]), w, 0.0), 1)
+    above = tl.sum(tl.where(on & (high > lo[:, None]), fixed, 0), 1)
     tie = on & reach[:, None] & (high == lo[:, None])
     low = x - (high.to(tl.int64) << 32)  # the low word, unsigned: [0, 2**32)
     lo_w = tl.min(tl.where(tie, low, 2**32), 1)
     hi_w = tl.max(tl.where(tie, low, -1), 1)
     while tl.max((lo_w < hi_w).to(tl.int32), 0) > 0:
         mid = (lo_w + hi_w + 1) >> 1
-        ok = above + tl.sum(tl.where(tie & (low >= mid[:, None]), w, 0.0), 1) >= p
+        ok = above + tl.sum(tl.where(tie & (low >= mid[:, None]), fixed, 0), 1) >= p_fixed
         lo_w, hi_w = tl.where(ok, mid, lo_w), tl.where(ok, hi_w, mid - 1)
     return (lo.to(tl.int64) << 32) | lo_w, reach
 
@@ -1083,10 +1112,14 @@ def _truncated_summaries_kernel(
         tl.store(ws_index_ptr + row_ws, tl.where(first, y.to(tl.int32)[:, None], 0), mask=write)
         if RETURN_LOGPROBS:
             y_logit = tl.max(tl.where(nucleus & (ids == y[:, None]), logit, float("-inf")), 1)
+            # the LSE's sum exact (``_fixed_total``): its terms are in [0, 1] but where the
+            # largest kept logit is +inf (then the LSE is)
             kept_logit = tl.where(nucleus, logit, float("-inf"))
-            lse_max = tl.max(kept_logit, 1)
-            lse_max = tl.where(tl.abs(lse_max) == float("inf"), 0.0, lse_max)
-            kept_sum = tl.sum(math_exp(kept_logit - lse_max[:, None], LIBDEVICE), 1)
+            top_kept = tl.max(kept_logit, 1)
+            lse_max = tl.where(tl.abs(top_kept) == float("inf"), 0.0, top_kept)
+            terms = math_exp(kept_logit - lse_max[:, None], LIBDEVICE)
+            kept_sum = _fixed_total(terms, nucleus & (terms <= 1.0))
+            kept_sum = tl.where(top_kept == float("inf"), float("inf"), kept_sum)
             kept_sum = tl.where(settled, kept_sum, 1.0)  # rows not written: no log(0)
             lse = math_log(kept_sum, LIBDEVICE) + lse_max
             tl.store(
@@ -1146,10 +1179,11 @@ def _truncated_summaries(
     the same noise (``reference.noise``), ties to the lowest id; the log-probability's LSE is the
     kept set's. Rows it does not settle are returned for ``_recompute``.
 
-    The mass at or above a key is summed here (``tl.sum``, by bisection) in another order than the
-    reference's cumulative sum, so a token whose mass-before lies within float rounding of p may be
-    kept by one and not the other; and the keys' order is the tile pass's atomics', so the LSE's
-    last bits may change from run to run (the tokens do not).
+    The keys' order is the tile pass's atomics', so every sum over them is exact (``_fixed_sum``)
+    and the result does not depend on it: two runs, or the two backends, give the same bits. The
+    mass at or above a key is so summed (by bisection), not as the reference's float32 cumulative
+    sum, so a token whose mass-before lies within float rounding of p may be kept by one and not
+    the other.
     ``tests/parity/test_truncation_kernels.py`` holds the same steps in torch
     (``truncated_summaries_torch``) and compares the two.
 

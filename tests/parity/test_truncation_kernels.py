@@ -311,15 +311,18 @@ def truncated_summaries_torch(workspace, keys, counts, thresholds, truncated, to
     finite_m = torch.where(big_m == -inf, 0.0, big_m)
     total_all = (floats[sum_exp_f] * torch.exp(m - finite_m[:, None])).sum(dim=-1)
     top = torch.where(keep[:, 0], logit[:, 0], 0.0)  # the largest kept logit
-    total_kept = torch.exp(logit - top[:, None]).masked_fill(~keep, 0.0).sum(dim=-1)
+    total_kept = _fixed_total(torch.exp(logit - top[:, None]), keep)
     shift = torch.where(top_k_on, top, finite_m)
     total = torch.where(top_k_on, total_kept, total_all)
     probs = torch.exp(logit - shift[:, None]) / torch.where(total == 0, 1.0, total)[:, None]
     probs = probs.masked_fill(~keep, 0.0)
-    before = torch.cumsum(probs, dim=-1) - probs
-    # a nucleus only where the kept keys weigh p (NaN probabilities, of a +inf logit, do not)
-    reach = (p < 1.0) & (probs.sum(dim=-1) >= p)
-    nucleus = keep & (~reach[:, None] | (before < p[:, None]))
+    # the mass before each key, exact in units of 2**-40; a nucleus only where the kept keys weigh
+    # p (NaN probabilities, of a +inf logit, do not)
+    fixed = _fixed(probs.nan_to_num(0.0))
+    before = torch.cumsum(fixed, dim=-1) - fixed
+    p_fixed = _fixed(p)
+    reach = (p < 1.0) & (fixed.sum(dim=-1) >= p_fixed) & ~(keep & probs.isnan()).any(dim=-1)
+    nucleus = keep & (~reach[:, None] | (before < p_fixed[:, None]))
     nucleus[:, 0] |= keep[:, 0]  # the top token is always kept
     ends_inside = (keep & ~nucleus).any(dim=-1)
     settled = (complete | top_k_known | (~top_k_on & ends_inside)) & nucleus.any(dim=-1)
@@ -338,7 +341,12 @@ def truncated_summaries_torch(workspace, keys, counts, thresholds, truncated, to
     winner = torch.where(score == best, ids, 2**62).argmin(dim=-1, keepdim=True)  # lowest id
     y = ids.gather(-1, winner).squeeze(-1)
     y_logit = logit.gather(-1, winner).squeeze(-1)
-    lse_kept = torch.logsumexp(logit.masked_fill(~nucleus, float("-inf")), dim=-1)
+    kept_logit = logit.masked_fill(~nucleus, float("-inf"))
+    top_kept = kept_logit.amax(dim=-1)
+    lse_max = torch.where(top_kept.abs() == inf, 0.0, top_kept)
+    terms = torch.exp(kept_logit - lse_max[:, None])
+    kept_sum = _fixed_total(terms, nucleus & (terms <= 1.0))
+    lse_kept = torch.where(top_kept == inf, inf, kept_sum).log() + lse_max
 
     rewrite = (per_row(truncated) != 0) & settled
     first = torch.arange(splits, device=device)[None, :] == 0
@@ -353,6 +361,18 @@ def truncated_summaries_torch(workspace, keys, counts, thresholds, truncated, to
     one_split(floats[max_f], lse_kept, float("-inf"))
     one_split(floats[sum_exp_f], torch.ones_like(lse_kept), 0.0)
     return (per_row(truncated) != 0) & ~settled
+
+
+def _fixed(w):
+    """float32 terms in [0, 1] in int64 units of 2**-40 (truncated), as the kernel's."""
+    return (w * 2.0**40).to(torch.int64)
+
+
+def _fixed_total(w, keep):
+    """The kernel's ``_fixed_total``: the exact sum of the kept terms, rounded once to float32."""
+    nan = (keep & w.isnan()).any(dim=-1)
+    total = _fixed(torch.where(keep & ~w.isnan(), w, 0.0)).sum(dim=-1).to(torch.float32) * 2.0**-40
+    return torch.where(nan, float("nan"), total)
 
 
 def _order_keys(logits, ids):
@@ -538,6 +558,83 @@ def test_stage2_equals_its_torch_steps(case, which, monkeypatch):
                                equal_nan=True)  # fmt: skip
     # the rows untouched: as handed in
     assert torch.equal(got_ws.index[~settled], workspace.index.to(DEVICE)[~settled])
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered in subtract:RuntimeWarning")
+@pytest.mark.parametrize("case", ["random", "complete"])
+@pytest.mark.parametrize("which", ["top_k", "top_p", "both"])
+def test_stage2_gives_the_same_bits_for_the_hand_in_in_any_order(which, case):
+    """The tile pass hands the keys in in its atomics' order, which changes from run to run and
+    between backends: stage 2 on each row's keys shuffled gives the same unsettled rows and the
+    same summaries bit for bit, the LSE included (its sums are exact, ``_fixed_sum``). Mutant
+    caught: the kept set's LSE summed as float32 in the keys' order (``tl.sum`` of the terms)."""
+    g = torch.Generator().manual_seed(7)
+    dots, seqs, thresholds, cap, _ = _stage2_case(case, g)
+    workspace, keys, counts = _stage2_inputs(dots, seqs["temperature"], thresholds, cap, g)
+    top_k = seqs["top_k"] if which in ("top_k", "both") else None
+    top_p = seqs["top_p"] if which in ("top_p", "both") else None
+    args = (seqs["truncated"], top_k, top_p, seqs["temperature"], seqs["seed"], seqs["positions"])
+    args = tuple(None if t is None else t.to(DEVICE) for t in args)
+    shuffled = keys.clone()
+    for r in range(keys.shape[0]):
+        count = min(int(counts[r]), cap)
+        shuffled[r, :count] = keys[r, torch.randperm(count, generator=g)]
+    results = []
+    for hand_in in (keys, shuffled):
+        ws = kernels.VerifyWorkspace(*(t.clone().to(DEVICE) for t in workspace))
+        inputs = tuple(t.to(DEVICE) for t in (hand_in, counts, thresholds))
+        results.append((kernels._truncated_summaries(ws, *inputs, *args), ws))
+    (unsettled, first), (unsettled_again, again) = results
+    assert torch.equal(unsettled, unsettled_again)
+    assert bool((~unsettled).any())
+    assert torch.equal(first.index, again.index)
+    torch.testing.assert_close(first.floats, again.floats, rtol=0, atol=0, equal_nan=True)
+
+
+@triton.jit
+def _mass_cut_kernel(x_ptr, w_ptr, p_ptr, cut_ptr, reach_ptr, ROWS: tl.constexpr, B: tl.constexpr):
+    r = tl.arange(0, ROWS)
+    at = r[:, None] * B + tl.arange(0, B)[None, :]
+    w = tl.load(w_ptr + at)
+    cut, reach = kernels._mass_cut(tl.load(x_ptr + at), w > 0, w, tl.load(p_ptr + r))
+    tl.store(cut_ptr + r, cut)
+    tl.store(reach_ptr + r, reach.to(tl.int32))
+
+
+def test_mass_cut_keeps_what_the_exact_mass_before_keeps_in_any_order():
+    """``_mass_cut`` with p on a boundary: p is a float32 prefix sum of the row's weights in
+    descending key order (so the exact mass before some key is within float rounding of p). The
+    nucleus it keeps is the keys whose exact mass before them (int64 units of 2**-40) is below
+    p, in the given order and with the keys shuffled. Mutant caught: the bisection's sums in
+    float32 (the keys' order then moves boundary keys)."""
+    g = torch.Generator().manual_seed(3)
+    rows, block = 64, 256
+    ids = torch.randperm(rows * block, generator=g).view(rows, block)
+    high = torch.randint(-(2**20), 2**20, (rows, block), generator=g)
+    x = (high << 32) | ids
+    w = torch.rand(rows, block, generator=g) ** 8  # a few large weights, many small ones
+    w = torch.where(torch.rand(rows, block, generator=g) < 0.9, w / w.sum(1, keepdim=True), 0.0)
+    order = x.argsort(dim=1, descending=True)
+    prefix = torch.cumsum(w.gather(1, order), dim=1)  # float32, descending key order
+    p = prefix.gather(1, torch.randint(4, block // 2, (rows, 1), generator=g)).squeeze(1)
+
+    def exact_nucleus(keys, weights):
+        fixed = (weights * 2.0**40).to(torch.int64)
+        desc = keys.argsort(dim=1, descending=True)
+        before = torch.cumsum(fixed.gather(1, desc), dim=1) - fixed.gather(1, desc)
+        kept = torch.zeros_like(weights, dtype=torch.bool)
+        kept.scatter_(1, desc, before < (p * 2.0**40).to(torch.int64)[:, None])
+        return kept & (weights > 0)
+
+    shuffle = torch.rand(rows, block, generator=g).argsort(dim=1)
+    for keys, weights in ((x, w), (x.gather(1, shuffle), w.gather(1, shuffle))):
+        cut = torch.empty(rows, dtype=torch.int64, device=DEVICE)
+        reach = torch.empty(rows, dtype=torch.int32, device=DEVICE)
+        _mass_cut_kernel[(1,)](keys.to(DEVICE), weights.to(DEVICE), p.to(DEVICE), cut, reach,
+                               ROWS=rows, B=block)  # fmt: skip
+        assert bool(reach.bool().all())
+        got = (keys >= cut.cpu()[:, None]) & (weights > 0)
+        assert torch.equal(got, exact_nucleus(keys, weights))
 
 
 @pytest.mark.parametrize("k", [2, 16, 1024, 2048])
