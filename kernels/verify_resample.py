@@ -1012,123 +1012,191 @@ def _truncated_summaries_kernel(
     if tl.max(on.to(tl.int32), 0) == 0:  # no truncated row: one flag read
         tl.store(unsettled_ptr + r, tl.zeros([ROWS], tl.int8), mask=row_ok)
     else:
-        split = tl.arange(0, BLOCK_S)
-        split_ok = on[:, None] & (split < num_splits)[None, :]  # [ROWS, BLOCK_S]
-        # ---- the threshold hand-in (``_hand_in_tile``, ``hopper_tiles._hand_in_chunk``): in no
-        # order, the keys of the row's raw dots at or above its threshold theta, here rekeyed by
-        # their logits dot / T. Every dot left out is below theta, so its logit is at most
-        # fl(theta / T): tau is that logit's largest key; FULL_KEY (nothing known) when the row's
-        # count passed the buffer or theta is NaN; EMPTY_KEY when nothing finite was left out
-        # (theta -FLT_MAX keeps every finite dot). Above tau the handed-in keys are every key of
-        # the row.
+        # With top-k the keys are read in the narrowest of BLOCK_HANDED / 4, / 2 and BLOCK_HANDED
+        # that holds every row's count (the rest of a row is empty): its hand-in aims at 8 · k
+        # keys, at least 1024 (``_hand_in_threshold_kernel``), and the bisection's reductions run
+        # over the keys read. H100, whole calls: top-k 50 1-8 µs faster at 1-128 rows (of
+        # 380-425), with top-p 0.9 5-43 µs at 1-512; top-p alone (2048 keys aimed at) 3-14 µs
+        # slower at 1-128 rows, so it reads them all (docs/bench/stage2_widths{.py,_h100.log}).
         count = tl.load(count_ptr + r, mask=on, other=0)
-        theta = tl.load(threshold_ptr + r, mask=on, other=0.0)
-        t_row = tl.load(temperature_ptr + n, mask=on, other=1.0)
-        scale = tl.where(t_row < GREEDY_BELOW, 1.0, t_row)
-        t = tl.arange(0, BLOCK_HANDED)
-        raw = tl.load(
-            keys_ptr + r.to(tl.int64)[:, None] * BLOCK_HANDED + t[None, :],
-            mask=on[:, None] & (t[None, :] < count[:, None]),
-            other=EMPTY_KEY,
-        )  # [ROWS, BLOCK_HANDED]
-        raw_dot, raw_id = decode_key(raw)
-        rekeyed = order_key(tl.math.div_rn(raw_dot, scale[:, None]), raw_id)
-        handed = tl.where(raw == EMPTY_KEY, EMPTY_KEY, rekeyed)
-        top_left = tl.math.div_rn(theta, scale)
-        tau = tl.where(top_left == float("-inf"), EMPTY_KEY, order_key(top_left, 0))
-        tau = tl.where(theta == -FLT_MAX, EMPTY_KEY, tau)
-        tau = tl.where((count > BLOCK_HANDED) | (theta != theta), FULL_KEY, tau)
-        # ---- the known keys: above tau and of finite logits
-        known_all = tl.sum(((handed > tau[:, None]) & (handed > _NEG_INF_LAST)).to(tl.int32), 1)
-        # every finite logit of the row was handed in, and no more than L of them
-        complete = (tau == EMPTY_KEY) & (known_all <= num_kept)
-        plane = num_rows * num_splits
-        row_ws = r[:, None] * num_splits + split[None, :]  # [ROWS, BLOCK_S]
-        if TOP_P:
-            # ---- top-p: no order needed. The kept set is top-k's cut (bisection, as for top-k
-            # alone), the softmax is over it (top-k on) or over every allowed token (the stage-1
-            # online sums), and the nucleus is the keys at or above the largest key whose keys at
-            # or above weigh p (``_mass_cut``). Settled where k lies within the known keys, the
-            # nucleus ends inside them (top-p alone), or every finite logit is known.
-            logit, ids = decode_key(handed)
-            k = tl.load(top_k_ptr + n, mask=on, other=0) if TOP_K else tl.zeros([ROWS], tl.int64)
-            p = tl.load(top_p_ptr + n, mask=on, other=1.0)
-            keep, top_k_on, top_k_known = _top_k_kept(handed, tau, known_all, k, num_kept)
-            top = tl.max(tl.where(keep, logit, float("-inf")), 1)  # the largest kept logit
-            top = tl.where(top == float("-inf"), 0.0, top)
-            m = tl.load(ws_float_ptr + F_MAX * plane + row_ws, mask=split_ok, other=float("-inf"))
-            s = tl.load(ws_float_ptr + F_SUM_EXP * plane + row_ws, mask=split_ok, other=0.0)
-            probs = _kept_probs(logit, keep, top, top_k_on, m, s, LIBDEVICE)
-            nucleus_cut, reach = _mass_cut(handed, keep, probs, tl.where(p < 1.0, p, 2.0))
-            nucleus = keep & tl.where(reach[:, None], handed >= nucleus_cut[:, None], True)
-            ends_inside = tl.max((keep & ~nucleus).to(tl.int32), 1) > 0
-            any_nucleus = tl.max(nucleus.to(tl.int32), 1) > 0
-            settled = (complete | top_k_known | (~top_k_on & ends_inside)) & any_nucleus
+        most = tl.max(count, 0)
+        if BLOCK_HANDED < 64 or not TOP_K:  # one width
+            _settle_rows(
+                r, n, on, count, ws_float_ptr, ws_index_ptr, keys_ptr, top_k_ptr, top_p_ptr,
+                temperature_ptr, seed_ptr, positions_ptr, unsettled_ptr, sel_ptr, threshold_ptr,
+                num_rows, width, num_splits, num_kept, TOP_K, TOP_P, LIBDEVICE, BLOCK_HANDED,
+                BLOCK_HANDED, BLOCK_KEPT, BLOCK_S, RETURN_LOGPROBS,
+            )  # fmt: skip
+        elif most <= BLOCK_HANDED // 4:
+            _settle_rows(
+                r, n, on, count, ws_float_ptr, ws_index_ptr, keys_ptr, top_k_ptr, top_p_ptr,
+                temperature_ptr, seed_ptr, positions_ptr, unsettled_ptr, sel_ptr, threshold_ptr,
+                num_rows, width, num_splits, num_kept, TOP_K, TOP_P, LIBDEVICE, BLOCK_HANDED,
+                BLOCK_HANDED // 4, BLOCK_KEPT, BLOCK_S, RETURN_LOGPROBS,
+            )  # fmt: skip
+        elif most <= BLOCK_HANDED // 2:
+            _settle_rows(
+                r, n, on, count, ws_float_ptr, ws_index_ptr, keys_ptr, top_k_ptr, top_p_ptr,
+                temperature_ptr, seed_ptr, positions_ptr, unsettled_ptr, sel_ptr, threshold_ptr,
+                num_rows, width, num_splits, num_kept, TOP_K, TOP_P, LIBDEVICE, BLOCK_HANDED,
+                BLOCK_HANDED // 2, BLOCK_KEPT, BLOCK_S, RETURN_LOGPROBS,
+            )  # fmt: skip
         else:
-            # ---- top-k alone needs no order: the kept set is the known keys at or above the
-            # k-th largest (a cut by bisection, ``_selection_cut`` with need = most = k), the
-            # softmax is over it, and the Gumbel-max is order-free. Settled where k lies within
-            # the L largest known keys, or every finite logit is known.
-            logit, ids = decode_key(handed)
-            k = tl.load(top_k_ptr + n, mask=on, other=0)
-            nucleus, _, top_k_known = _top_k_kept(handed, tau, known_all, k, num_kept)
-            any_nucleus = tl.max(nucleus.to(tl.int32), 1) > 0
-            settled = (complete | top_k_known) & any_nucleus
-            if BLOCK_HANDED > 2 * BLOCK_KEPT:
-                # A settled row's nucleus holds at most L keys (its k <= L, or every finite key,
-                # at most L): compacted through the row's scratch, so that the noise and the
-                # sums below run over BLOCK_KEPT keys, not BLOCK_HANDED (an unsettled row's
-                # keys past BLOCK_KEPT are dropped: its summaries are not written)
-                size = tl.sum(nucleus.to(tl.int32), 1)
-                spot = tl.cumsum(nucleus.to(tl.int32), 1) - 1
-                row_sel = sel_ptr + r.to(tl.int64)[:, None] * (2 * BLOCK_KEPT)
-                tl.store(row_sel + spot, handed, mask=nucleus & (spot < BLOCK_KEPT))
-                tl.debug_barrier()  # the stores seen by every thread of the program
-                j = tl.arange(0, BLOCK_KEPT)[None, :]
-                nucleus = on[:, None] & (j < size[:, None])
-                logit, ids = decode_key(tl.load(row_sel + j, mask=nucleus, other=EMPTY_KEY))
-        tl.store(unsettled_ptr + r, (on & ~settled).to(tl.int8), mask=row_ok)
+            _settle_rows(
+                r, n, on, count, ws_float_ptr, ws_index_ptr, keys_ptr, top_k_ptr, top_p_ptr,
+                temperature_ptr, seed_ptr, positions_ptr, unsettled_ptr, sel_ptr, threshold_ptr,
+                num_rows, width, num_splits, num_kept, TOP_K, TOP_P, LIBDEVICE, BLOCK_HANDED,
+                BLOCK_HANDED, BLOCK_KEPT, BLOCK_S, RETURN_LOGPROBS,
+            )  # fmt: skip
 
-        # ---- the Gumbel-max over the nucleus with the tile pass's noise (greedy rows: the
-        # logit), ties to the lowest id; the nucleus's LSE as torch.logsumexp forms it
-        seed = tl.load(seed_ptr + n, mask=on, other=0)
-        position = tl.load(positions_ptr + n, mask=on, other=0) + (r - n * width)
-        key_a, key_b = row_keys(seed, position, STREAM_GUMBEL)  # [ROWS] uint32 each
-        bits = token_bits(key_a[:, None], key_b[:, None], ids)  # named: the interpreter needs it
-        g = gumbel_from_bits(bits, LIBDEVICE)
-        greedy = tl.load(temperature_ptr + n, mask=on, other=1.0) < GREEDY_BELOW
-        score = tl.where(greedy[:, None], logit, logit + g)
-        score = tl.where(nucleus, score, float("-inf"))
-        # one reduction: the largest order key of (score, id) is the best score, ties to the
-        # lowest id (a tuple tl.reduce runs element by element under the interpreter)
-        _, y = decode_key(tl.max(order_key(score, ids), 1))
 
-        # ---- the settled rows' summaries as one split: split 0 holds the sample (score 0, its
-        # index; with RETURN_LOGPROBS its logit, M = LSE, sum 1), the others are empty
-        write = split_ok & settled[:, None]
-        first = (split == 0)[None, :]
-        ws_float = ws_float_ptr + row_ws
-        tl.store(ws_float + F_BEST_SCORE * plane, tl.where(first, 0.0, float("-inf")), mask=write)
-        tl.store(ws_index_ptr + row_ws, tl.where(first, y.to(tl.int32)[:, None], 0), mask=write)
-        if RETURN_LOGPROBS:
-            y_logit = tl.max(tl.where(nucleus & (ids == y[:, None]), logit, float("-inf")), 1)
-            # the LSE's sum exact (``_fixed_total``): its terms are in [0, 1] but where the
-            # largest kept logit is +inf (then the LSE is)
-            kept_logit = tl.where(nucleus, logit, float("-inf"))
-            top_kept = tl.max(kept_logit, 1)
-            lse_max = tl.where(tl.abs(top_kept) == float("inf"), 0.0, top_kept)
-            terms = math_exp(kept_logit - lse_max[:, None], LIBDEVICE)
-            kept_sum = _fixed_total(terms, nucleus & (terms <= 1.0))
-            kept_sum = tl.where(top_kept == float("inf"), float("inf"), kept_sum)
-            kept_sum = tl.where(settled, kept_sum, 1.0)  # rows not written: no log(0)
-            lse = math_log(kept_sum, LIBDEVICE) + lse_max
-            tl.store(
-                ws_float + F_BEST_LOGIT * plane, tl.where(first, y_logit[:, None], 0.0), mask=write
-            )
-            tl.store(
-                ws_float + F_MAX * plane, tl.where(first, lse[:, None], float("-inf")), mask=write
-            )
-            tl.store(ws_float + F_SUM_EXP * plane, tl.where(first, 1.0, 0.0), mask=write)
+@triton.jit
+def _settle_rows(
+    r,
+    n,
+    on,
+    count,
+    ws_float_ptr,
+    ws_index_ptr,
+    keys_ptr,
+    top_k_ptr,
+    top_p_ptr,
+    temperature_ptr,
+    seed_ptr,
+    positions_ptr,
+    unsettled_ptr,
+    sel_ptr,
+    threshold_ptr,
+    num_rows,
+    width,
+    num_splits,
+    num_kept,
+    TOP_K: tl.constexpr,
+    TOP_P: tl.constexpr,
+    LIBDEVICE: tl.constexpr,
+    CAP: tl.constexpr,  # the hand-in buffer's keys a row (its row stride)
+    BLOCK_HANDED: tl.constexpr,  # the keys read a row: at least every row's count (<= CAP)
+    BLOCK_KEPT: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    RETURN_LOGPROBS: tl.constexpr,
+):
+    """``_truncated_summaries_kernel``'s work on its truncated rows ``on`` (rows ``r``, their
+    sequences ``n``, their hand-in ``count``), reading the first BLOCK_HANDED keys of each."""
+    row_ok = r < num_rows
+    split = tl.arange(0, BLOCK_S)
+    split_ok = on[:, None] & (split < num_splits)[None, :]  # [ROWS, BLOCK_S]
+    # ---- the threshold hand-in (``_hand_in_tile``, ``hopper_tiles._hand_in_chunk``): in no
+    # order, the keys of the row's raw dots at or above its threshold theta, here rekeyed by
+    # their logits dot / T. Every dot left out is below theta, so its logit is at most
+    # fl(theta / T): tau is that logit's largest key; FULL_KEY (nothing known) when the row's
+    # count passed the buffer or theta is NaN; EMPTY_KEY when nothing finite was left out
+    # (theta -FLT_MAX keeps every finite dot). Above tau the handed-in keys are every key of
+    # the row.
+    theta = tl.load(threshold_ptr + r, mask=on, other=0.0)
+    t_row = tl.load(temperature_ptr + n, mask=on, other=1.0)
+    scale = tl.where(t_row < GREEDY_BELOW, 1.0, t_row)
+    t = tl.arange(0, BLOCK_HANDED)
+    raw = tl.load(
+        keys_ptr + r.to(tl.int64)[:, None] * CAP + t[None, :],
+        mask=on[:, None] & (t[None, :] < count[:, None]),
+        other=EMPTY_KEY,
+    )  # [ROWS, BLOCK_HANDED]
+    raw_dot, raw_id = decode_key(raw)
+    rekeyed = order_key(tl.math.div_rn(raw_dot, scale[:, None]), raw_id)
+    handed = tl.where(raw == EMPTY_KEY, EMPTY_KEY, rekeyed)
+    top_left = tl.math.div_rn(theta, scale)
+    tau = tl.where(top_left == float("-inf"), EMPTY_KEY, order_key(top_left, 0))
+    tau = tl.where(theta == -FLT_MAX, EMPTY_KEY, tau)
+    tau = tl.where((count > CAP) | (theta != theta), FULL_KEY, tau)
+    # ---- the known keys: above tau and of finite logits
+    known_all = tl.sum(((handed > tau[:, None]) & (handed > _NEG_INF_LAST)).to(tl.int32), 1)
+    # every finite logit of the row was handed in, and no more than L of them
+    complete = (tau == EMPTY_KEY) & (known_all <= num_kept)
+    plane = num_rows * num_splits
+    row_ws = r[:, None] * num_splits + split[None, :]  # [ROWS, BLOCK_S]
+    if TOP_P:
+        # ---- top-p: no order needed. The kept set is top-k's cut (bisection, as for top-k
+        # alone), the softmax is over it (top-k on) or over every allowed token (the stage-1
+        # online sums), and the nucleus is the keys at or above the largest key whose keys at
+        # or above weigh p (``_mass_cut``). Settled where k lies within the known keys, the
+        # nucleus ends inside them (top-p alone), or every finite logit is known.
+        logit, ids = decode_key(handed)
+        k = tl.load(top_k_ptr + n, mask=on, other=0) if TOP_K else tl.zeros_like(n).to(tl.int64)
+        p = tl.load(top_p_ptr + n, mask=on, other=1.0)
+        keep, top_k_on, top_k_known = _top_k_kept(handed, tau, known_all, k, num_kept)
+        top = tl.max(tl.where(keep, logit, float("-inf")), 1)  # the largest kept logit
+        top = tl.where(top == float("-inf"), 0.0, top)
+        m = tl.load(ws_float_ptr + F_MAX * plane + row_ws, mask=split_ok, other=float("-inf"))
+        s = tl.load(ws_float_ptr + F_SUM_EXP * plane + row_ws, mask=split_ok, other=0.0)
+        probs = _kept_probs(logit, keep, top, top_k_on, m, s, LIBDEVICE)
+        nucleus_cut, reach = _mass_cut(handed, keep, probs, tl.where(p < 1.0, p, 2.0))
+        nucleus = keep & tl.where(reach[:, None], handed >= nucleus_cut[:, None], True)
+        ends_inside = tl.max((keep & ~nucleus).to(tl.int32), 1) > 0
+        any_nucleus = tl.max(nucleus.to(tl.int32), 1) > 0
+        settled = (complete | top_k_known | (~top_k_on & ends_inside)) & any_nucleus
+    else:
+        # ---- top-k alone needs no order: the kept set is the known keys at or above the
+        # k-th largest (a cut by bisection, ``_selection_cut`` with need = most = k), the
+        # softmax is over it, and the Gumbel-max is order-free. Settled where k lies within
+        # the L largest known keys, or every finite logit is known.
+        logit, ids = decode_key(handed)
+        k = tl.load(top_k_ptr + n, mask=on, other=0)
+        nucleus, _, top_k_known = _top_k_kept(handed, tau, known_all, k, num_kept)
+        any_nucleus = tl.max(nucleus.to(tl.int32), 1) > 0
+        settled = (complete | top_k_known) & any_nucleus
+        if BLOCK_HANDED > 2 * BLOCK_KEPT:
+            # A settled row's nucleus holds at most L keys (its k <= L, or every finite key,
+            # at most L): compacted through the row's scratch, so that the noise and the
+            # sums below run over BLOCK_KEPT keys, not BLOCK_HANDED (an unsettled row's
+            # keys past BLOCK_KEPT are dropped: its summaries are not written)
+            size = tl.sum(nucleus.to(tl.int32), 1)
+            spot = tl.cumsum(nucleus.to(tl.int32), 1) - 1
+            row_sel = sel_ptr + r.to(tl.int64)[:, None] * (2 * BLOCK_KEPT)
+            tl.store(row_sel + spot, handed, mask=nucleus & (spot < BLOCK_KEPT))
+            tl.debug_barrier()  # the stores seen by every thread of the program
+            j = tl.arange(0, BLOCK_KEPT)[None, :]
+            nucleus = on[:, None] & (j < size[:, None])
+            logit, ids = decode_key(tl.load(row_sel + j, mask=nucleus, other=EMPTY_KEY))
+    tl.store(unsettled_ptr + r, (on & ~settled).to(tl.int8), mask=row_ok)
+
+    # ---- the Gumbel-max over the nucleus with the tile pass's noise (greedy rows: the
+    # logit), ties to the lowest id; the nucleus's LSE as torch.logsumexp forms it
+    seed = tl.load(seed_ptr + n, mask=on, other=0)
+    position = tl.load(positions_ptr + n, mask=on, other=0) + (r - n * width)
+    key_a, key_b = row_keys(seed, position, STREAM_GUMBEL)  # [ROWS] uint32 each
+    bits = token_bits(key_a[:, None], key_b[:, None], ids)  # named: the interpreter needs it
+    g = gumbel_from_bits(bits, LIBDEVICE)
+    greedy = tl.load(temperature_ptr + n, mask=on, other=1.0) < GREEDY_BELOW
+    score = tl.where(greedy[:, None], logit, logit + g)
+    score = tl.where(nucleus, score, float("-inf"))
+    # one reduction: the largest order key of (score, id) is the best score, ties to the
+    # lowest id (a tuple tl.reduce runs element by element under the interpreter)
+    _, y = decode_key(tl.max(order_key(score, ids), 1))
+
+    # ---- the settled rows' summaries as one split: split 0 holds the sample (score 0, its
+    # index; with RETURN_LOGPROBS its logit, M = LSE, sum 1), the others are empty
+    write = split_ok & settled[:, None]
+    first = (split == 0)[None, :]
+    ws_float = ws_float_ptr + row_ws
+    tl.store(ws_float + F_BEST_SCORE * plane, tl.where(first, 0.0, float("-inf")), mask=write)
+    tl.store(ws_index_ptr + row_ws, tl.where(first, y.to(tl.int32)[:, None], 0), mask=write)
+    if RETURN_LOGPROBS:
+        y_logit = tl.max(tl.where(nucleus & (ids == y[:, None]), logit, float("-inf")), 1)
+        # the LSE's sum exact (``_fixed_total``): its terms are in [0, 1] but where the
+        # largest kept logit is +inf (then the LSE is)
+        kept_logit = tl.where(nucleus, logit, float("-inf"))
+        top_kept = tl.max(kept_logit, 1)
+        lse_max = tl.where(tl.abs(top_kept) == float("inf"), 0.0, top_kept)
+        terms = math_exp(kept_logit - lse_max[:, None], LIBDEVICE)
+        kept_sum = _fixed_total(terms, nucleus & (terms <= 1.0))
+        kept_sum = tl.where(top_kept == float("inf"), float("inf"), kept_sum)
+        kept_sum = tl.where(settled, kept_sum, 1.0)  # rows not written: no log(0)
+        lse = math_log(kept_sum, LIBDEVICE) + lse_max
+        tl.store(
+            ws_float + F_BEST_LOGIT * plane, tl.where(first, y_logit[:, None], 0.0), mask=write
+        )
+        tl.store(ws_float + F_MAX * plane, tl.where(first, lse[:, None], float("-inf")), mask=write)
+        tl.store(ws_float + F_SUM_EXP * plane, tl.where(first, 1.0, 0.0), mask=write)
 
 
 def settle_shape(

@@ -591,6 +591,37 @@ def test_stage2_gives_the_same_bits_for_the_hand_in_in_any_order(which, case):
     torch.testing.assert_close(first.floats, again.floats, rtol=0, atol=0, equal_nan=True)
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered in subtract:RuntimeWarning")
+@pytest.mark.parametrize("which", ["top_k", "both"])
+def test_stage2_reads_the_narrowest_width_that_holds_the_counts(which, monkeypatch):
+    """Stage 2 reads each row's keys in a quarter, a half or the whole of the buffer's width,
+    the narrowest holding the counts: the same hand-in (at most 256 keys a row) in buffers of
+    256, 512 and 1024 keys (read whole, by half and by quarter) gives the same bits. Mutant
+    caught: a narrow read striding rows by its own width instead of the buffer's."""
+    g = torch.Generator().manual_seed(11)
+    monkeypatch.setattr(kernels, "MAX_KEPT", 64)  # the same kept block at every buffer width
+    dots, seqs, thresholds, cap, _ = _stage2_case("random", g)
+    workspace, keys, counts = _stage2_inputs(dots, seqs["temperature"], thresholds, cap, g)
+    assert cap == 256 and 128 < int(counts.max()) <= cap
+    top_p = seqs["top_p"] if which == "both" else None
+    args = (seqs["truncated"], seqs["top_k"], top_p, seqs["temperature"], seqs["seed"],
+            seqs["positions"])  # fmt: skip
+    args = tuple(None if t is None else t.to(DEVICE) for t in args)
+    results = []
+    for width in (256, 512, 1024):
+        buffer = torch.full((keys.shape[0], width), _EMPTY_KEY, dtype=torch.int64)
+        buffer[:, :cap] = keys
+        ws = kernels.VerifyWorkspace(*(t.clone().to(DEVICE) for t in workspace))
+        inputs = tuple(t.to(DEVICE) for t in (buffer, counts, thresholds))
+        results.append((kernels._truncated_summaries(ws, *inputs, *args), ws))
+    (unsettled, first), *others = results
+    assert bool((~unsettled).any())
+    for unsettled_again, again in others:
+        assert torch.equal(unsettled, unsettled_again)
+        assert torch.equal(first.index, again.index)
+        torch.testing.assert_close(first.floats, again.floats, rtol=0, atol=0, equal_nan=True)
+
+
 @triton.jit
 def _mass_cut_kernel(x_ptr, w_ptr, p_ptr, cut_ptr, reach_ptr, ROWS: tl.constexpr, B: tl.constexpr):
     r = tl.arange(0, ROWS)
