@@ -37,22 +37,29 @@ def call(args, truncate, warps):
         vr.settle_shape = SETTLE_SHAPE
 
 
-def main() -> None:
+def cases(row_counts):
+    """Per row count ``(rows, n, args)``: ``verify_resample``'s positional arguments on the
+    Llama-3-8B head (bf16, hidden states of std 4, so logits of std 4), n = rows / 4 sequences of
+    γ 3 (fewer rows: one sequence)."""
     head = HeadShape.from_name("llama3-8b")
     torch.manual_seed(0)
     lm = torch.randn(head.padded_vocab, head.hidden_size, device="cuda", dtype=torch.bfloat16)
     lm *= head.hidden_size**-0.5
-    for rows in [int(x) for x in sys.argv[1:]]:
+    for rows in row_counts:
         n = max(1, rows // 4)
         width = rows // n
         g = torch.Generator(device="cuda").manual_seed(rows)
         hidden = 4 * torch.randn(n, width, head.hidden_size, device="cuda", generator=g)
         drafts = torch.randint(0, head.vocab_size, (n, width - 1), device="cuda", generator=g)
-        args = (
+        yield rows, n, (
             hidden.to(torch.bfloat16), lm, drafts, torch.ones(n, device="cuda"),
             torch.arange(n, device="cuda") + 1, torch.arange(n, device="cuda") * 7,
             head.vocab_size,
         )  # fmt: skip
+
+
+def main() -> None:
+    for rows, n, args in cases([int(x) for x in sys.argv[1:]]):
         fns = {"verify": functools.partial(vr.verify_resample, *args)}
         for name, truncate in (
             ("top_k_50", dict(top_k=torch.full((n,), 50, device="cuda"))),

@@ -1,6 +1,6 @@
 """Whole truncated calls (``settle_only``; Llama-3-8B head, bf16, logits of std 4, γ 3) beside
 plain verify, at the ``kernels/verify_resample.py`` installed: run once per version of stage 2
-to compare them (``scripts/kernel_bench.time_graphs``).
+to compare them (``scripts/kernel_bench.time_graphs``; the cases: ``stage2_warps.cases``).
 
     python docs/bench/stage2_widths.py TAG 1 4 16 64 128 512    # stage2_widths_h100.log
 """
@@ -15,29 +15,16 @@ import sys
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "scripts"))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from kernel_bench import time_graphs
+from stage2_warps import cases
 
-from flashspec_export.config import HeadShape
 from flashspec_export.kernels import verify_resample as vr
 
 
 def main() -> None:
     tag = sys.argv[1]
-    head = HeadShape.from_name("llama3-8b")
-    torch.manual_seed(0)
-    lm = torch.randn(head.padded_vocab, head.hidden_size, device="cuda", dtype=torch.bfloat16)
-    lm *= head.hidden_size**-0.5
-    for rows in [int(x) for x in sys.argv[2:]]:
-        n = max(1, rows // 4)
-        width = rows // n
-        g = torch.Generator(device="cuda").manual_seed(rows)
-        hidden = 4 * torch.randn(n, width, head.hidden_size, device="cuda", generator=g)
-        drafts = torch.randint(0, head.vocab_size, (n, width - 1), device="cuda", generator=g)
-        args = (
-            hidden.to(torch.bfloat16), lm, drafts, torch.ones(n, device="cuda"),
-            torch.arange(n, device="cuda") + 1, torch.arange(n, device="cuda") * 7,
-            head.vocab_size,
-        )  # fmt: skip
+    for rows, n, args in cases([int(x) for x in sys.argv[2:]]):
         k = torch.full((n,), 50, device="cuda")
         p = torch.full((n,), 0.9, device="cuda")
         fns = {"verify": functools.partial(vr.verify_resample, *args)}
