@@ -11,8 +11,8 @@ top-k / top-p the Triton backend's four launches: the sampled logits (``SAMPLED_
 hand-in thresholds (top-k / top-p / both, with a mask or not), the tile kernels handing in every
 dot above the threshold (the launch the Triton backend takes at each row count:
 ``HAND_IN_TUNED``, else ``TUNED`` / ``HOPPER_TUNED``; the same four variants) and the stage 2
-that settles the kept set from them (``_truncated_summaries_kernel``, per split-count block and
-top-k / top-p / both); and writes
+that settles the kept set from them (``_truncated_summaries_kernel``, per top-k / top-p / both,
+one for every split count); and writes
 
 - ``OUTDIR/cubin/<kernel>.cubin``: the compiled kernels;
 - ``OUTDIR/tritonAotKernels.cpp``: the cubins embedded with ``.incbin`` and the table
@@ -88,12 +88,6 @@ _ABI_OP = {op: f"FLASHSPEC_OP_{op.upper()}" for op in _OPS}
 FINALIZE_BLOCK_S = (256, 512, 1024, 2048)
 VERIFY_FINALIZE_BLOCK_R = (4, 8)
 MAX_FINALIZE_ELEMENTS = 8192  # BLOCK_R · BLOCK_S of one verify program (registers, compile time)
-# The truncation's stage 2 (``_truncated_summaries``) per next_power_of_2(split count): its
-# constexprs are the JIT's for that block, so the library's sums and sorts are the Triton
-# backend's to the bit. 64-2048 splits: the portable hand-in launches make 2-4 per SM (264-528 on
-# an H100 or H200), the Hopper kernel one per 128 or 256 ids (501-2048 for the Llama-3, Qwen3 and
-# Gemma-3 heads); fewer (V below 16384 on the Hopper kernel) run the native kernels.
-SETTLE_BLOCK_S = tuple(2**i for i in range(6, 12))
 # (TOP_K, TOP_P): the launcher takes the JIT's variant (top_k / top_p given or not)
 _TRUNCATION_VARIANTS = ((True, False), (False, True), (True, True))
 # The hand-in threshold kernel's blocks of sampled logits: the launcher takes the smallest that
@@ -643,17 +637,17 @@ def finalize_kernels() -> tuple[list[KernelSpec], list[FinalizeRow]]:
 
 
 def settle_kernels() -> tuple[list[KernelSpec], list[SettleRow]]:
-    """The truncation's stage-2 kernels (independent of dtype and H): per block of splits,
-    (TOP_K, TOP_P) and log-probabilities or not (the fields the finalize then reads), with
-    ``_truncated_summaries``'s constexprs for that block and the threshold hand-in of up to
+    """The truncation's stage-2 kernels (independent of dtype and H): per (TOP_K, TOP_P) and
+    log-probabilities or not (the fields the finalize then reads), with ``_truncated_summaries``'
+    constexprs for up to ``SETTLE_SPLITS`` splits (the same for each split count: the sums and
+    sorts are the Triton backend's to the bit) and the threshold hand-in of up to
     ``HAND_IN_CAP`` keys a row."""
     specs, rows = [], []
-    for block_s, (top_k, top_p), logprobs in itertools.product(
-        SETTLE_BLOCK_S, _TRUNCATION_VARIANTS, (False, True)
-    ):
+    block_s = verify_resample.SETTLE_SPLITS
+    for (top_k, top_p), logprobs in itertools.product(_TRUNCATION_VARIANTS, (False, True)):
         _, shape, num_warps = verify_resample.settle_shape(block_s, top_p=top_p)
         flags = ("_k" if top_k else "") + ("_p" if top_p else "") + ("_lp" if logprobs else "")
-        symbol = f"fsAot_truncated_summaries_s{block_s}{flags}"
+        symbol = f"fsAot_truncated_summaries{flags}"
         constexprs = {
             "TOP_K": top_k, "TOP_P": top_p, "LIBDEVICE": True, "ROWS": 1,
             "RETURN_LOGPROBS": logprobs, **shape,

@@ -898,8 +898,9 @@ FIXED_ONE: tl.constexpr = tl.constexpr(2.0**40)
 
 @triton.jit
 def _fixed_sum(w, keep):
-    """``(Σ, any_nan)`` per row of ``w [ROWS, B]`` over ``keep``: the terms (in [0, 1], or NaN)
-    summed exactly in units of 2**-40 (int64; NaN terms count 0), and whether one was NaN."""
+    """``(Σ, any_nan)`` per row of ``w [ROWS, B]`` over ``keep``: the terms (in [0, 1], or NaN;
+    the stage-1 normaliser's up to the ids of a split, their sum up to V < 2**22) summed exactly
+    in units of 2**-40 (int64; NaN terms count 0), and whether one was NaN."""
     nan = keep & (w != w)
     fixed = (tl.where(keep & ~nan, w, 0.0) * FIXED_ONE).to(tl.int64)
     return tl.sum(fixed, 1), tl.max(nan.to(tl.int32), 1) > 0
@@ -916,12 +917,13 @@ def _fixed_total(w, keep):
 def _kept_probs(logit, keep, top, top_k_on, m, s, LIBDEVICE: tl.constexpr):
     """``[ROWS, B]``: the probabilities of the kept keys ``keep`` of logits ``logit`` (0
     elsewhere) as the reference's softmax forms them, ``exp(l - max) / Σ exp(l - max)``: over the
-    kept set where top-k is on (``top``: its largest logit; the sum exact, ``_fixed_total``),
-    else over every allowed token (the stage-1 online sums ``m``, ``s`` of the row's splits,
-    ``[ROWS, BLOCK_S]``, in split order)."""
+    kept set where top-k is on (``top``: its largest logit), else over every allowed token (the
+    stage-1 online sums ``m``, ``s`` of the row's splits, ``[ROWS, BLOCK_S]``, -inf and 0 past
+    them); either sum exact (``_fixed_total``), so it does not depend on the split block."""
     big_m = tl.max(m, 1)
     finite_m = tl.where(big_m == float("-inf"), 0.0, big_m)
-    total_all = tl.sum(s * math_exp(m - finite_m[:, None], LIBDEVICE), 1)
+    every = tl.full(s.shape, 1, tl.int1)
+    total_all = _fixed_total(s * math_exp(m - finite_m[:, None], LIBDEVICE), every)
     total_kept = _fixed_total(math_exp(logit - top[:, None], LIBDEVICE), keep)
     shift = tl.where(top_k_on, top, finite_m)
     total = tl.where(top_k_on, total_kept, total_all)
@@ -993,7 +995,7 @@ def _truncated_summaries_kernel(
     ROWS: tl.constexpr,  # rows per program: 1 on a GPU (more under the interpreter)
     BLOCK_HANDED: tl.constexpr,  # the hand-in's keys a row (HAND_IN_CAP), a power of 2
     BLOCK_KEPT: tl.constexpr,  # next_power_of_2(L), at least 2
-    BLOCK_S: tl.constexpr,  # next_power_of_2(S)
+    BLOCK_S: tl.constexpr,  # at least S: SETTLE_SPLITS, or next_power_of_2(S) past it
     RETURN_LOGPROBS: tl.constexpr = True,  # False: the sample only (no LSE, no logit, no sums)
 ):
     """Stage 2 of ``ROWS`` truncated rows (``_truncated_summaries``): per row, tau from its
@@ -1199,19 +1201,25 @@ def _settle_rows(
         tl.store(ws_float + F_SUM_EXP * plane, tl.where(first, 1.0, 0.0), mask=write)
 
 
+# Stage 2 reads the stage-1 summaries of every split of a row in one block of SETTLE_SPLITS (the
+# Hopper kernel's 2048 splits of Gemma-3's 262144 ids, or next_power_of_2(S) past it): past the
+# row's splits the lanes are masked, a few instructions a thread against thousands, and one
+# kernel serves every split count (the CUDA library compiles one per variant, not per power of 2).
+SETTLE_SPLITS = 2048
+
+
 def settle_shape(
     splits: int, cap: int = hopper_tiles.HAND_IN_CAP, top_p: bool = False
 ) -> tuple[int, dict, int]:
     """The stage-2 launch for a hand-in of up to ``cap`` keys a row (a power of 2) over
     ``splits`` splits, with top-p or not: (L, the keys a top-k kept set is settled in; the block
-    constexprs of ``_truncated_summaries_kernel``; its warps). The constexprs depend on
-    ``next_power_of_2(splits)`` only, so the CUDA library compiles one kernel per power of 2
-    (``kernels/aot.py``)."""
+    constexprs of ``_truncated_summaries_kernel``; its warps). The constexprs are the same for
+    every split count up to SETTLE_SPLITS."""
     kept = min(MAX_KEPT, cap)
     constexprs = {
         "BLOCK_HANDED": triton.next_power_of_2(cap),
         "BLOCK_KEPT": max(2, triton.next_power_of_2(kept)),
-        "BLOCK_S": triton.next_power_of_2(splits),
+        "BLOCK_S": max(SETTLE_SPLITS, triton.next_power_of_2(splits)),
     }
     # The hand-in's 4096 keys: top-k 8 warps, top-p 16. H100, a whole top-p 0.9 call, 8 -> 16
     # warps: 1-64 rows -3 to -11 µs (of 360-434), 128 rows -4, 512 rows -10; top-k 50 the same

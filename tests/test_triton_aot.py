@@ -181,13 +181,13 @@ def test_hand_in_kernels_cover_the_sampled_table_and_the_vocabularies():
 
 
 def test_settle_kernels_are_the_jits_for_every_split_count_they_take():
-    """Stage 2 of top-k / top-p: per power of 2 of the split count, (top-k, top-p) and
-    log-probabilities or not (as the call asks them: ``_truncated_summaries``' RETURN_LOGPROBS),
-    the constexprs and warps ``_truncated_summaries`` launches with on the threshold hand-in for
-    every split count the launcher gives the kernel (blockS / 2 < S <= blockS), so its sums are
-    the JIT's."""
+    """Stage 2 of top-k / top-p: per (top-k, top-p) and log-probabilities or not (as the call
+    asks them: ``_truncated_summaries``' RETURN_LOGPROBS), one kernel whose constexprs and warps
+    are those ``_truncated_summaries`` launches with on the threshold hand-in for every split
+    count the launcher gives it (S <= blockS), so its sums are the JIT's."""
     specs, rows = aot.settle_kernels()
     by_symbol = {s.symbol: s for s in specs}
+    assert len(rows) == 6
     assert {(r.top_k, r.top_p, r.logprobs) for r in rows} == {
         (k, p, lp) for k, p in ((True, False), (False, True), (True, True)) for lp in (False, True)
     }
@@ -197,13 +197,13 @@ def test_settle_kernels_are_the_jits_for_every_split_count_they_take():
         assert (constexprs["TOP_K"], constexprs["TOP_P"]) == (r.top_k, r.top_p)
         assert constexprs["RETURN_LOGPROBS"] == r.logprobs
         assert not spec.enable_fp_fusion
-        for splits in range(r.block_s // 2 + 1, r.block_s + 1):
+        for splits in range(1, r.block_s + 1):
             _, shape, warps = verify_resample.settle_shape(splits, top_p=r.top_p)
             assert {k: constexprs[k] for k in shape} == shape and spec.num_warps == warps
     # the Hopper kernel's splits: one per 128 ids of Gemma-3's 262144
     assert max(r.block_s for r in rows) >= 262144 // 128
     # Compiled for 16-divisible workspace pointers, as the JIT specialises them: else Triton 3.6
-    # lays the per-split loads out otherwise and sums top-p's normaliser in another order.
+    # lays the per-split loads out otherwise (its float sums then ran in another order).
     fn = aot._FUNCTIONS["truncated_summaries"]
     for spec in specs:
         _, _, attrs = aot._signature(spec)

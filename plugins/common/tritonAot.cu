@@ -355,15 +355,14 @@ FinalizeConfig const* findFinalize(int32_t op, int32_t splits, int32_t width, bo
     return best;
 }
 
-//! The truncation's stage-2 kernel for `splits` (blockS = next_power_of_2(splits): the Triton
-//! JIT's constexprs), the call's top_k / top_p inputs and log-probabilities output, or nullptr.
+//! The truncation's stage-2 kernel for `splits` (at most its blockS: the Triton JIT's constexprs
+//! for every such count), the call's top_k / top_p inputs and log-probabilities output, or nullptr.
 SettleConfig const* findSettle(int32_t splits, bool topK, bool topP, bool logprobs)
 {
     for (size_t i = 0; i < kTable.numSettles; ++i)
     {
         SettleConfig const& s = kTable.settles[i];
-        if ((s.topK != 0) == topK && (s.topP != 0) == topP && (s.logprobs != 0) == logprobs && s.blockS >= splits
-            && s.blockS < 2 * splits)
+        if ((s.topK != 0) == topK && (s.topP != 0) == topP && (s.logprobs != 0) == logprobs && s.blockS >= splits)
         {
             return &s;
         }

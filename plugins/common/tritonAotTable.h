@@ -72,8 +72,8 @@ constexpr int32_t kHandInStride = 128;
 constexpr int32_t kMaxSampledSplits = 8;
 
 //! A stage-2 kernel of top-k / top-p (kernels/verify_resample.py _truncated_summaries_kernel):
-//! settles the kept sets of split counts in (blockS / 2, blockS] (its constexprs are the Triton
-//! JIT's for them).
+//! settles the kept sets of up to blockS splits (its constexprs are the Triton JIT's for each:
+//! verify_resample.SETTLE_SPLITS).
 struct SettleConfig
 {
     int32_t topK;     // compiled for a top_k input

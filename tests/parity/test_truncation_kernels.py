@@ -309,7 +309,8 @@ def truncated_summaries_torch(workspace, keys, counts, thresholds, truncated, to
     m = floats[max_f]
     big_m = m.amax(dim=-1)
     finite_m = torch.where(big_m == -inf, 0.0, big_m)
-    total_all = (floats[sum_exp_f] * torch.exp(m - finite_m[:, None])).sum(dim=-1)
+    terms = floats[sum_exp_f] * torch.exp(m - finite_m[:, None])
+    total_all = _fixed_total(terms, torch.ones_like(terms, dtype=torch.bool))
     top = torch.where(keep[:, 0], logit[:, 0], 0.0)  # the largest kept logit
     total_kept = _fixed_total(torch.exp(logit - top[:, None]), keep)
     shift = torch.where(top_k_on, top, finite_m)
@@ -718,11 +719,11 @@ print(len(compiled.asm["cubin"]))
 """
 
 
-@pytest.mark.parametrize(("splits", "which"), [(64, "top_k"), (501, "top_k"), (2048, "top_p")])
+@pytest.mark.parametrize(("splits", "which"), [(501, "top_k"), (2048, "top_p")])
 def test_stage2_compiles_for_sm90(splits, which):
     """The stage-2 kernel compiles for sm_90 without a GPU, as launched on the hand-in's 4096
-    keys: top-k alone (the nucleus compacted) and with top-p (the cut by mass), from the fewest
-    splits the CUDA library compiles it for to the most."""
+    keys: top-k alone (the nucleus compacted, the key widths) and with top-p (the cut by mass);
+    one kernel for every split count up to SETTLE_SPLITS."""
     import os
     import subprocess
     import sys
