@@ -184,10 +184,11 @@ def test_truncated_verify_equals_triton_through_the_compiled_kernels(rows, head,
     the settled sequences its tokens, counts and log-probabilities bit for bit: the keys are
     handed in in the order the tiles' atomics take, but stage 2's sums over them are exact (in
     float32, in that order, a top-p boundary token of the 129-row case moved between runs). Stage
-    2 is compiled for 16-divisible workspace pointers, as the JIT sees them: without it Triton 3.6
-    summed top-p's normaliser (stage 1's split sums, in float32) in another order, 64 ulp. The
-    unsettled ones are recomputed by the library's native exact pass (the Triton backend's: the
-    materialised one), so their tokens agree up to bf16 near-ties."""
+    2 is compiled for 16-divisible workspace pointers, as the JIT sees them (without it Triton
+    3.6 laid the per-split loads out otherwise, and summed top-p's normaliser, then in float32,
+    in another order: 64 ulp). The unsettled ones are recomputed by the library's native exact
+    pass (the Triton backend's: the materialised one), so their tokens agree up to bf16
+    near-ties."""
     shape = HeadShape.from_name(head)
     _needs_compiled(shape, torch.bfloat16)
     n, gamma = (rows // 4, 3) if rows % 4 == 0 else (rows, 0)
