@@ -897,20 +897,22 @@ FIXED_ONE: tl.constexpr = tl.constexpr(2.0**40)
 
 
 @triton.jit
-def _fixed_sum(w, keep):
-    """``(Σ, any_nan)`` per row of ``w [ROWS, B]`` over ``keep``: the terms (in [0, 1], or NaN;
-    the stage-1 normaliser's up to the ids of a split, their sum up to V < 2**22) summed exactly
-    in units of 2**-40 (int64; NaN terms count 0), and whether one was NaN."""
+def _fixed_terms(w, keep):
+    """``(terms, any_nan)`` of ``w [ROWS, B]`` over ``keep``: the terms (in [0, 1], or NaN; the
+    stage-1 normaliser's up to the ids of a split, their sum up to V < 2**22) truncated to int64
+    units of 2**-40 (0 off ``keep`` and at NaN), so that their sums are exact, and per row
+    whether one was NaN."""
     nan = keep & (w != w)
     fixed = (tl.where(keep & ~nan, w, 0.0) * FIXED_ONE).to(tl.int64)
-    return tl.sum(fixed, 1), tl.max(nan.to(tl.int32), 1) > 0
+    return fixed, tl.max(nan.to(tl.int32), 1) > 0
 
 
 @triton.jit
 def _fixed_total(w, keep):
-    """The float32 sum of ``_fixed_sum`` (rounded once; NaN where a term was)."""
-    total, nan = _fixed_sum(w, keep)
-    return tl.where(nan, float("nan"), total.to(tl.float32) * (1.0 / FIXED_ONE))
+    """The exact sum of ``_fixed_terms`` per row, rounded once to float32 (NaN where a term
+    was)."""
+    fixed, nan = _fixed_terms(w, keep)
+    return tl.where(nan, float("nan"), tl.sum(fixed, 1).to(tl.float32) * (1.0 / FIXED_ONE))
 
 
 @triton.jit
@@ -941,15 +943,14 @@ def _mass_cut(x, on, w, p):
     more, so that the keys at or above it are those whose weight strictly before them (in
     descending key order) is below ``p``; ``reach`` False where all of them weigh less or a
     weight is NaN (``cut`` unspecified). The weights and ``p`` in units of 2**-40, summed exactly
-    (``_fixed_sum``): the cut does not depend on the keys' order. Bisection on the high word (the
+    (``_fixed_terms``): the cut does not depend on the keys' order. Bisection on the high word (the
     logit's order; one masked sum over the row a step), then on the low word (the id) among the
     keys tied on it. A key whose mass before it lies within float rounding of ``p`` may fall on
     the other side than in the reference's float32 cumulative sum."""
     high = (x >> 32).to(tl.int32)
-    total, nan = _fixed_sum(w, on)
-    fixed = (tl.where(on & (w == w), w, 0.0) * FIXED_ONE).to(tl.int64)
+    fixed, nan = _fixed_terms(w, on)
     p_fixed = (p * FIXED_ONE).to(tl.int64)
-    reach = (total >= p_fixed) & ~nan  # p > 0: a row of no keys does not reach it
+    reach = (tl.sum(fixed, 1) >= p_fixed) & ~nan  # p > 0: a row of no keys does not reach it
     lo = tl.min(tl.where(on, high, 2**31 - 1), 1)  # the keys at or above weigh all: >= p
     hi = tl.max(tl.where(on, high, -(2**31)), 1)
     while tl.max((reach & (lo < hi)).to(tl.int32), 0) > 0:
@@ -1162,7 +1163,7 @@ def _settle_rows(
     tl.store(unsettled_ptr + r, (on & ~settled).to(tl.int8), mask=row_ok)
 
     # ---- the Gumbel-max over the nucleus with the tile pass's noise (greedy rows: the
-    # logit), ties to the lowest id; the nucleus's LSE as torch.logsumexp forms it
+    # logit), ties to the lowest id; the nucleus's LSE
     seed = tl.load(seed_ptr + n, mask=on, other=0)
     position = tl.load(positions_ptr + n, mask=on, other=0) + (r - n * width)
     key_a, key_b = row_keys(seed, position, STREAM_GUMBEL)  # [ROWS] uint32 each
@@ -1255,7 +1256,7 @@ def _truncated_summaries(
     the same noise (``reference.noise``), ties to the lowest id; the log-probability's LSE is the
     kept set's. Rows it does not settle are returned for ``_recompute``.
 
-    The keys' order is the tile pass's atomics', so every sum over them is exact (``_fixed_sum``)
+    The keys' order is the tile pass's atomics', so every sum over them is exact (``_fixed_terms``)
     and the result does not depend on it: two runs, or the two backends, give the same bits. The
     mass at or above a key is so summed (by bisection), not as the reference's float32 cumulative
     sum, so a token whose mass-before lies within float rounding of p may be kept by one and not

@@ -567,7 +567,7 @@ def test_stage2_equals_its_torch_steps(case, which, monkeypatch):
 def test_stage2_gives_the_same_bits_for_the_hand_in_in_any_order(which, case):
     """The tile pass hands the keys in in its atomics' order, which changes from run to run and
     between backends: stage 2 on each row's keys shuffled gives the same unsettled rows and the
-    same summaries bit for bit, the LSE included (its sums are exact, ``_fixed_sum``). Mutant
+    same summaries bit for bit, the LSE included (its sums are exact, ``_fixed_terms``). Mutant
     caught: the kept set's LSE summed as float32 in the keys' order (``tl.sum`` of the terms)."""
     g = torch.Generator().manual_seed(7)
     dots, seqs, thresholds, cap, _ = _stage2_case(case, g)
