@@ -772,6 +772,28 @@ VerifyArgs verifyArgs(VerifyResampleParams const& p, Plan const& plan, bool soft
     return a;
 }
 
+//! VerifyResample's stage 1 by the Hopper kernel a.kernel: the summaries in the workspace's four
+//! float planes and index plane, its row scratch and whole row block; with `handIn` (top-k / top-p)
+//! the truncated rows hand in their dots (a HAND_IN kernel).
+cudaError_t launchVerifyHopper(VerifyResampleParams const& p, Plan const& plan, VerifyArgs const& a,
+    HandInBuffers const* handIn, cudaStream_t stream)
+{
+    size_t const plane = static_cast<size_t>(a.numRows) * a.splits;
+    auto* rowScratch
+        = reinterpret_cast<int32_t*>(static_cast<char*>(p.workspace) + rowScratchOffset(a.numRows, a.splits));
+    HopperArgs h{a.temperature, a.seed, a.positions, a.wsFloat, a.wsIndex, a.wsFloat + plane, a.wsFloat + 2 * plane,
+        a.wsFloat + 3 * plane, rowScratch, a.gamma, a.allowed};
+    if (handIn != nullptr)
+    {
+        h.truncated = handIn->truncated;
+        h.thresholds = handIn->thresholds;
+        h.counts = handIn->counts;
+        h.keys = handIn->keys;
+    }
+    return launchHopper(plan, a.kernel, a.hidden, a.lmHead, a.numRows, p.hiddenSize, a.vocabSize, h,
+        static_cast<char*>(p.workspace) + verifyBlockOffset(a.numRows, a.splits), stream);
+}
+
 } // namespace
 
 cudaError_t launchVerifyResample(VerifyResampleParams const& p, Plan const& plan, cudaStream_t stream)
@@ -780,13 +802,7 @@ cudaError_t launchVerifyResample(VerifyResampleParams const& p, Plan const& plan
     cudaError_t status = cudaSuccess;
     if (plan.tile->blockK > 0)
     {
-        size_t const plane = static_cast<size_t>(a.numRows) * a.splits;
-        auto* rowScratch
-            = reinterpret_cast<int32_t*>(static_cast<char*>(p.workspace) + rowScratchOffset(a.numRows, a.splits));
-        status = launchHopper(plan, a.kernel, a.hidden, a.lmHead, a.numRows, p.hiddenSize, a.vocabSize,
-            {a.temperature, a.seed, a.positions, a.wsFloat, a.wsIndex, a.wsFloat + plane, a.wsFloat + 2 * plane,
-                a.wsFloat + 3 * plane, rowScratch, a.gamma, a.allowed},
-            static_cast<char*>(p.workspace) + verifyBlockOffset(a.numRows, a.splits), stream);
+        status = launchVerifyHopper(p, plan, a, nullptr, stream);
     }
     else
     {
@@ -837,13 +853,7 @@ cudaError_t launchVerifyTruncated(
     // The tile pass: the truncated sequences' rows hand in every dot at or above their threshold.
     if (status == cudaSuccess && plan.tile->blockK > 0)
     {
-        size_t const plane = static_cast<size_t>(a.numRows) * a.splits;
-        auto* rowScratch
-            = reinterpret_cast<int32_t*>(static_cast<char*>(p.workspace) + rowScratchOffset(a.numRows, a.splits));
-        HopperArgs h{a.temperature, a.seed, a.positions, a.wsFloat, a.wsIndex, a.wsFloat + plane, a.wsFloat + 2 * plane,
-            a.wsFloat + 3 * plane, rowScratch, a.gamma, a.allowed, truncated, thresholds, counts, keys};
-        status = launchHopper(plan, a.kernel, a.hidden, a.lmHead, a.numRows, hiddenSize, a.vocabSize, h,
-            static_cast<char*>(p.workspace) + verifyBlockOffset(a.numRows, a.splits), stream);
+        status = launchVerifyHopper(p, plan, a, &b, stream);
     }
     else if (status == cudaSuccess)
     {
