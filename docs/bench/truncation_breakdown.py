@@ -1,6 +1,7 @@
 """Where a truncated verify's time goes: each kernel's GPU time per call (eager calls under
-``torch.profiler``, mean of 20 after 3 untimed; Llama-3-8B head, bf16, logits of std 4, γ 3,
-``settle_only``), for plain verify, verify with log-probabilities, top-k 50, top-p 0.9 and both:
+``torch.profiler``, ``kernel_times.kernel_times``: the mean of 30 after 3 untimed; Llama-3-8B
+head, bf16, logits of std 4, γ 3, ``settle_only``), for plain verify, verify with
+log-probabilities, top-k 50, top-p 0.9 and both:
 
     python docs/bench/truncation_breakdown.py 128 512    # docs/bench/stage2_breakdown_h100.log
 
@@ -10,36 +11,17 @@ benchmarks' back-to-back CUDA graphs: compare kernels here, whole calls in ``sta
 
 from __future__ import annotations
 
-import collections
 import functools
 import pathlib
 import sys
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from kernel_times import kernel_times
 from stage2_warps import cases
 
 from flashspec_export.kernels import verify_resample as vr
-
-CALLS = 20
-
-
-def kernel_times(fn) -> dict[str, float]:
-    """{kernel name: mean µs per call} over ``CALLS`` calls of ``fn``."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(CALLS):
-            fn()
-        torch.cuda.synchronize()
-    times = collections.defaultdict(float)
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            times[event.name.split("<")[0][:40]] += event.device_time / CALLS
-    return dict(times)
 
 
 def main() -> None:
@@ -55,7 +37,7 @@ def main() -> None:
         }
         for name, options in variants.items():
             fn = functools.partial(vr.verify_resample, *args, settle_only=True, **options)
-            times = kernel_times(fn)
+            times = {kernel: us for kernel, (_, us) in kernel_times(fn).items()}
             parts = "; ".join(
                 f"{kernel} {us:.1f}" for kernel, us in sorted(times.items(), key=lambda t: -t[1])
                 if us >= 2
