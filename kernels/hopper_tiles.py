@@ -85,6 +85,11 @@ GREEDY_BELOW: gl.constexpr = gl.constexpr(reference.GREEDY_BELOW)  # T below it:
 # about half of it; a row that reaches it is recomputed.
 HAND_IN_CAP: gl.constexpr = gl.constexpr(4096)
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)  # log2(e), the ex2 form of exp
+# ``_quotients``' range (``_chunk_flags``): dots of magnitude up to 2^64 (or zero, or from 2^-64),
+# temperatures from 2^-40 to 2^40, so that no quotient, product or remainder leaves the normal
+# floats.
+QUOTIENT_DOT_MAX: gl.constexpr = gl.constexpr(2.0**64)
+QUOTIENT_T_MAX: gl.constexpr = gl.constexpr(2.0**40)
 SAMPLE_BLOCK: gl.constexpr = gl.constexpr(reference.SAMPLE_BLOCK)
 SAMPLE_RUN: gl.constexpr = gl.constexpr(reference.SAMPLE_RUN)
 # The per-CTA scratch's int32 words per row of a tile: the temperature, and per 64-id block of a
@@ -121,18 +126,56 @@ def _blocks_to_lanes(v, lanes_layout: gl.constexpr):
 
 
 @gluon.jit
-def _scaled(acc, scale, MASKED: gl.constexpr):
+def _or_combine(x, y):
+    return x | y
+
+
+@gluon.jit
+def _chunk_flags(acc, scale, greedy, row_ok):
+    """Two facts about a chunk, in one reduction across the partition's warps: bit 0, whether a
+    row is greedy; bit 1, whether a live row's dots or temperature leave the range where
+    ``_quotients`` is exact (dots zero or of magnitude in [2^-64, 2^64], T in [2^-40, 2^40]):
+    an infinite dot (NaN, or past the vocabulary: the last tile), a huge or a subnormal one."""
+    a = gl.abs(acc)
+    top = gl.max(a, 1)
+    low = gl.min(gl.where(a == 0.0, 1.0, a), 1)
+    fits = (top <= QUOTIENT_DOT_MAX) & (low >= 1.0 / QUOTIENT_DOT_MAX)
+    fits &= (scale >= 1.0 / QUOTIENT_T_MAX) & (scale <= QUOTIENT_T_MAX)
+    flags = greedy.to(gl.int32) | gl.where(fits | ~row_ok, 0, 2)
+    return gl.reduce(flags, 0, _or_combine)
+
+
+@gluon.jit
+def _quotients(acc, scale):
+    """``acc / scale`` per row, IEEE-rounded, with no per-dot branch: ``y = RN(1 / T)`` once a
+    row, then ``q = RN(x·y)`` and two corrections ``q + RN(x - T·q)·y`` (fused multiply-adds).
+    ``q`` starts within 1.5 ulps of ``x / T``; the first correction brings it within one, and
+    then Markstein's theorem (y within half an ulp of 1/T, q within one ulp of x/T: ``RN(q +
+    (x - T·q)·y) = RN(x / T)``, the remainder exact, without underflow or overflow; Muller et
+    al., Handbook of Floating-Point Arithmetic, ch. 4) makes the second exact. ``div.rn``'s own
+    fast path is this sequence behind a range check and a branch per dot (``FCHK``), which
+    split the epilogue's 16 divisions a thread into 16 basic blocks. Exact where
+    ``_chunk_flags`` says so (``tests/parity/test_hopper_tiles_gpu.py`` compares it with
+    ``torch``'s division over the range's edges)."""
+    t = gl.expand_dims(scale, 1)
+    y = gl.expand_dims(gl.div_rn(gl.full_like(scale, 1.0), scale), 1)
+    q = acc * y
+    q = gl.fma(gl.fma(-t, q, acc), y, q)
+    return gl.fma(gl.fma(-t, q, acc), y, q)
+
+
+@gluon.jit
+def _scaled(acc, scale, allowed, fast, MASKED: gl.constexpr):
     """``acc / scale`` per row (``scale [CHUNK]``, > 0), IEEE-rounded as the reference's
-    ``l / T``. With ``MASKED`` the masked dots (-inf) divide 1.0 instead, then are -inf again:
-    ``div.rn`` takes a slow path when its dividend is infinite or zero (the range check before
-    its fast path), and a mask of half the vocabulary sent half the dots down it. H200, masked
-    verify x plain at 512 rows: 1.41 dividing 0.0, 1.13 dividing 1.0 (1.11-1.13 with nothing
-    masked); at 128 rows 1.28-1.31 -> 1.02 (``docs/bench/mask_cost_h200.log``)."""
+    ``l / T`` (``_quotients`` where ``fast``, else ``div.rn``); with ``MASKED``, -inf where
+    ``allowed`` (``_allowed``) is false. The mask is applied to the quotients, not the dots:
+    ``div.rn`` takes a slow path when its dividend is infinite or zero, so masked dots (-inf)
+    sent down it cost a random half-vocabulary mask 1.41x plain verify at 512 rows on an H200
+    (``docs/bench/mask_cost_h200.log``)."""
+    quotient = _quotients(acc, scale) if fast else gl.div_rn(acc, gl.expand_dims(scale, 1))
     if MASKED:
-        live = acc > float("-inf")
-        quotient = gl.div_rn(gl.where(live, acc, 1.0), gl.expand_dims(scale, 1))
-        return gl.where(live, quotient, float("-inf"))
-    return gl.div_rn(acc, gl.expand_dims(scale, 1))
+        quotient = gl.where(allowed, quotient, float("-inf"))
+    return quotient
 
 
 @gluon.jit
@@ -154,22 +197,25 @@ def _tile_softmax(acc, scale):
 
 
 @gluon.jit
-def _block_sampled_chunk_best(acc, ids, scale, greedy, g_ptr, u_ptr, in_chunk, v_start,
-                              NB: gl.constexpr, run_layout: gl.constexpr,
+def _block_sampled_chunk_best(acc, allowed, ids, scale, greedy, flags, g_ptr, u_ptr, in_chunk,
+                              v_start, NB: gl.constexpr, run_layout: gl.constexpr,
                               MASKED: gl.constexpr):  # fmt: skip
     """Per row of a chunk: the two-level sample over the tile's blocks
     (``reference.verify_resample.block_samples``): the best block score (lowest block on ties),
     its pick (a global id) and the pick's logit ``dot / T``; greedy rows: the max logit, its id
     (lowest on ties) and itself.
 
-    ``acc [CHUNK, BLOCK_V]`` the dots (-inf at NaN and past the vocabulary), ``ids`` their ids
-    (``v_start`` on), ``scale`` T (1 for greedy rows); ``g_ptr``, ``u_ptr``: the tile's blocks'
-    Gumbels and uniforms, ``[BLOCK_N, NB]`` float32 in the CTA's scratch, rows ``in_chunk``.
+    ``acc [CHUNK, BLOCK_V]`` the dots (-inf at NaN and past the vocabulary), ``allowed`` (with
+    ``MASKED``) the ids the rows' masks allow, ``ids`` their ids (``v_start`` on), ``scale`` T (1
+    for greedy rows), ``flags`` the chunk's ``_chunk_flags``; ``g_ptr``, ``u_ptr``: the tile's
+    blocks' Gumbels and uniforms, ``[BLOCK_N, NB]`` float32 in the CTA's scratch, rows ``in_chunk``.
     Each thread holds one row's run of ``SAMPLE_RUN`` ids (``run_layout``), so a block is four
     lanes: the running sums inside a run are the thread's own, in order, and the sums of the runs
     before it are formed in order from the four lanes' totals (each gathered by a reduction that
     adds zeros, exact) — the reference's order. Per logit: an IEEE division, an ``expf``, an add
-    for the running sum, one for the offset and a compare."""
+    for the running sum, one for the offset and a compare (the division branch-free where the
+    chunk's dots allow, ``_quotients``; only there can no logit be +inf, so the search for a
+    block's first +inf logit, its pick, is left to the other chunks)."""
     CHUNK: gl.constexpr = acc.shape[0]
     BLOCK_V: gl.constexpr = acc.shape[1]
     RUN: gl.constexpr = run_layout.size_per_thread[2]
@@ -185,13 +231,15 @@ def _block_sampled_chunk_best(acc, ids, scale, greedy, g_ptr, u_ptr, in_chunk, v
         [2, 1, 0],
     )
     nb_layout: gl.constexpr = gl.SliceLayout(2, blocks_layout)  # [CHUNK, NB]
-    logits = _scaled(acc, scale, MASKED)
+    fast = (flags & 2) == 0
+    logits = _scaled(acc, scale, allowed, fast, MASKED)
     x = gl.convert_layout(gl.reshape(logits, [CHUNK, LANES, RUN]), run_layout, assert_trivial=True)
     m = gl.max(_lanes_to_blocks(gl.max(x, 2), blocks_layout), 2)  # [CHUNK, NB] block max
     finite = (m > float("-inf")) & (m < float("inf"))
+    # A block of -inf logits sums exp(-inf) = 0; one with a +inf max sums inf or NaN, but its
+    # pick and score are set apart below: no per-logit guard.
     shift = _blocks_to_lanes(gl.where(finite, m, 0.0), lanes_layout)
-    on = _blocks_to_lanes(gl.where(finite, 1.0, 0.0), lanes_layout)
-    e = math_exp(x - gl.expand_dims(shift, 2), True) * gl.expand_dims(on, 2)
+    e = math_exp(x - gl.expand_dims(shift, 2), True)
     c = gl.associative_scan(e, 2, _add_combine)  # inside the thread's run, in order
     totals = _lanes_to_blocks(gl.max(c, 2), blocks_layout)  # [CHUNK, NB, RUNS] run totals
     r_layout: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(0, blocks_layout))
@@ -217,15 +265,15 @@ def _block_sampled_chunk_best(acc, ids, scale, greedy, g_ptr, u_ptr, in_chunk, v
     below = (sums <= gl.expand_dims(target, 2)).to(gl.int32)
     pick = gl.sum(_lanes_to_blocks(gl.sum(below, 2), blocks_layout), 2)  # [CHUNK, NB]
     pick = gl.where(total > 0.0, pick, 0)
-    # a block with a +inf logit picks its first one
-    j = gl.arange(0, RUN, layout=gl.SliceLayout(0, gl.SliceLayout(0, run_layout)))
-    lane = gl.arange(0, LANES, layout=gl.SliceLayout(0, lanes_layout))
-    in_block = gl.expand_dims(gl.expand_dims((lane % RUNS) * RUN, 0), 2) + gl.expand_dims(
-        gl.expand_dims(j, 0), 0
-    )  # [1, LANES, RUN]: the id's place in its block
-    first_inf = gl.min(gl.where(x == float("inf"), in_block, SAMPLE_BLOCK), 2)
-    first_inf = gl.min(_lanes_to_blocks(first_inf, blocks_layout), 2)
-    pick = gl.where(m == float("inf"), first_inf, pick)
+    if not fast:  # a block with a +inf logit picks its first one
+        j = gl.arange(0, RUN, layout=gl.SliceLayout(0, gl.SliceLayout(0, run_layout)))
+        lane = gl.arange(0, LANES, layout=gl.SliceLayout(0, lanes_layout))
+        in_block = gl.expand_dims(gl.expand_dims((lane % RUNS) * RUN, 0), 2) + gl.expand_dims(
+            gl.expand_dims(j, 0), 0
+        )  # [1, LANES, RUN]: the id's place in its block
+        first_inf = gl.min(gl.where(x == float("inf"), in_block, SAMPLE_BLOCK), 2)
+        first_inf = gl.min(_lanes_to_blocks(first_inf, blocks_layout), 2)
+        pick = gl.where(m == float("inf"), first_inf, pick)
     score = gl.where(m == float("inf"), float("inf"), m + math_log(total, True) + g)
     score = gl.where(m == float("-inf"), float("-inf"), score)
     best, best_block = gl.reduce(
@@ -236,8 +284,8 @@ def _block_sampled_chunk_best(acc, ids, scale, greedy, g_ptr, u_ptr, in_chunk, v
     best_pick = gl.sum(gl.where(gl.expand_dims(nb, 0) == gl.expand_dims(best_block, 1), pick, 0), 1)
     best = gl.convert_layout(best, row_layout)
     best_id = gl.convert_layout(v_start + best_block * SAMPLE_BLOCK + best_pick, row_layout)
-    if gl.max(greedy.to(gl.int32), 0) > 0:  # greedy rows: the argmax of their dots
-        greedy_best, greedy_id = gl.reduce((acc, ids), 1, _argmax_combine)
+    if (flags & 1) != 0:  # greedy rows: the argmax of their logits (dot / 1, the dots)
+        greedy_best, greedy_id = gl.reduce((logits, ids), 1, _argmax_combine)
         best = gl.where(greedy, greedy_best, best)
         best_id = gl.where(greedy, greedy_id, best_id)
     best_logit = gl.sum(gl.where(ids == gl.expand_dims(best_id, 1), logits, 0.0), 1)
@@ -265,9 +313,9 @@ def _mask_words(allowed_ptr, rows, row_ok, v_start, num_words, BLOCK_V: gl.const
 
 
 @gluon.jit
-def _allowed_dots(acc, words, v_start, run_layout: gl.constexpr):
-    """``acc [CHUNK, BLOCK_V]`` with -inf at the ids the mask ``words`` (``_mask_words``) forbid:
-    a shift per id, in ``run_layout`` (each thread one row's run of ids)."""
+def _allowed(acc, words, v_start, run_layout: gl.constexpr):
+    """Whether the mask ``words`` (``_mask_words``) allow each id of ``acc [CHUNK, BLOCK_V]``
+    (in its layout): a shift per id, in ``run_layout`` (each thread one row's run of ids)."""
     BLOCK_V: gl.constexpr = acc.shape[1]
     RUN: gl.constexpr = run_layout.size_per_thread[2]
     lanes_layout: gl.constexpr = gl.SliceLayout(2, run_layout)
@@ -276,8 +324,16 @@ def _allowed_dots(acc, words, v_start, run_layout: gl.constexpr):
     j = gl.expand_dims(gl.expand_dims(gl.arange(0, RUN, layout=j_layout), 0), 0)
     shift = gl.expand_dims(gl.expand_dims((v_start + lane * RUN) % 32, 0), 2) + j
     bits = (gl.expand_dims(words, 2) >> shift) & 1  # [CHUNK, LANES, RUN]
-    allowed = gl.convert_layout(gl.reshape(bits, acc.shape), acc.type.layout, assert_trivial=True)
-    return gl.where(allowed != 0, acc, float("-inf"))
+    bits = gl.convert_layout(gl.reshape(bits, acc.shape), acc.type.layout, assert_trivial=True)
+    return bits != 0
+
+
+@gluon.jit
+def _kept(acc, allowed, MASKED: gl.constexpr):
+    """The dots ``acc`` with -inf where ``allowed`` (``_allowed``) is false (with ``MASKED``)."""
+    if MASKED:
+        return gl.where(allowed, acc, float("-inf"))
+    return acc
 
 
 @gluon.jit
@@ -579,8 +635,10 @@ def _epilogue_partition(
                     allowed_ptr, next_rows, next_ok, v_tile * BLOCK_V, num_words, BLOCK_V,
                     run_layout,
                 )  # fmt: skip
-                acc = _allowed_dots(acc, chunk_words, v_tile * BLOCK_V, run_layout)
+                allowed = _allowed(acc, chunk_words, v_tile * BLOCK_V, run_layout)
             ids = gl.expand_dims(cols, 0) + gl.zeros([CHUNK, BLOCK_V], gl.int32, layout)
+            if not MASKED:
+                allowed = ids >= 0  # never read
             ws_off = rows * num_splits + v_tile
             if VERIFY:
                 in_chunk = chunk * CHUNK + gl.arange(0, CHUNK, layout=row_layout)
@@ -590,26 +648,28 @@ def _epilogue_partition(
                 scale = gl.where(greedy, 1.0, temperature)
                 if any_plain:
                     if any_sampled:
+                        flags = _chunk_flags(acc, scale, greedy, row_ok)
                         best, best_id, best_logit = _block_sampled_chunk_best(
-                            acc, ids, scale, greedy, keys_ptr + BLOCK_N,
+                            acc, allowed, ids, scale, greedy, flags, keys_ptr + BLOCK_N,
                             keys_ptr + (1 + NB) * BLOCK_N, in_chunk, v_tile * BLOCK_V, NB,
                             run_layout, MASKED,
                         )  # fmt: skip
                     else:  # greedy rows only: the scores are the logits, dot / 1
-                        best, best_id = gl.reduce((acc, ids), 1, _argmax_combine)
+                        kept = _kept(acc, allowed, MASKED)
+                        best, best_id = gl.reduce((kept, ids), 1, _argmax_combine)
                         best_logit = best
                     gl.store(best_score_ptr + ws_off, best, mask=row_ok)
                     gl.store(best_index_ptr + ws_off, best_id, mask=row_ok)
                     if RETURN_LOGPROBS:
                         gl.store(best_logit_ptr + ws_off, best_logit, mask=row_ok)
                 if RETURN_LOGPROBS:
-                    m, s = _tile_softmax(acc, scale)
+                    m, s = _tile_softmax(_kept(acc, allowed, MASKED), scale)
                     gl.store(max_ptr + ws_off, m, mask=row_ok)
                     gl.store(sum_exp_ptr + ws_off, s, mask=row_ok)
                 if HAND_IN:
                     _hand_in_chunk(
-                        acc, rows, row_ok, threshold_ptr, count_ptr, hand_in_ptr, v_tile * BLOCK_V,
-                        run_layout,
+                        _kept(acc, allowed, MASKED), rows, row_ok, threshold_ptr, count_ptr,
+                        hand_in_ptr, v_tile * BLOCK_V, run_layout,
                     )  # fmt: skip
             else:
                 best, best_id = gl.reduce((acc, ids), 1, _argmax_combine)

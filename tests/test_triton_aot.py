@@ -265,7 +265,7 @@ def test_kernels_compile_for_sm90_without_a_driver():
         "assert name == 'hopper_tiles_kernel' and shared > 96 * 1024\n"
         # the MMA warps, 4 epilogue warps and the loader's one warp in a warpgroup of its own
         "assert warps == spec.num_warps + 8, (warps, spec.num_warps)\n"
-        # the masked epilogue (kernels/hopper_tiles.py _allowed_dots), as the table compiles it
+        # the masked epilogue (kernels/hopper_tiles.py _allowed), as the table compiles it
         "spec = next(s for s in tiles if s.symbol.startswith(spec.symbol) and "
         "dict(s.constexprs)['MASKED'])\n"
         "assert aot.compile_kernel(spec, 90)[1] == 'hopper_tiles_kernel'\n"

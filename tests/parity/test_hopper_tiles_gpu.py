@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
 
 from flashspec_export.config import HeadShape
 from flashspec_export.kernels import hopper_tiles
@@ -78,7 +80,7 @@ def _allowed(drafts, vocab_size: int, density: float, seed: int) -> torch.Tensor
 @pytest.mark.parametrize("head", ["llama3-8b", "gemma3-12b"])
 @pytest.mark.parametrize("rows", ROWS)
 def test_masked_verify_equals_the_portable_kernel(rows, head, density):
-    """The mask read in the Hopper kernel's epilogue (``_allowed_dots``): the same tokens as the
+    """The mask read in the Hopper kernel's epilogue (``_allowed``): the same tokens as the
     portable kernel's, every emitted token allowed in its row."""
     shape = HeadShape.from_name(head)
     n, gamma = (rows // 4, 3) if rows % 4 == 0 else (rows // 2, 1)
@@ -216,7 +218,8 @@ def test_summaries_equal_the_reference_bit_for_bit(n):
     pick's logit — equals the reference's (torch on the GPU: the same IEEE division, ``expf``,
     ``logf`` and order of running sums) bit for bit, on dots every accumulation order forms
     exactly (``_exact_bf16_rows``), greedy and sampled rows, with and without log-probabilities;
-    the blocks hold a +inf and a block of -inf only too."""
+    the blocks hold a +inf and a block of -inf only too, and rows of dots past ``_quotients``'
+    range (2^70 and 2^-70 times the others) send their chunks to ``div.rn``."""
     gamma, vocab = 3, 1024
     rows = n * (gamma + 1)
     config = hopper_row("verify_resample", rows)
@@ -225,6 +228,8 @@ def test_summaries_equal_the_reference_bit_for_bit(n):
     dots = torch.randn(rows, vocab, device="cuda", generator=g, dtype=torch.float64) * 3
     dots[1, 5] = float("inf")
     dots[2, 64:128] = float("-inf")
+    dots[40] *= 2.0**70  # rows 32-47 (one epilogue chunk) past _quotients' range
+    dots[56] *= 2.0**-70  # rows 48-63
     hidden, lm_head = _exact_bf16_rows(dots.nan_to_num(posinf=0.0, neginf=0.0))
     lm_head[5, 3] = float("inf")  # row 1 (its hidden is one at columns 3 .. 5): id 5 is +inf
     lm_head[64:128, 6] = float("-inf")  # row 2: the block of ids 64 .. 127 is -inf
@@ -306,3 +311,51 @@ def test_truncated_verify_equals_the_portable_kernel(rows, head, truncate):
     if truncate != "large_k":  # (k of 200-1024 keeps these peaked rows' samples)
         plain = verify_resample(*case, config=fast)
         assert not torch.equal(plain.tokens, mine.tokens), "the truncation changed no token"
+
+
+@gluon.jit
+def _quotients_kernel(x_ptr, t_ptr, out_ptr, COLS: gl.constexpr):
+    layout: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [4, 1], [1, 0])
+    ROWS: gl.constexpr = 16
+    r = gl.program_id(0) * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+    c = gl.arange(0, COLS, layout=gl.SliceLayout(0, layout))
+    at = gl.expand_dims(r.to(gl.int64) * COLS, 1) + gl.expand_dims(c, 0)
+    quotient = hopper_tiles._quotients(gl.load(x_ptr + at), gl.load(t_ptr + r))
+    gl.store(out_ptr + at, quotient)
+
+
+def _floats(n: int, low: int, high: int, g: torch.Generator) -> torch.Tensor:
+    """``n`` fp32 values of random sign, exponent in [low, high] and significand (half of them
+    within 64 ulps of 1 or of 2, where a quotient's rounding is closest to a tie or an ulp
+    boundary)."""
+    exponent = torch.randint(low, high + 1, (n,), device="cuda", generator=g)
+    significand = 1.0 + torch.rand(n, device="cuda", generator=g, dtype=torch.float64)
+    edge = torch.randint(0, 64, (n,), device="cuda", generator=g).double() * 2.0**-23
+    pick = torch.randint(0, 4, (n,), device="cuda", generator=g)
+    significand = torch.where(pick == 1, 1.0 + edge, significand)
+    significand = torch.where(pick == 2, 2.0 - 2.0**-23 - edge, significand)
+    sign = torch.where(torch.rand(n, device="cuda", generator=g) < 0.5, -1.0, 1.0)
+    return (sign * torch.ldexp(significand, exponent.double())).float()
+
+
+@pytest.mark.parametrize("temperatures", ["serving", "range"])
+def test_quotients_equal_the_ieee_division(temperatures):
+    """``_quotients`` (the epilogue's branch-free division) equals ``torch``'s IEEE division bit
+    for bit over its whole range (``_chunk_flags``): 2^26 dots of magnitude 2^-64 .. 2^64 and
+    zeros over temperatures in [1e-5, 4] (``serving``) or 2^-40 .. 2^40, significands crowded at
+    the ulp boundaries."""
+    g = torch.Generator(device="cuda").manual_seed(0 if temperatures == "serving" else 1)
+    rows, cols = 2**19, 128
+    x = _floats(rows * cols, -64, 63, g).view(rows, cols)
+    x[::7, ::5] = 0.0
+    if temperatures == "serving":
+        t = torch.rand(rows, device="cuda", generator=g) * 4 + 1e-5
+        t[::3] = torch.tensor([1.0, 0.7, 1e-5], device="cuda").repeat(rows)[: t[::3].numel()]
+    else:
+        t = _floats(rows, -40, 39, g).abs()
+    out = torch.empty_like(x)
+    _quotients_kernel[(rows // 16,)](x, t, out, COLS=cols, num_warps=4)
+    expected = x / t[:, None]
+    wrong = (out.view(torch.int32) != expected.view(torch.int32)) & (expected != 0)
+    assert not wrong.any(), (x[wrong][:4], t.expand(cols, rows).T[wrong][:4], out[wrong][:4])
+    assert torch.equal(out == 0, expected == 0)
