@@ -165,17 +165,15 @@ def _quotients(acc, scale):
 
 
 @gluon.jit
-def _scaled(acc, scale, allowed, fast, MASKED: gl.constexpr):
+def _scaled(acc, scale, words, fast, run_layout: gl.constexpr, MASKED: gl.constexpr):
     """``acc / scale`` per row (``scale [CHUNK]``, > 0), IEEE-rounded as the reference's
     ``l / T`` (``_quotients`` where ``fast``, else ``div.rn``); with ``MASKED``, -inf where
-    ``allowed`` (``_allowed``) is false. The mask is applied to the quotients, not the dots:
+    the mask ``words`` forbid (``_kept``). The mask is applied to the quotients, not the dots:
     ``div.rn`` takes a slow path when its dividend is infinite or zero, so masked dots (-inf)
     sent down it cost a random half-vocabulary mask 1.41x plain verify at 512 rows on an H200
     (``docs/bench/mask_cost_h200.log``)."""
     quotient = _quotients(acc, scale) if fast else gl.div_rn(acc, gl.expand_dims(scale, 1))
-    if MASKED:
-        quotient = gl.where(allowed, quotient, float("-inf"))
-    return quotient
+    return _kept(quotient, words, run_layout, MASKED)
 
 
 @gluon.jit
@@ -197,7 +195,7 @@ def _tile_softmax(acc, scale):
 
 
 @gluon.jit
-def _block_sampled_chunk_best(acc, allowed, ids, scale, greedy, flags, g_ptr, u_ptr, in_chunk,
+def _block_sampled_chunk_best(acc, words, ids, scale, greedy, flags, g_ptr, u_ptr, in_chunk,
                               v_start, NB: gl.constexpr, run_layout: gl.constexpr,
                               MASKED: gl.constexpr):  # fmt: skip
     """Per row of a chunk: the two-level sample over the tile's blocks
@@ -205,17 +203,17 @@ def _block_sampled_chunk_best(acc, allowed, ids, scale, greedy, flags, g_ptr, u_
     its pick (a global id) and the pick's logit ``dot / T``; greedy rows: the max logit, its id
     (lowest on ties) and itself.
 
-    ``acc [CHUNK, BLOCK_V]`` the dots (-inf at NaN and past the vocabulary), ``allowed`` (with
-    ``MASKED``) the ids the rows' masks allow, ``ids`` their ids (``v_start`` on), ``scale`` T (1
-    for greedy rows), ``flags`` the chunk's ``_chunk_flags``; ``g_ptr``, ``u_ptr``: the tile's
-    blocks' Gumbels and uniforms, ``[BLOCK_N, NB]`` float32 in the CTA's scratch, rows ``in_chunk``.
-    Each thread holds one row's run of ``SAMPLE_RUN`` ids (``run_layout``), so a block is four
-    lanes: the running sums inside a run are the thread's own, in order, and the sums of the runs
-    before it are formed in order from the four lanes' totals (each gathered by a reduction that
-    adds zeros, exact) — the reference's order. Per logit: an IEEE division, an ``expf``, an add
-    for the running sum, one for the offset and a compare (the division branch-free where the
-    chunk's dots allow, ``_quotients``; only there can no logit be +inf, so the search for a
-    block's first +inf logit, its pick, is left to the other chunks)."""
+    ``acc [CHUNK, BLOCK_V]`` the dots (-inf at NaN and past the vocabulary), ``words`` (with
+    ``MASKED``) the rows' mask words (``_mask_words``), ``ids`` their ids (``v_start`` on),
+    ``scale`` T (1 for greedy rows), ``flags`` the chunk's ``_chunk_flags``; ``g_ptr``, ``u_ptr``:
+    the tile's blocks' Gumbels and uniforms, ``[BLOCK_N, NB]`` float32 in the CTA's scratch, rows
+    ``in_chunk``. Each thread holds one row's run of ``SAMPLE_RUN`` ids (``run_layout``), so a block
+    is four lanes: the running sums inside a run are the thread's own, in order, and the sums of the
+    runs before it are formed in order from the four lanes' totals (each gathered by a reduction
+    that adds zeros, exact) — the reference's order. Per logit: an IEEE division, an ``expf``, an
+    add for the running sum, one for the offset and a compare (the division branch-free where the
+    chunk's dots allow, ``_quotients``; only there can no logit be +inf, so the search for a block's
+    first +inf logit, its pick, is left to the other chunks)."""
     CHUNK: gl.constexpr = acc.shape[0]
     BLOCK_V: gl.constexpr = acc.shape[1]
     RUN: gl.constexpr = run_layout.size_per_thread[2]
@@ -232,7 +230,7 @@ def _block_sampled_chunk_best(acc, allowed, ids, scale, greedy, flags, g_ptr, u_
     )
     nb_layout: gl.constexpr = gl.SliceLayout(2, blocks_layout)  # [CHUNK, NB]
     fast = (flags & 2) == 0
-    logits = _scaled(acc, scale, allowed, fast, MASKED)
+    logits = _scaled(acc, scale, words, fast, run_layout, MASKED)
     x = gl.convert_layout(gl.reshape(logits, [CHUNK, LANES, RUN]), run_layout, assert_trivial=True)
     m = gl.max(_lanes_to_blocks(gl.max(x, 2), blocks_layout), 2)  # [CHUNK, NB] block max
     finite = (m > float("-inf")) & (m < float("inf"))
@@ -298,7 +296,8 @@ def _mask_words(allowed_ptr, rows, row_ok, v_start, num_words, BLOCK_V: gl.const
     """The allowed-token mask words of a chunk's ``rows`` (``allowed_ptr``: [R, num_words]
     int32, bit j of word w allows id 32·w + j) over its tile's ids from ``v_start``: one word per
     thread, ``[CHUNK, LANES]`` in ``SliceLayout(2, run_layout)`` (a thread's run of ``RUN`` ids, a
-    divisor of 32 starting at a multiple of it, lies in one word); 0 for rows past ``row_ok``."""
+    divisor of 32 starting at a multiple of it, lies in one word), shifted so that its bit j
+    allows the run's j-th id; 0 for rows past ``row_ok``."""
     RUN: gl.constexpr = run_layout.size_per_thread[2]
     gl.static_assert(32 % RUN == 0, "a thread's run of ids must lie inside one mask word")
     lanes_layout: gl.constexpr = gl.SliceLayout(2, run_layout)
@@ -309,31 +308,28 @@ def _mask_words(allowed_ptr, rows, row_ok, v_start, num_words, BLOCK_V: gl.const
     ok = gl.expand_dims(gl.convert_layout(row_ok, run_rows, assert_trivial=True), 1)
     ok = ok & gl.expand_dims(word < num_words, 0)
     offsets = gl.expand_dims(r.to(gl.int64) * num_words, 1) + gl.expand_dims(word, 0)
-    return gl.load(allowed_ptr + offsets, mask=ok, other=0)
+    words = gl.load(allowed_ptr + offsets, mask=ok, other=0)
+    return words >> gl.expand_dims((v_start + lane * RUN) % 32, 0)
 
 
 @gluon.jit
-def _allowed(acc, words, v_start, run_layout: gl.constexpr):
-    """Whether the mask ``words`` (``_mask_words``) allow each id of ``acc [CHUNK, BLOCK_V]``
-    (in its layout): a shift per id, in ``run_layout`` (each thread one row's run of ids)."""
-    BLOCK_V: gl.constexpr = acc.shape[1]
-    RUN: gl.constexpr = run_layout.size_per_thread[2]
-    lanes_layout: gl.constexpr = gl.SliceLayout(2, run_layout)
-    lane = gl.arange(0, BLOCK_V // RUN, layout=gl.SliceLayout(0, lanes_layout))
-    j_layout: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(0, run_layout))
-    j = gl.expand_dims(gl.expand_dims(gl.arange(0, RUN, layout=j_layout), 0), 0)
-    shift = gl.expand_dims(gl.expand_dims((v_start + lane * RUN) % 32, 0), 2) + j
-    bits = (gl.expand_dims(words, 2) >> shift) & 1  # [CHUNK, LANES, RUN]
-    bits = gl.convert_layout(gl.reshape(bits, acc.shape), acc.type.layout, assert_trivial=True)
-    return bits != 0
-
-
-@gluon.jit
-def _kept(acc, allowed, MASKED: gl.constexpr):
-    """The dots ``acc`` with -inf where ``allowed`` (``_allowed``) is false (with ``MASKED``)."""
+def _kept(x, words, run_layout: gl.constexpr, MASKED: gl.constexpr):
+    """``x [CHUNK, BLOCK_V]`` with -inf at the ids the mask ``words`` (``_mask_words``) forbid
+    (with ``MASKED``; else ``x``): per id a test of a bit at a constant place (each thread's word
+    is shifted to its run, ``run_layout``) and a select. (Testing the tile's bit places per
+    thread instead held 16 shifted masks in registers and spilled the tests' predicates into a
+    bit field: ~5 instructions an id.)"""
     if MASKED:
-        return gl.where(allowed, acc, float("-inf"))
-    return acc
+        CHUNK: gl.constexpr = x.shape[0]
+        RUN: gl.constexpr = run_layout.size_per_thread[2]
+        LANES: gl.constexpr = x.shape[1] // RUN
+        j = gl.arange(0, RUN, layout=gl.SliceLayout(0, gl.SliceLayout(0, run_layout)))
+        bits = (gl.expand_dims(words, 2) >> gl.expand_dims(gl.expand_dims(j, 0), 0)) & 1
+        runs = gl.reshape(x, [CHUNK, LANES, RUN])
+        runs = gl.convert_layout(runs, run_layout, assert_trivial=True)
+        runs = gl.where(bits != 0, runs, float("-inf"))
+        return gl.convert_layout(gl.reshape(runs, x.shape), x.type.layout, assert_trivial=True)
+    return x
 
 
 @gluon.jit
@@ -627,6 +623,7 @@ def _epilogue_partition(
             rows = first_rows + chunk * CHUNK
             row_ok = rows < num_rows
             acc = acc_buf.index(chunk).load(layout)  # [CHUNK, BLOCK_V] fp32
+            chunk_words = 0  # (without MASKED, never read)
             if MASKED:  # this chunk's words, and the next chunk's in flight
                 chunk_words = words
                 next_rows = rows + CHUNK
@@ -635,10 +632,7 @@ def _epilogue_partition(
                     allowed_ptr, next_rows, next_ok, v_tile * BLOCK_V, num_words, BLOCK_V,
                     run_layout,
                 )  # fmt: skip
-                allowed = _allowed(acc, chunk_words, v_tile * BLOCK_V, run_layout)
             ids = gl.expand_dims(cols, 0) + gl.zeros([CHUNK, BLOCK_V], gl.int32, layout)
-            if not MASKED:
-                allowed = ids >= 0  # never read
             ws_off = rows * num_splits + v_tile
             if VERIFY:
                 in_chunk = chunk * CHUNK + gl.arange(0, CHUNK, layout=row_layout)
@@ -650,12 +644,12 @@ def _epilogue_partition(
                     if any_sampled:
                         flags = _chunk_flags(acc, scale, greedy, row_ok)
                         best, best_id, best_logit = _block_sampled_chunk_best(
-                            acc, allowed, ids, scale, greedy, flags, keys_ptr + BLOCK_N,
+                            acc, chunk_words, ids, scale, greedy, flags, keys_ptr + BLOCK_N,
                             keys_ptr + (1 + NB) * BLOCK_N, in_chunk, v_tile * BLOCK_V, NB,
                             run_layout, MASKED,
                         )  # fmt: skip
                     else:  # greedy rows only: the scores are the logits, dot / 1
-                        kept = _kept(acc, allowed, MASKED)
+                        kept = _kept(acc, chunk_words, run_layout, MASKED)
                         best, best_id = gl.reduce((kept, ids), 1, _argmax_combine)
                         best_logit = best
                     gl.store(best_score_ptr + ws_off, best, mask=row_ok)
@@ -663,13 +657,13 @@ def _epilogue_partition(
                     if RETURN_LOGPROBS:
                         gl.store(best_logit_ptr + ws_off, best_logit, mask=row_ok)
                 if RETURN_LOGPROBS:
-                    m, s = _tile_softmax(_kept(acc, allowed, MASKED), scale)
+                    m, s = _tile_softmax(_kept(acc, chunk_words, run_layout, MASKED), scale)
                     gl.store(max_ptr + ws_off, m, mask=row_ok)
                     gl.store(sum_exp_ptr + ws_off, s, mask=row_ok)
                 if HAND_IN:
                     _hand_in_chunk(
-                        _kept(acc, allowed, MASKED), rows, row_ok, threshold_ptr, count_ptr,
-                        hand_in_ptr, v_tile * BLOCK_V, run_layout,
+                        _kept(acc, chunk_words, run_layout, MASKED), rows, row_ok, threshold_ptr,
+                        count_ptr, hand_in_ptr, v_tile * BLOCK_V, run_layout,
                     )  # fmt: skip
             else:
                 best, best_id = gl.reduce((acc, ids), 1, _argmax_combine)
