@@ -26,9 +26,10 @@ fills the ring with the next tile; the shared memory the accumulator hand-over t
 deeper ring or a 128 x 256 tile of two warpgroups.
 
 The VerifyResample epilogue takes the two-level sample of each (row, tile)
-(``_block_sampled_chunk_best``): per logit an IEEE division by the temperature, a libdevice
-``expf`` and the running sums of its 64-id block in the reference's order, so its summaries are
-those of the reference's arithmetic; the hash and the logs are paid per (row, block), once per
+(``_block_sampled_chunk_best``): per logit an IEEE-rounded division by the temperature (without
+a branch per logit where the chunk's dots allow: ``_quotients``), a libdevice ``expf`` and the
+running sums of its 64-id block in the reference's order, so its summaries are those of the
+reference's arithmetic; the hash and the logs are paid per (row, block), once per
 tile into a per-CTA scratch (the rows' temperatures too) while the MMA warps work. Fewer rows
 than one row block are first copied into a whole block (``_whole_row_block``); TMA zero-fills
 the rows of a later partial block and LM-head rows past ``V``; ids at or past ``vocab_size`` and
