@@ -860,16 +860,18 @@ def _selection_cut(x, on, need, most):
         lo, count = tl.where(up, mid, lo), tl.where(up, c, count)
         hi = tl.where(go & (c < need), mid - 1, hi)
     exact = count > most
-    tie = on & exact[:, None] & (high == lo[:, None])
-    need = need - tl.sum((on & (high > lo[:, None])).to(tl.int32), 1)  # of the tied keys
-    low = x - (high.to(tl.int64) << 32)  # the low word, unsigned: [0, 2**32)
-    lo_w = tl.min(tl.where(tie, low, 2**32), 1)
-    hi_w = tl.max(tl.where(tie, low, -1), 1)
-    while tl.max((lo_w < hi_w).to(tl.int32), 0) > 0:
-        mid = (lo_w + hi_w + 1) >> 1
-        ok = tl.sum((tie & (low >= mid[:, None])).to(tl.int32), 1) >= need
-        lo_w, hi_w = tl.where(ok, mid, lo_w), tl.where(ok, hi_w, mid - 1)
-    cut = tl.where(exact, (lo.to(tl.int64) << 32) | lo_w, (lo.to(tl.int64) << 32) - 1)
+    cut = (lo.to(tl.int64) << 32) - 1
+    if tl.max(exact.to(tl.int32), 0) > 0:  # keys tied at the boundary: split on the id
+        tie = on & exact[:, None] & (high == lo[:, None])
+        need = need - tl.sum((on & (high > lo[:, None])).to(tl.int32), 1)  # of the tied keys
+        low = x - (high.to(tl.int64) << 32)  # the low word, unsigned: [0, 2**32)
+        lo_w = tl.min(tl.where(tie, low, 2**32), 1)
+        hi_w = tl.max(tl.where(tie, low, -1), 1)
+        while tl.max((lo_w < hi_w).to(tl.int32), 0) > 0:
+            mid = (lo_w + hi_w + 1) >> 1
+            ok = tl.sum((tie & (low >= mid[:, None])).to(tl.int32), 1) >= need
+            lo_w, hi_w = tl.where(ok, mid, lo_w), tl.where(ok, hi_w, mid - 1)
+        cut = tl.where(exact, (lo.to(tl.int64) << 32) | lo_w, cut)
     return cut, exact
 
 
@@ -916,19 +918,22 @@ def _fixed_total(w, keep):
 
 
 @triton.jit
-def _kept_probs(logit, keep, top, top_k_on, m, s, LIBDEVICE: tl.constexpr):
+def _kept_probs(logit, keep, top, top_k_on, m, s, TOP_K: tl.constexpr, LIBDEVICE: tl.constexpr):
     """``[ROWS, B]``: the probabilities of the kept keys ``keep`` of logits ``logit`` (0
     elsewhere) as the reference's softmax forms them, ``exp(l - max) / Σ exp(l - max)``: over the
-    kept set where top-k is on (``top``: its largest logit), else over every allowed token (the
-    stage-1 online sums ``m``, ``s`` of the row's splits, ``[ROWS, BLOCK_S]``, -inf and 0 past
-    them); either sum exact (``_fixed_total``), so it does not depend on the split block."""
+    kept set where top-k is on (``top``: its largest logit; ``TOP_K`` False: on no row), else
+    over every allowed token (the stage-1 online sums ``m``, ``s`` of the row's splits,
+    ``[ROWS, BLOCK_S]``, -inf and 0 past them); either sum exact (``_fixed_total``), so it does
+    not depend on the split block."""
     big_m = tl.max(m, 1)
     finite_m = tl.where(big_m == float("-inf"), 0.0, big_m)
     every = tl.full(s.shape, 1, tl.int1)
-    total_all = _fixed_total(s * math_exp(m - finite_m[:, None], LIBDEVICE), every)
-    total_kept = _fixed_total(math_exp(logit - top[:, None], LIBDEVICE), keep)
-    shift = tl.where(top_k_on, top, finite_m)
-    total = tl.where(top_k_on, total_kept, total_all)
+    total = _fixed_total(s * math_exp(m - finite_m[:, None], LIBDEVICE), every)
+    shift = finite_m
+    if TOP_K:
+        total_kept = _fixed_total(math_exp(logit - top[:, None], LIBDEVICE), keep)
+        shift = tl.where(top_k_on, top, shift)
+        total = tl.where(top_k_on, total_kept, total)
     total = tl.where(total == 0.0, 1.0, total)  # 0: no kept token (no 0 / 0 to mask)
     weight = math_exp(logit - shift[:, None], LIBDEVICE)
     # IEEE division, as torch's (Triton's `/` on fp32 is not correctly rounded)
@@ -936,39 +941,63 @@ def _kept_probs(logit, keep, top, top_k_on, m, s, LIBDEVICE: tl.constexpr):
     return tl.where(keep, tl.math.div_rn(weight, total), 0.0)
 
 
+# ``_mass_cut``'s step sums each key's weight (units of 2**-40) with a count of one at bit
+# MASS_BITS: its weights are probabilities, so their sum stays below 2**MASS_BITS (Σ w < 256), and
+# the count of a row's keys (at most 2**15) fits above it in an int64.
+MASS_BITS: tl.constexpr = tl.constexpr(48)
+_COUNT_ONE: tl.constexpr = tl.constexpr(2**48)  # 1 << MASS_BITS
+_MASS: tl.constexpr = tl.constexpr(2**48 - 1)
+
+
 @triton.jit
 def _mass_cut(x, on, w, p):
-    """The nucleus cut of each row of ``x [ROWS, B]`` among its keys ``on`` of weights ``w`` (in
-    [0, 1]): ``(cut, reach)``, ``cut`` the largest key whose keys at or above it weigh ``p`` or
-    more, so that the keys at or above it are those whose weight strictly before them (in
-    descending key order) is below ``p``; ``reach`` False where all of them weigh less or a
-    weight is NaN (``cut`` unspecified). The weights and ``p`` in units of 2**-40, summed exactly
-    (``_fixed_terms``): the cut does not depend on the keys' order. Bisection on the high word (the
-    logit's order; one masked sum over the row a step), then on the low word (the id) among the
-    keys tied on it. A key whose mass before it lies within float rounding of ``p`` may fall on
-    the other side than in the reference's float32 cumulative sum."""
+    """The nucleus cut of each row of ``x [ROWS, B]`` among its keys ``on`` of weights ``w``
+    (probabilities: each in [0, 1], their sum below 256): ``(cut, reach)``, ``cut`` the largest
+    key whose keys at or above it weigh ``p`` or more, so that the keys at or above it are those
+    whose weight strictly before them (in descending key order) is below ``p``; ``reach`` False
+    where all of them weigh less or a weight is NaN (``cut`` unspecified). The weights and ``p``
+    in units of 2**-40, summed exactly (``_fixed_terms``): the cut does not depend on the keys'
+    order. Bisection on the high word (the logit's order) of a bracket [lo, hi] with the keys at
+    or above lo weighing ``p`` or more and those above hi less; a step is one sum over the row
+    that gives the mass and the count of the keys at or above its midpoint, and a row stops once
+    its bracket holds one key, which is then the cut (with std-4 logits about half of a full
+    bisection's steps). Keys tied on the cut's high word are then split on the low word (the id).
+    A key whose mass before it lies within float rounding of ``p`` may fall on the other side than
+    in the reference's float32 cumulative sum."""
     high = (x >> 32).to(tl.int32)
     fixed, nan = _fixed_terms(w, on)
     p_fixed = (p * FIXED_ONE).to(tl.int64)
-    reach = (tl.sum(fixed, 1) >= p_fixed) & ~nan  # p > 0: a row of no keys does not reach it
+    counted = tl.where(on, fixed + _COUNT_ONE, 0)  # [ROWS, B]: weight and a count of one
+    total = tl.sum(counted, 1)
+    reach = ((total & _MASS) >= p_fixed) & ~nan  # p > 0: a row of no keys does not reach it
     lo = tl.min(tl.where(on, high, 2**31 - 1), 1)  # the keys at or above weigh all: >= p
     hi = tl.max(tl.where(on, high, -(2**31)), 1)
-    while tl.max((reach & (lo < hi)).to(tl.int32), 0) > 0:
-        go = reach & (lo < hi)
+    n_lo = total >> MASS_BITS  # keys at or above lo
+    n_hi = tl.zeros_like(n_lo)  # keys above hi
+    while tl.max((reach & (lo < hi) & (n_lo - n_hi > 1)).to(tl.int32), 0) > 0:
+        go = reach & (lo < hi) & (n_lo - n_hi > 1)
         mid = ((lo.to(tl.int64) + hi.to(tl.int64) + 1) >> 1).to(tl.int32)
-        up = go & (tl.sum(tl.where(on & (high >= mid[:, None]), fixed, 0), 1) >= p_fixed)
-        lo = tl.where(up, mid, lo)
-        hi = tl.where(go & ~up, mid - 1, hi)
-    above = tl.sum(tl.where(on & (high > lo[:, None]), fixed, 0), 1)
-    tie = on & reach[:, None] & (high == lo[:, None])
-    low = x - (high.to(tl.int64) << 32)  # the low word, unsigned: [0, 2**32)
-    lo_w = tl.min(tl.where(tie, low, 2**32), 1)
-    hi_w = tl.max(tl.where(tie, low, -1), 1)
-    while tl.max((lo_w < hi_w).to(tl.int32), 0) > 0:
-        mid = (lo_w + hi_w + 1) >> 1
-        ok = above + tl.sum(tl.where(tie & (low >= mid[:, None]), fixed, 0), 1) >= p_fixed
-        lo_w, hi_w = tl.where(ok, mid, lo_w), tl.where(ok, hi_w, mid - 1)
-    return (lo.to(tl.int64) << 32) | lo_w, reach
+        c = tl.sum(tl.where(high >= mid[:, None], counted, 0), 1)
+        up = go & ((c & _MASS) >= p_fixed)
+        down = go & ~up
+        lo, n_lo = tl.where(up, mid, lo), tl.where(up, c >> MASS_BITS, n_lo)
+        hi, n_hi = tl.where(down, mid - 1, hi), tl.where(down, c >> MASS_BITS, n_hi)
+    # the bracket's lowest key: the cut where the bracket holds one key
+    in_bracket = on & (high >= lo[:, None]) & (high <= hi[:, None])
+    cut = tl.min(tl.where(in_bracket, x, 2**63 - 1), 1)
+    tied = reach & (n_lo - n_hi > 1)  # keys tied on the cut's high word: split on the id
+    if tl.max(tied.to(tl.int32), 0) > 0:
+        above = tl.sum(tl.where(on & (high > lo[:, None]), fixed, 0), 1)
+        tie = on & tied[:, None] & (high == lo[:, None])
+        low = x - (high.to(tl.int64) << 32)  # the low word, unsigned: [0, 2**32)
+        lo_w = tl.min(tl.where(tie, low, 2**32), 1)
+        hi_w = tl.max(tl.where(tie, low, -1), 1)
+        while tl.max((lo_w < hi_w).to(tl.int32), 0) > 0:
+            mid = (lo_w + hi_w + 1) >> 1
+            ok = above + tl.sum(tl.where(tie & (low >= mid[:, None]), fixed, 0), 1) >= p_fixed
+            lo_w, hi_w = tl.where(ok, mid, lo_w), tl.where(ok, hi_w, mid - 1)
+        cut = tl.where(tied, (lo.to(tl.int64) << 32) | lo_w, cut)
+    return cut, reach
 
 
 @triton.jit(do_not_specialize=["num_rows", "width", "num_splits", "num_kept"])
@@ -1124,14 +1153,20 @@ def _settle_rows(
         # or above weigh p (``_mass_cut``). Settled where k lies within the known keys, the
         # nucleus ends inside them (top-p alone), or every finite logit is known.
         logit, ids = decode_key(handed)
-        k = tl.load(top_k_ptr + n, mask=on, other=0) if TOP_K else tl.zeros_like(n).to(tl.int64)
         p = tl.load(top_p_ptr + n, mask=on, other=1.0)
-        keep, top_k_on, top_k_known = _top_k_kept(handed, tau, known_all, k, num_kept)
-        top = tl.max(tl.where(keep, logit, float("-inf")), 1)  # the largest kept logit
-        top = tl.where(top == float("-inf"), 0.0, top)
+        if TOP_K:
+            k = tl.load(top_k_ptr + n, mask=on, other=0)
+            keep, top_k_on, top_k_known = _top_k_kept(handed, tau, known_all, k, num_kept)
+            top = tl.max(tl.where(keep, logit, float("-inf")), 1)  # the largest kept logit
+            top = tl.where(top == float("-inf"), 0.0, top)
+        else:  # top-p alone: every known key is kept (no selection's reductions)
+            keep = (handed > tau[:, None]) & (handed > _NEG_INF_LAST)
+            top_k_on = tl.zeros_like(on)
+            top_k_known = top_k_on
+            top = tl.zeros_like(theta)
         m = tl.load(ws_float_ptr + F_MAX * plane + row_ws, mask=split_ok, other=float("-inf"))
         s = tl.load(ws_float_ptr + F_SUM_EXP * plane + row_ws, mask=split_ok, other=0.0)
-        probs = _kept_probs(logit, keep, top, top_k_on, m, s, LIBDEVICE)
+        probs = _kept_probs(logit, keep, top, top_k_on, m, s, TOP_K, LIBDEVICE)
         nucleus_cut, reach = _mass_cut(handed, keep, probs, tl.where(p < 1.0, p, 2.0))
         nucleus = keep & tl.where(reach[:, None], handed >= nucleus_cut[:, None], True)
         ends_inside = tl.max((keep & ~nucleus).to(tl.int32), 1) > 0
@@ -1229,6 +1264,11 @@ def settle_shape(
     return kept, constexprs, warps
 
 
+def stage2_rows_per_program(rows: int, keys: torch.Tensor) -> int:
+    """One row per program on a GPU; under the interpreter a block of rows (its cost is per op)."""
+    return 1 if use_libdevice(keys) else min(64, triton.next_power_of_2(rows))
+
+
 def _truncated_summaries(
     workspace: VerifyWorkspace,
     keys: torch.Tensor,
@@ -1293,8 +1333,7 @@ def _truncated_summaries(
         )
     placeholder = truncated  # never read without TOP_K / TOP_P
     top_k, top_p = (None if t is None else t.contiguous() for t in (top_k, top_p))
-    # One row per program on a GPU; under the interpreter a block of rows (its cost is per op)
-    rows_per_program = 1 if use_libdevice(keys) else min(64, triton.next_power_of_2(rows))
+    rows_per_program = stage2_rows_per_program(rows, keys)
     _truncated_summaries_kernel[(triton.cdiv(rows, rows_per_program),)](
         workspace.floats,
         workspace.index,

@@ -637,12 +637,15 @@ def test_mass_cut_keeps_what_the_exact_mass_before_keeps_in_any_order():
     """``_mass_cut`` with p on a boundary: p is a float32 prefix sum of the row's weights in
     descending key order (so the exact mass before some key is within float rounding of p). The
     nucleus it keeps is the keys whose exact mass before them (int64 units of 2**-40) is below
-    p, in the given order and with the keys shuffled. Mutant caught: the bisection's sums in
-    float32 (the keys' order then moves boundary keys)."""
+    p, in the given order and with the keys shuffled. Half the rows' high words are spread wide
+    (the bisection stops when its bracket holds one key), half tied on 8 values (the cut then
+    splits them on the id). Mutants caught: the bisection's sums in float32 (the keys' order then
+    moves boundary keys); a bracket of two keys taken as settled; the tied keys not split."""
     g = torch.Generator().manual_seed(3)
     rows, block = 64, 256
     ids = torch.randperm(rows * block, generator=g).view(rows, block)
-    high = torch.randint(-(2**20), 2**20, (rows, block), generator=g)
+    spread = torch.where(torch.arange(rows) % 2 == 0, 2**20, 4)[:, None]
+    high = (torch.rand(rows, block, generator=g) * 2 * spread - spread).to(torch.int64)
     x = (high << 32) | ids
     w = torch.rand(rows, block, generator=g) ** 8  # a few large weights, many small ones
     w = torch.where(torch.rand(rows, block, generator=g) < 0.9, w / w.sum(1, keepdim=True), 0.0)

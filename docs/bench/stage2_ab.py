@@ -1,0 +1,93 @@
+"""Stage 2 (``verify_resample._truncated_summaries_kernel``) at this checkout against an earlier
+``kernels/verify_resample.py``, in one process: whole top-k 50 / top-p 0.9 / both calls
+(``settle_only``; CUDA graphs, settled, interleaved: ``scripts/kernel_bench.time_graphs``) beside
+plain verify, and stage 2's own GPU time (eager, ``kernel_times``); ``rows2``: this checkout with
+two rows a stage-2 program. Llama-3-8B head, bf16, logits of std 4, γ 3 (``stage2_warps.cases``).
+
+    git show 9f1c2d0:kernels/verify_resample.py > /tmp/verify_resample_before.py
+    python docs/bench/stage2_ab.py /tmp/verify_resample_before.py 1 16 128 160 512
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import pathlib
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "scripts"))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from kernel_bench import time_graphs
+from kernel_times import kernel_times
+from stage2_warps import cases
+
+from flashspec_export.kernels import verify_resample as vr
+
+STAGE2 = "_truncated_summaries_kernel"
+
+
+def _module(path: str):
+    spec = importlib.util.spec_from_file_location("verify_resample_before", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _rows2(fn):
+    """``fn`` with two rows a stage-2 program."""
+
+    def call():
+        saved = vr.stage2_rows_per_program
+        vr.stage2_rows_per_program = lambda rows, keys: 2
+        try:
+            return fn()
+        finally:
+            vr.stage2_rows_per_program = saved
+
+    return call
+
+
+def main() -> None:
+    before = _module(sys.argv[1])
+    for rows, n, args in cases([int(x) for x in sys.argv[2:]]):
+        k = torch.full((n,), 50, device="cuda")
+        p = torch.full((n,), 0.9, device="cuda")
+        truncations = {
+            "top_k_50": dict(top_k=k),
+            "top_p_0.9": dict(top_p=p),
+            "k50_p0.9": dict(top_k=k, top_p=p),
+        }
+        fns = {"verify": functools.partial(vr.verify_resample, *args)}
+        for name, options in truncations.items():
+            fns[f"{name}/before"] = functools.partial(
+                before.verify_resample, *args, settle_only=True, **options
+            )
+            fns[f"{name}/now"] = functools.partial(
+                vr.verify_resample, *args, settle_only=True, **options
+            )
+            fns[f"{name}/rows2"] = _rows2(fns[f"{name}/now"])
+        stage2 = {}
+        for name, fn in fns.items():
+            if name != "verify":
+                stage2[name] = sum(us for kernel, (_, us) in kernel_times(fn).items()
+                                   if STAGE2 in kernel)  # fmt: skip
+        times = {name: statistics.median(v) for name, v in time_graphs(fns, 20, 200).items()}
+        plain = times["verify"]
+        print(f"R={rows}: verify {plain:.1f} µs", flush=True)
+        for name in truncations:
+            print(
+                f"R={rows} {name}: "
+                + " ".join(
+                    f"{tag} {times[f'{name}/{tag}']:.1f} ({times[f'{name}/{tag}'] / plain:.3f}x,"
+                    f" stage 2 {stage2[f'{name}/{tag}']:.1f})"
+                    for tag in ("before", "now", "rows2")
+                ),
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
