@@ -1264,11 +1264,6 @@ def settle_shape(
     return kept, constexprs, warps
 
 
-def stage2_rows_per_program(rows: int, keys: torch.Tensor) -> int:
-    """One row per program on a GPU; under the interpreter a block of rows (its cost is per op)."""
-    return 1 if use_libdevice(keys) else min(64, triton.next_power_of_2(rows))
-
-
 def _truncated_summaries(
     workspace: VerifyWorkspace,
     keys: torch.Tensor,
@@ -1333,7 +1328,9 @@ def _truncated_summaries(
         )
     placeholder = truncated  # never read without TOP_K / TOP_P
     top_k, top_p = (None if t is None else t.contiguous() for t in (top_k, top_p))
-    rows_per_program = stage2_rows_per_program(rows, keys)
+    # One row per program on a GPU (two a program: 4-35 µs slower at 1-160 rows on an H200,
+    # docs/bench/stage2_ab_h200.log); under the interpreter a block of rows (its cost is per op)
+    rows_per_program = 1 if use_libdevice(keys) else min(64, triton.next_power_of_2(rows))
     _truncated_summaries_kernel[(triton.cdiv(rows, rows_per_program),)](
         workspace.floats,
         workspace.index,

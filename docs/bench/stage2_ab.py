@@ -1,10 +1,10 @@
 """Stage 2 (``verify_resample._truncated_summaries_kernel``) at this checkout against an earlier
 ``kernels/verify_resample.py``, in one process: whole top-k 50 / top-p 0.9 / both calls
 (``settle_only``; CUDA graphs, settled, interleaved: ``scripts/kernel_bench.time_graphs``) beside
-plain verify, and stage 2's own GPU time (eager, ``kernel_times``); ``rows2``: this checkout with
-two rows a stage-2 program. Llama-3-8B head, bf16, logits of std 4, γ 3 (``stage2_warps.cases``).
+plain verify, and stage 2's own GPU time (eager, ``kernel_times``). Llama-3-8B head, bf16,
+logits of std 4, γ 3 (``stage2_warps.cases``).
 
-    git show 9f1c2d0:kernels/verify_resample.py > /tmp/verify_resample_before.py
+    git show d5e7120:kernels/verify_resample.py > /tmp/verify_resample_before.py
     python docs/bench/stage2_ab.py /tmp/verify_resample_before.py 1 16 128 160 512
 """
 
@@ -36,20 +36,6 @@ def _module(path: str):
     return module
 
 
-def _rows2(fn):
-    """``fn`` with two rows a stage-2 program."""
-
-    def call():
-        saved = vr.stage2_rows_per_program
-        vr.stage2_rows_per_program = lambda rows, keys: 2
-        try:
-            return fn()
-        finally:
-            vr.stage2_rows_per_program = saved
-
-    return call
-
-
 def main() -> None:
     before = _module(sys.argv[1])
     for rows, n, args in cases([int(x) for x in sys.argv[2:]]):
@@ -68,7 +54,6 @@ def main() -> None:
             fns[f"{name}/now"] = functools.partial(
                 vr.verify_resample, *args, settle_only=True, **options
             )
-            fns[f"{name}/rows2"] = _rows2(fns[f"{name}/now"])
         stage2 = {}
         for name, fn in fns.items():
             if name != "verify":
@@ -83,7 +68,7 @@ def main() -> None:
                 + " ".join(
                     f"{tag} {times[f'{name}/{tag}']:.1f} ({times[f'{name}/{tag}'] / plain:.3f}x,"
                     f" stage 2 {stage2[f'{name}/{tag}']:.1f})"
-                    for tag in ("before", "now", "rows2")
+                    for tag in ("before", "now")
                 ),
                 flush=True,
             )
