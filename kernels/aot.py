@@ -645,7 +645,7 @@ def settle_kernels() -> tuple[list[KernelSpec], list[SettleRow]]:
     specs, rows = [], []
     block_s = verify_resample.SETTLE_SPLITS
     for (top_k, top_p), logprobs in itertools.product(_TRUNCATION_VARIANTS, (False, True)):
-        _, shape, num_warps = verify_resample.settle_shape(block_s, top_p=top_p)
+        _, shape, num_warps = verify_resample.settle_shape(block_s)
         flags = ("_k" if top_k else "") + ("_p" if top_p else "") + ("_lp" if logprobs else "")
         symbol = f"fsAot_truncated_summaries{flags}"
         constexprs = {

@@ -1244,11 +1244,9 @@ def _settle_rows(
 SETTLE_SPLITS = 2048
 
 
-def settle_shape(
-    splits: int, cap: int = hopper_tiles.HAND_IN_CAP, top_p: bool = False
-) -> tuple[int, dict, int]:
+def settle_shape(splits: int, cap: int = hopper_tiles.HAND_IN_CAP) -> tuple[int, dict, int]:
     """The stage-2 launch for a hand-in of up to ``cap`` keys a row (a power of 2) over
-    ``splits`` splits, with top-p or not: (L, the keys a top-k kept set is settled in; the block
+    ``splits`` splits: (L, the keys a top-k kept set is settled in; the block
     constexprs of ``_truncated_summaries_kernel``; its warps). The constexprs are the same for
     every split count up to SETTLE_SPLITS."""
     kept = min(MAX_KEPT, cap)
@@ -1257,10 +1255,11 @@ def settle_shape(
         "BLOCK_KEPT": max(2, triton.next_power_of_2(kept)),
         "BLOCK_S": max(SETTLE_SPLITS, triton.next_power_of_2(splits)),
     }
-    # The hand-in's 4096 keys: top-k 8 warps, top-p 16. H100, a whole top-p 0.9 call, 8 -> 16
-    # warps: 1-64 rows -3 to -11 µs (of 360-434), 128 rows -4, 512 rows -10; top-k 50 the same
-    # within 2 µs, 4 warps 15-21 µs slower below 512 rows (docs/bench/stage2_warps{.py,_h100.log})
-    warps = min(16, max(4, constexprs["BLOCK_HANDED"] // (256 if top_p else 512)))
+    # The hand-in's 4096 keys: 16 warps. Whole calls, 8 -> 16 warps: H100 top-p 0.9 1-64 rows
+    # -3 to -11 µs (of 360-434), 128 rows -4, 512 rows -10 (stage2_warps_h100.log); H200 top-k
+    # 1024 -8 µs at 1-16 rows (of 282-289), top-k 50 +2 µs at 1-16 rows, -2 at 128, -11 at 512;
+    # 4 warps slower throughout (docs/bench/stage2_warps{.py,_h100.log,_h200.log})
+    warps = min(16, max(4, constexprs["BLOCK_HANDED"] // 256))
     return kept, constexprs, warps
 
 
@@ -1318,7 +1317,7 @@ def _truncated_summaries(
     """
     n = temperature.shape[0]
     (rows, cap), splits = keys.shape, workspace.index.shape[1]
-    kept, shape, num_warps = settle_shape(splits, cap, top_p is not None)
+    kept, shape, num_warps = settle_shape(splits, cap)
     block_kept = shape["BLOCK_KEPT"]
     unsettled = torch.empty(rows, dtype=torch.int8, device=keys.device)
     selected = unsettled  # placeholder pointer, never read (BLOCK_HANDED <= 2 · BLOCK_KEPT)

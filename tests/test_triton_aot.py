@@ -198,7 +198,7 @@ def test_settle_kernels_are_the_jits_for_every_split_count_they_take():
         assert constexprs["RETURN_LOGPROBS"] == r.logprobs
         assert not spec.enable_fp_fusion
         for splits in range(1, r.block_s + 1):
-            _, shape, warps = verify_resample.settle_shape(splits, top_p=r.top_p)
+            _, shape, warps = verify_resample.settle_shape(splits)
             assert {k: constexprs[k] for k in shape} == shape and spec.num_warps == warps
     # the Hopper kernel's splits: one per 128 ids of Gemma-3's 262144
     assert max(r.block_s for r in rows) >= 262144 // 128

@@ -1,6 +1,7 @@
 """Stage 2's warps for the 4096-key hand-in (``verify_resample.settle_shape``) A/B on a GPU: whole
-top-k 50 / top-p 0.9 calls (``settle_only``, Llama-3-8B head, bf16, logits of std 4, γ 3) with
-stage 2 launched at 4, 8 and 16 warps, beside plain verify; ``scripts/kernel_bench.time_graphs``.
+top-k 50 / top-k 1024 / top-p 0.9 calls (``settle_only``, Llama-3-8B head, bf16, logits of std 4,
+γ 3) with stage 2 launched at 4, 8 and 16 warps, beside plain verify;
+``scripts/kernel_bench.time_graphs``.
 
     python docs/bench/stage2_warps.py 1 4 16 64 128 512    # stage2_warps_h100.log
 """
@@ -26,8 +27,8 @@ SETTLE_SHAPE = vr.settle_shape
 def call(args, truncate, warps):
     """One truncating call with stage 2 at ``warps`` warps."""
 
-    def shape(splits, cap=4096, top_p=False):
-        kept, constexprs, _ = SETTLE_SHAPE(splits, cap, top_p)
+    def shape(splits, cap=4096):
+        kept, constexprs, _ = SETTLE_SHAPE(splits, cap)
         return kept, constexprs, warps
 
     vr.settle_shape = shape
@@ -63,6 +64,7 @@ def main() -> None:
         fns = {"verify": functools.partial(vr.verify_resample, *args)}
         for name, truncate in (
             ("top_k_50", dict(top_k=torch.full((n,), 50, device="cuda"))),
+            ("top_k_1024", dict(top_k=torch.full((n,), 1024, device="cuda"))),
             ("top_p_0.9", dict(top_p=torch.full((n,), 0.9, device="cuda"))),
         ):
             for warps in (4, 8, 16):

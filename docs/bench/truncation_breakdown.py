@@ -1,7 +1,7 @@
 """Where a truncated verify's time goes: each kernel's GPU time per call (eager calls under
 ``torch.profiler``, ``kernel_times.kernel_times``: the mean of 30 after 3 untimed; Llama-3-8B
 head, bf16, logits of std 4, γ 3, ``settle_only``), for plain verify, verify with
-log-probabilities, top-k 50, top-p 0.9 and both:
+log-probabilities, top-k 50 and 1024, top-p 0.9 and both:
 
     python docs/bench/truncation_breakdown.py 128 512    # docs/bench/stage2_breakdown_h100.log
 
@@ -32,6 +32,7 @@ def main() -> None:
             "verify": {},
             "verify_logprobs": dict(return_logprobs=True),
             "top_k_50": dict(top_k=k),
+            "top_k_1024": dict(top_k=torch.full((n,), 1024, device="cuda")),
             "top_p_0.9": dict(top_p=p),
             "k50_p0.9": dict(top_k=k, top_p=p),
         }

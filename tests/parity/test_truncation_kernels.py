@@ -712,7 +712,7 @@ types = dict(
     positions_ptr="*i64", unsettled_ptr="*i8", sel_ptr="*i64", num_rows="i32", width="i32",
     num_splits="i32", num_kept="i32", count_ptr="*i32", threshold_ptr="*fp32",
 )
-_, shape, warps = kernels.settle_shape(splits, top_p=top_p)  # the launch's
+_, shape, warps = kernels.settle_shape(splits)  # the launch's
 constexprs = dict(TOP_K=True, TOP_P=top_p, LIBDEVICE=True, ROWS=1, **shape)
 source = triton.compiler.ASTSource(fn, {n: types.get(n, "constexpr") for n in fn.arg_names},
                                    constexprs)
