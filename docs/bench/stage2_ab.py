@@ -1,5 +1,5 @@
 """Stage 2 (``verify_resample._truncated_summaries_kernel``) at this checkout against an earlier
-``kernels/verify_resample.py``, in one process: whole top-k 50 / top-p 0.9 / both calls
+``kernels/verify_resample.py``, in one process: whole top-k 50 / top-k 1024 / top-p 0.9 / top-k 50 and top-p 0.9 calls
 (``settle_only``; CUDA graphs, settled, interleaved: ``scripts/kernel_bench.time_graphs``) beside
 plain verify, and stage 2's own GPU time (eager, ``kernel_times``). Llama-3-8B head, bf16,
 logits of std 4, γ 3 (``stage2_warps.cases``).
@@ -43,6 +43,7 @@ def main() -> None:
         p = torch.full((n,), 0.9, device="cuda")
         truncations = {
             "top_k_50": dict(top_k=k),
+            "top_k_1024": dict(top_k=torch.full((n,), 1024, device="cuda")),
             "top_p_0.9": dict(top_p=p),
             "k50_p0.9": dict(top_k=k, top_p=p),
         }
