@@ -1,8 +1,8 @@
 """Stage 2 (``verify_resample._truncated_summaries_kernel``) at this checkout against an earlier
-``kernels/verify_resample.py``, in one process: whole top-k 50 / top-k 1024 / top-p 0.9 / top-k 50 and top-p 0.9 calls
-(``settle_only``; CUDA graphs, settled, interleaved: ``scripts/kernel_bench.time_graphs``) beside
-plain verify, and stage 2's own GPU time (eager, ``kernel_times``). Llama-3-8B head, bf16,
-logits of std 4, γ 3 (``stage2_warps.cases``).
+``kernels/verify_resample.py``, in one process: whole top-k 50, top-k 1024, top-p 0.9 and top-k
+50 + top-p 0.9 calls (``settle_only``; CUDA graphs, settled, interleaved:
+``scripts/kernel_bench.time_graphs``) beside plain verify, and stage 2's own GPU time (eager,
+``kernel_times``). Llama-3-8B head, bf16, logits of std 4, γ 3 (``stage2_warps.cases``).
 
     git show d5e7120:kernels/verify_resample.py > /tmp/verify_resample_before.py
     python docs/bench/stage2_ab.py /tmp/verify_resample_before.py 1 16 128 160 512
