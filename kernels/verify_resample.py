@@ -944,9 +944,10 @@ def _kept_probs(logit, keep, top, top_k_on, m, s, TOP_K: tl.constexpr, LIBDEVICE
 # ``_mass_cut``'s step sums each key's weight (units of 2**-40) with a count of one at bit
 # MASS_BITS: its weights are probabilities, so their sum stays below 2**MASS_BITS (Σ w < 256), and
 # the count of a row's keys (at most 2**15) fits above it in an int64.
-MASS_BITS: tl.constexpr = tl.constexpr(48)
-_COUNT_ONE: tl.constexpr = tl.constexpr(2**48)  # 1 << MASS_BITS
-_MASS: tl.constexpr = tl.constexpr(2**48 - 1)
+_MASS_BITS = 48
+MASS_BITS: tl.constexpr = tl.constexpr(_MASS_BITS)
+_COUNT_ONE: tl.constexpr = tl.constexpr(1 << _MASS_BITS)  # a key's count of one
+_MASS: tl.constexpr = tl.constexpr((1 << _MASS_BITS) - 1)  # the mass's bits
 
 
 @triton.jit
@@ -960,10 +961,10 @@ def _mass_cut(x, on, w, p):
     order. Bisection on the high word (the logit's order) of a bracket [lo, hi] with the keys at
     or above lo weighing ``p`` or more and those above hi less; a step is one sum over the row
     that gives the mass and the count of the keys at or above its midpoint, and a row stops once
-    its bracket holds one key, which is then the cut (with std-4 logits about half of a full
-    bisection's steps). Keys tied on the cut's high word are then split on the low word (the id).
-    A key whose mass before it lies within float rounding of ``p`` may fall on the other side than
-    in the reference's float32 cumulative sum."""
+    its bracket holds one key, which is then the cut (on std-4 logits 11-17 steps where the
+    whole bisection takes 23). Keys tied on the cut's high word are then split on the low word
+    (the id). A key whose mass before it lies within float rounding of ``p`` may fall on the
+    other side than in the reference's float32 cumulative sum."""
     high = (x >> 32).to(tl.int32)
     fixed, nan = _fixed_terms(w, on)
     p_fixed = (p * FIXED_ONE).to(tl.int64)
