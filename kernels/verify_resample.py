@@ -961,10 +961,11 @@ def _mass_cut(x, on, w, p):
     order. Bisection on the high word (the logit's order) of a bracket [lo, hi] with the keys at
     or above lo weighing ``p`` or more and those above hi less; a step is one sum over the row
     that gives the mass and the count of the keys at or above its midpoint, and a row stops once
-    its bracket holds one key, which is then the cut (on std-4 logits 11-17 steps where the
-    whole bisection takes 23). Keys tied on the cut's high word are then split on the low word
-    (the id). A key whose mass before it lies within float rounding of ``p`` may fall on the
-    other side than in the reference's float32 cumulative sum."""
+    its bracket holds one key, which is then the cut (on std-4 logits 10-16 steps where the
+    whole bisection takes 23-24, docs/bench/mass_cut_steps{.py,_cpu.log}). Keys tied on the
+    cut's high word are then split on the low word (the id). A key whose mass before it lies
+    within float rounding of ``p`` may fall on the other side than in the reference's float32
+    cumulative sum."""
     high = (x >> 32).to(tl.int32)
     fixed, nan = _fixed_terms(w, on)
     p_fixed = (p * FIXED_ONE).to(tl.int64)
