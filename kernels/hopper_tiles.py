@@ -522,7 +522,10 @@ def _epilogue_partition(
 ):
     """Per tile: the op's reduction of the accumulator into per-(row, tile) summaries (with
     ``MASKED``, of the dots the rows' allowed-token masks keep: each chunk's mask words are
-    loaded while the chunk before it is reduced, the first chunk's while the MMA finishes). With
+    loaded while the chunk before it is reduced, a tile's first chunk's while the CTA's previous
+    tile's last chunk is: loaded only once the accumulator was ready, they cost a random
+    half-vocabulary mask 1.10x plain verify at 512 rows on an H200, against 1.06 without the
+    loads, ``docs/bench/mask_loads_h200.log``). With
     ``HAND_IN`` (top-k / top-p) the truncated sequences' rows hand in their dots above a threshold
     (``_hand_in_chunk``) instead of a noisy best, which the other rows still get; a block of
     truncated rows only scores no noise and writes no best (stage 2 rewrites their summaries)."""
@@ -573,6 +576,14 @@ def _epilogue_partition(
     block_layout: gl.constexpr = gl.BlockedLayout([1], [32], [EPI_WARPS], [0])
     noise_layout: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [EPI_WARPS, 1], [1, 0])
     num_splits = gl.cdiv(vocab_size, BLOCK_V)
+    if MASKED:  # the first chunk's mask words of this CTA's first tile
+        v_first = gl.program_id(0) // row_blocks
+        first_rows = (gl.program_id(0) - v_first * row_blocks) * BLOCK_N
+        first_rows += gl.arange(0, CHUNK, layout=row_layout)
+        words = _mask_words(
+            allowed_ptr, first_rows, first_rows < num_rows, v_first * BLOCK_V, num_words, BLOCK_V,
+            run_layout,
+        )  # fmt: skip
     for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
         count = tile // gl.num_programs(0)  # this CTA's tiles before this one
         v_tile = tile // row_blocks
@@ -612,11 +623,6 @@ def _epilogue_partition(
             gl.store(keys_ptr + (1 + NB) * BLOCK_N + noise_at, u.to(gl.int32, bitcast=True))
             _cta_barrier()
         first_rows = row_block * BLOCK_N + gl.arange(0, CHUNK, layout=row_layout)
-        if MASKED:  # the first chunk's mask words, loaded while the MMA finishes
-            words = _mask_words(
-                allowed_ptr, first_rows, first_rows < num_rows, v_tile * BLOCK_V, num_words,
-                BLOCK_V, run_layout,
-            )  # fmt: skip
         mbarrier.wait(acc_ready, count & 1)
         cols = v_tile * BLOCK_V + gl.arange(0, BLOCK_V, layout=col_layout)
         # Only the chunks with rows below num_rows (a partial last row block skips the rest).
@@ -626,13 +632,21 @@ def _epilogue_partition(
             row_ok = rows < num_rows
             acc = acc_buf.index(chunk).load(layout)  # [CHUNK, BLOCK_V] fp32
             chunk_words = 0  # (without MASKED, never read)
-            if MASKED:  # this chunk's words, and the next chunk's in flight
+            if MASKED:
+                # this chunk's words, and the next chunk's in flight: after the tile's last
+                # chunk, the first of this CTA's next tile (its latency hidden behind this
+                # chunk, not paid when that tile's accumulator is ready)
                 chunk_words = words
-                next_rows = rows + CHUNK
-                next_ok = (next_rows < num_rows) & (chunk + 1 < live_chunks)
+                last = (chunk + 1 == live_chunks).to(gl.int32)
+                next_tile = tile + gl.num_programs(0)
+                next_v = next_tile // row_blocks
+                next_block = next_tile - next_v * row_blocks
+                jump = (next_block - row_block) * BLOCK_N - (chunk + 1) * CHUNK  # to its row 0
+                next_rows = rows + CHUNK + jump * last
+                next_ok = (next_rows < num_rows) & ((last == 0) | (next_tile < num_tiles))
                 words = _mask_words(
-                    allowed_ptr, next_rows, next_ok, v_tile * BLOCK_V, num_words, BLOCK_V,
-                    run_layout,
+                    allowed_ptr, next_rows, next_ok, (v_tile + (next_v - v_tile) * last) * BLOCK_V,
+                    num_words, BLOCK_V, run_layout,
                 )  # fmt: skip
             ids = gl.expand_dims(cols, 0) + gl.zeros([CHUNK, BLOCK_V], gl.int32, layout)
             ws_off = rows * num_splits + v_tile
