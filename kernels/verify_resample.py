@@ -640,6 +640,8 @@ SAMPLED_TUNED = (
     (256, (64, 32, 128, 2, 4, 3)),
     (None, (64, 64, 128, 1, 4, 3)),
 )
+# The most K_SPLITS a launch takes: the threshold kernel sums that many partials at most.
+MAX_K_SPLITS: tl.constexpr = tl.constexpr(8)
 
 
 def sampled_logits(
@@ -657,6 +659,8 @@ def sampled_logits(
     block_r, block_s, block_k, k_splits, num_warps, num_stages = tune
     block_r = min(block_r, max(16, triton.next_power_of_2(rows)))
     k_splits = min(k_splits, triton.cdiv(hidden_size, block_k))
+    if k_splits > MAX_K_SPLITS:
+        raise ValueError(f"tune: K_SPLITS {k_splits} past the threshold's {MAX_K_SPLITS.value}")
     out = torch.empty((k_splits, rows, num_sampled), dtype=torch.float32, device=hidden2d.device)
     grid = (triton.cdiv(num_sampled, block_s), triton.cdiv(rows, block_r), k_splits)
     _sampled_logits_kernel[grid](
@@ -752,10 +756,18 @@ def _hand_in_threshold_kernel(
     n = r // width
     i = tl.arange(0, BLOCK)
     ok = i < num_sampled
+    if TOP_K:
+        k = tl.load(top_k_ptr + n)
+    if TOP_P:
+        p = tl.load(top_p_ptr + n)
+    # the partials summed in split order, their loads unrolled so that all are in flight at once
+    # (a runtime loop waited for each in turn); the splits past ``splits`` add nothing
     x = tl.zeros([BLOCK], tl.float32)
-    for split in range(splits):
+    for split in tl.static_range(MAX_K_SPLITS):
         row = (split * rows + r).to(tl.int64) * num_sampled
-        x += tl.load(sample_ptr + row + i, mask=ok, other=float("-inf"))
+        live = ok & (tl.full([BLOCK], split, tl.int32) < splits)
+        x += tl.load(sample_ptr + row + i, mask=live, other=0.0)
+    x = tl.where(ok, x, float("-inf"))
     if MASKED:
         ids = i * STRIDE
         word = tl.load(allowed_ptr + r.to(tl.int64) * num_words + ids // 32, mask=ok, other=0)
@@ -764,11 +776,10 @@ def _hand_in_threshold_kernel(
     target = tl.full([], TARGET, tl.int64)
     on = tl.full([], 0, tl.int1)
     if TOP_K:
-        k = tl.load(top_k_ptr + n)
         target = tl.where(k > 0, tl.minimum(tl.maximum(8 * k, MIN_TARGET), TARGET), target)
         on |= k > 0
     if TOP_P:
-        on |= tl.load(top_p_ptr + n) < 1.0
+        on |= p < 1.0
     rank = tl.minimum(tl.maximum(target * num_sampled // vocab_size, 1), num_sampled)
     rank = tl.minimum(rank, DEPTH)
     top = top_sorted(order_key(x, i)[None, :], DEPTH)  # [1, DEPTH], largest first
@@ -1043,6 +1054,7 @@ def _truncated_summaries_kernel(
     row_ok = r < num_rows
     n = r // width
     on = row_ok & (tl.load(truncated_ptr + n, mask=row_ok, other=0) != 0)  # [ROWS]
+    count = tl.load(count_ptr + r, mask=row_ok, other=0)  # beside the flag: one round trip
     if tl.max(on.to(tl.int32), 0) == 0:  # no truncated row: one flag read
         tl.store(unsettled_ptr + r, tl.zeros([ROWS], tl.int8), mask=row_ok)
     else:
@@ -1052,7 +1064,7 @@ def _truncated_summaries_kernel(
         # over the keys read. H100, whole calls: top-k 50 1-8 µs faster at 1-128 rows (of
         # 380-425), with top-p 0.9 5-43 µs at 1-512; top-p alone (2048 keys aimed at) 3-14 µs
         # slower at 1-128 rows, so it reads them all (docs/bench/stage2_widths{.py,_h100.log}).
-        count = tl.load(count_ptr + r, mask=on, other=0)
+        count = tl.where(on, count, 0)
         most = tl.max(count, 0)
         if BLOCK_HANDED < 64 or not TOP_K:  # one width
             _settle_rows(
@@ -1128,6 +1140,17 @@ def _settle_rows(
     # the row.
     theta = tl.load(threshold_ptr + r, mask=on, other=0.0)
     t_row = tl.load(temperature_ptr + n, mask=on, other=1.0)
+    # every other load of the row now, in flight together (not each after the loop before it)
+    seed = tl.load(seed_ptr + n, mask=on, other=0)
+    position = tl.load(positions_ptr + n, mask=on, other=0) + (r - n * width)
+    plane = num_rows * num_splits
+    row_ws = r[:, None] * num_splits + split[None, :]  # [ROWS, BLOCK_S]
+    if TOP_K:
+        k = tl.load(top_k_ptr + n, mask=on, other=0)
+    if TOP_P:
+        p = tl.load(top_p_ptr + n, mask=on, other=1.0)
+        m = tl.load(ws_float_ptr + F_MAX * plane + row_ws, mask=split_ok, other=float("-inf"))
+        s = tl.load(ws_float_ptr + F_SUM_EXP * plane + row_ws, mask=split_ok, other=0.0)
     scale = tl.where(t_row < GREEDY_BELOW, 1.0, t_row)
     t = tl.arange(0, BLOCK_HANDED)
     raw = tl.load(
@@ -1146,8 +1169,6 @@ def _settle_rows(
     known_all = tl.sum(((handed > tau[:, None]) & (handed > _NEG_INF_LAST)).to(tl.int32), 1)
     # every finite logit of the row was handed in, and no more than L of them
     complete = (tau == EMPTY_KEY) & (known_all <= num_kept)
-    plane = num_rows * num_splits
-    row_ws = r[:, None] * num_splits + split[None, :]  # [ROWS, BLOCK_S]
     if TOP_P:
         # ---- top-p: no order needed. The kept set is top-k's cut (bisection, as for top-k
         # alone), the softmax is over it (top-k on) or over every allowed token (the stage-1
@@ -1155,9 +1176,7 @@ def _settle_rows(
         # or above weigh p (``_mass_cut``). Settled where k lies within the known keys, the
         # nucleus ends inside them (top-p alone), or every finite logit is known.
         logit, ids = decode_key(handed)
-        p = tl.load(top_p_ptr + n, mask=on, other=1.0)
         if TOP_K:
-            k = tl.load(top_k_ptr + n, mask=on, other=0)
             keep, top_k_on, top_k_known = _top_k_kept(handed, tau, known_all, k, num_kept)
             top = tl.max(tl.where(keep, logit, float("-inf")), 1)  # the largest kept logit
             top = tl.where(top == float("-inf"), 0.0, top)
@@ -1166,8 +1185,6 @@ def _settle_rows(
             top_k_on = tl.zeros_like(on)
             top_k_known = top_k_on
             top = tl.zeros_like(theta)
-        m = tl.load(ws_float_ptr + F_MAX * plane + row_ws, mask=split_ok, other=float("-inf"))
-        s = tl.load(ws_float_ptr + F_SUM_EXP * plane + row_ws, mask=split_ok, other=0.0)
         probs = _kept_probs(logit, keep, top, top_k_on, m, s, TOP_K, LIBDEVICE)
         nucleus_cut, reach = _mass_cut(handed, keep, probs, tl.where(p < 1.0, p, 2.0))
         nucleus = keep & tl.where(reach[:, None], handed >= nucleus_cut[:, None], True)
@@ -1180,7 +1197,6 @@ def _settle_rows(
         # softmax is over it, and the Gumbel-max is order-free. Settled where k lies within
         # the L largest known keys, or every finite logit is known.
         logit, ids = decode_key(handed)
-        k = tl.load(top_k_ptr + n, mask=on, other=0)
         nucleus, _, top_k_known = _top_k_kept(handed, tau, known_all, k, num_kept)
         any_nucleus = tl.max(nucleus.to(tl.int32), 1) > 0
         settled = (complete | top_k_known) & any_nucleus
@@ -1201,12 +1217,10 @@ def _settle_rows(
 
     # ---- the Gumbel-max over the nucleus with the tile pass's noise (greedy rows: the
     # logit), ties to the lowest id; the nucleus's LSE
-    seed = tl.load(seed_ptr + n, mask=on, other=0)
-    position = tl.load(positions_ptr + n, mask=on, other=0) + (r - n * width)
     key_a, key_b = row_keys(seed, position, STREAM_GUMBEL)  # [ROWS] uint32 each
     bits = token_bits(key_a[:, None], key_b[:, None], ids)  # named: the interpreter needs it
     g = gumbel_from_bits(bits, LIBDEVICE)
-    greedy = tl.load(temperature_ptr + n, mask=on, other=1.0) < GREEDY_BELOW
+    greedy = t_row < GREEDY_BELOW
     score = tl.where(greedy[:, None], logit, logit + g)
     score = tl.where(nucleus, score, float("-inf"))
     # one reduction: the largest order key of (score, id) is the best score, ties to the

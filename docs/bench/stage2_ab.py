@@ -1,8 +1,9 @@
-"""Stage 2 (``verify_resample._truncated_summaries_kernel``) at this checkout against an earlier
-``kernels/verify_resample.py``, in one process: whole top-k 50, top-k 1024, top-p 0.9 and top-k
-50 + top-p 0.9 calls (``settle_only``; CUDA graphs, settled, interleaved:
-``scripts/kernel_bench.time_graphs``) beside plain verify, and stage 2's own GPU time (eager,
-``kernel_times``). Llama-3-8B head, bf16, logits of std 4, γ 3 (``stage2_warps.cases``).
+"""Stage 2 (``verify_resample._truncated_summaries_kernel``) and the hand-in threshold
+(``_hand_in_threshold_kernel``) at this checkout against an earlier ``kernels/verify_resample.py``,
+in one process: whole top-k 50, top-k 1024, top-p 0.9 and top-k 50 + top-p 0.9 calls
+(``settle_only``; CUDA graphs, settled, interleaved: ``scripts/kernel_bench.time_graphs``) beside
+plain verify, and the two kernels' own GPU time (eager, ``kernel_times``). Llama-3-8B head, bf16,
+logits of std 4, γ 3 (``stage2_warps.cases``).
 
     git show d5e7120:kernels/verify_resample.py > /tmp/verify_resample_before.py
     python docs/bench/stage2_ab.py /tmp/verify_resample_before.py 1 16 128 160 512
@@ -26,7 +27,7 @@ from stage2_warps import cases
 
 from flashspec_export.kernels import verify_resample as vr
 
-STAGE2 = "_truncated_summaries_kernel"
+KERNELS = {"stage 2": "_truncated_summaries_kernel", "threshold": "_hand_in_threshold_kernel"}
 
 
 def _module(path: str):
@@ -55,11 +56,14 @@ def main() -> None:
             fns[f"{name}/now"] = functools.partial(
                 vr.verify_resample, *args, settle_only=True, **options
             )
-        stage2 = {}
+        own = {}
         for name, fn in fns.items():
             if name != "verify":
-                stage2[name] = sum(us for kernel, (_, us) in kernel_times(fn).items()
-                                   if STAGE2 in kernel)  # fmt: skip
+                times = kernel_times(fn)
+                own[name] = ", ".join(
+                    f"{label} {sum(us for kernel, (_, us) in times.items() if ker in kernel):.1f}"
+                    for label, ker in KERNELS.items()
+                )
         times = {name: statistics.median(v) for name, v in time_graphs(fns, 20, 200).items()}
         plain = times["verify"]
         print(f"R={rows}: verify {plain:.1f} µs", flush=True)
@@ -67,8 +71,8 @@ def main() -> None:
             print(
                 f"R={rows} {name}: "
                 + " ".join(
-                    f"{tag} {times[f'{name}/{tag}']:.1f} ({times[f'{name}/{tag}'] / plain:.3f}x,"
-                    f" stage 2 {stage2[f'{name}/{tag}']:.1f})"
+                    f"{tag} {times[f'{name}/{tag}']:.1f} ({times[f'{name}/{tag}'] / plain:.3f}x;"
+                    f" {own[f'{name}/{tag}']})"
                     for tag in ("before", "now")
                 ),
                 flush=True,
