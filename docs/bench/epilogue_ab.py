@@ -27,14 +27,15 @@ from flashspec_export.kernels import hopper_tiles
 from flashspec_export.kernels import verify_resample as vr
 
 
-def _module(path: str):
+def load_before(path: str):
+    """An earlier ``kernels/hopper_tiles.py`` at ``path`` as a module of its own."""
     spec = importlib.util.spec_from_file_location("hopper_tiles_before", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-def _with(module, fn):
+def with_hopper(module, fn):
     """``fn`` with ``verify_resample`` launching ``module``'s Hopper kernel."""
 
     def call():
@@ -48,7 +49,7 @@ def _with(module, fn):
 
 
 def main() -> None:
-    before = _module(sys.argv[1])
+    before = load_before(sys.argv[1])
     for rows, n, args in cases([int(x) for x in sys.argv[2:]]):
         g = torch.Generator(device="cuda").manual_seed(1)
         words = -(-args[-1] // 32)
@@ -66,8 +67,8 @@ def main() -> None:
         hidden2d = args[0].reshape(-1, args[0].shape[-1])
         fns = {"matmul": functools.partial(torch.matmul, hidden2d, args[1].T)}
         for name, fn in calls.items():
-            fns[f"{name}/before"] = _with(before, fn)
-            fns[f"{name}/now"] = _with(hopper_tiles, fn)
+            fns[f"{name}/before"] = with_hopper(before, fn)
+            fns[f"{name}/now"] = with_hopper(hopper_tiles, fn)
         times = {name: statistics.median(v) for name, v in time_graphs(fns, 20, 200).items()}
         for tag in ("before", "now"):
             plain = times[f"verify/{tag}"]

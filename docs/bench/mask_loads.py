@@ -10,7 +10,6 @@ top-k 50 (``settle_only``), and whether the two give the same tokens. bf16, logi
 from __future__ import annotations
 
 import functools
-import importlib.util
 import pathlib
 import statistics
 import sys
@@ -18,37 +17,17 @@ import sys
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "scripts"))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from epilogue_ab import load_before, with_hopper
 from kernel_bench import time_graphs
 
 from flashspec_export.config import HeadShape
 from flashspec_export.kernels import verify_resample as vr
 from flashspec_export.reference import truncation
 
-NOW = vr.hopper_tiles
-
-
-def _module(path: str):
-    spec = importlib.util.spec_from_file_location("hopper_tiles_before", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _with(module, fn):
-    """``fn`` with ``verify_resample`` launching ``module``'s Hopper kernel."""
-
-    def call():
-        vr.hopper_tiles = module
-        try:
-            return fn()
-        finally:
-            vr.hopper_tiles = NOW
-
-    return call
-
 
 def main() -> None:
-    before = _module(sys.argv[1])
+    before = load_before(sys.argv[1])
     for name in sys.argv[2].split(","):
         head = HeadShape.from_name(name)
         torch.manual_seed(0)
@@ -68,12 +47,12 @@ def main() -> None:
             )
             fns = {
                 "verify": functools.partial(vr.verify_resample, *args),
-                "mask/before": _with(before, mask),
+                "mask/before": with_hopper(before, mask),
                 "mask/now": mask,
-                "mask_k50/before": _with(before, k50),
+                "mask_k50/before": with_hopper(before, k50),
                 "mask_k50/now": k50,
             }
-            a, b = _with(before, mask)(), mask()
+            a, b = with_hopper(before, mask)(), mask()
             same = torch.equal(a.tokens, b.tokens) and torch.equal(a.num_emitted, b.num_emitted)
             t = {k: statistics.median(v) for k, v in time_graphs(fns, 20, 100).items()}
             cells = " ".join(f"{k} {v:.1f} ({v / t['verify']:.3f})" for k, v in t.items())
