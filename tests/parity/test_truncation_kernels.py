@@ -909,6 +909,17 @@ def test_sampled_logits_are_the_strided_head_s(rows, tune, dtype):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
 
 
+def test_the_sampled_splits_fit_the_threshold_kernel():
+    """The threshold kernel sums at most ``MAX_K_SPLITS`` partials a logit (its loads unrolled):
+    every ``SAMPLED_TUNED`` launch (the CUDA library's too) fits, and a tune past it is refused
+    by name rather than summed in part."""
+    assert max(tune[3] for _, tune in kernels.SAMPLED_TUNED) <= kernels.MAX_K_SPLITS
+    hidden = torch.zeros(2, 16 * 9, device=DEVICE)
+    with pytest.raises(ValueError, match="tune: K_SPLITS 9 past the threshold's 8"):
+        kernels.sampled_logits(hidden, torch.zeros(300, 16 * 9, device=DEVICE), 300,
+                               tune=(16, 16, 16, 9, 4, 3))  # fmt: skip
+
+
 @pytest.mark.parametrize("masked", [False, True])
 def test_hand_in_thresholds_take_the_target_rank_of_the_sampled_logits(masked):
     """``_hand_in_thresholds``: per truncated row, the logit of rank ``target · sampled / V``
