@@ -1048,14 +1048,14 @@ def _truncated_summaries_kernel(
     row's summaries as one split. Memory traffic per truncated row: its handed-in keys (8 bytes
     each, up to its count), its max / sum_exp (8 · S; top-p only), the rewritten fields (8 · S:
     score and index; 20 · S with log-probabilities) and one flag, plus top-k's nucleus through
-    the scratch (up to 16 · BLOCK_KEPT bytes written and read, L2); an untruncated row reads one
-    flag and writes one."""
+    the scratch (up to 16 · BLOCK_KEPT bytes written and read, L2); an untruncated row reads its
+    flag and count and writes one flag."""
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     row_ok = r < num_rows
     n = r // width
     on = row_ok & (tl.load(truncated_ptr + n, mask=row_ok, other=0) != 0)  # [ROWS]
     count = tl.load(count_ptr + r, mask=row_ok, other=0)  # beside the flag: one round trip
-    if tl.max(on.to(tl.int32), 0) == 0:  # no truncated row: one flag read
+    if tl.max(on.to(tl.int32), 0) == 0:  # no truncated row: its flag (and count) read
         tl.store(unsettled_ptr + r, tl.zeros([ROWS], tl.int8), mask=row_ok)
     else:
         # With top-k the keys are read in the narrowest of BLOCK_HANDED / 4, / 2 and BLOCK_HANDED
