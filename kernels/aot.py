@@ -568,7 +568,7 @@ def _hopper_row(specs, op, dtype_name, hidden_size, bound, config, hand_in=False
     swizzles = {_tma_swizzle(_hopper_layout(dtype, block)) for block in blocks}
     if len(swizzles) != 1:
         raise RuntimeError(f"{config}: the two TMA boxes need different swizzles")
-    shape = "_".join(str(int(v)) for v in config)
+    shape = "_".join(str(v) for v in config)
     verify = op == "verify_resample"
     symbols = {}
     for variant in _VERIFY_VARIANTS if verify else (None,):
@@ -584,14 +584,13 @@ def _hopper_row(specs, op, dtype_name, hidden_size, bound, config, hand_in=False
             "EPI_REGS": config.epi_regs,
             "MASKED": variant.masked if variant else False,
             "HAND_IN": hand_in,
-            "PINGPONG": config.pingpong,
         }
         specs[symbol] = KernelSpec(
             symbol,
             "hopper_tiles",
             tuple(constexprs.items()),
             _POINTER_TYPE[dtype],
-            hopper_tiles.launch_warps(config),
+            config.block_n // 16,
             descriptor_blocks=blocks,
         )
     return TileRow(

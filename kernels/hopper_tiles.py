@@ -403,10 +403,9 @@ def _load_partition(shared):
 
 
 @gluon.jit
-def _accumulate(a_bufs, b_bufs, ready, empty, it, k_iters, layout: gl.constexpr, issued=None):
+def _accumulate(a_bufs, b_bufs, ready, empty, it, k_iters, layout: gl.constexpr):
     """One output tile's fp32 accumulator: wgmma over ``k_iters`` ring slots from the
-    ``it``-th, each slot given back to the loader once read; ``issued`` (an mbarrier), arrived
-    at once every warp has issued the last wgmma. Returns (acc, the next ``it``)."""
+    ``it``-th, each slot given back to the loader once read. Returns (acc, the next ``it``)."""
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     BLOCK_N: gl.constexpr = a_bufs.type.shape[1]
     BLOCK_V: gl.constexpr = b_bufs.type.shape[1]
@@ -423,8 +422,6 @@ def _accumulate(a_bufs, b_bufs, ready, empty, it, k_iters, layout: gl.constexpr,
         _cta_barrier()
         mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=kk > 0)
         it += 1
-    if issued is not None:
-        mbarrier.arrive(issued)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     _cta_barrier()
     mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
@@ -515,184 +512,6 @@ def _mma_argmax_partition(a_desc, a_bufs, b_bufs, ready, empty, params):
         gl.store(best_index_ptr + ws_off, best_id, mask=rows < num_rows)
 
 
-@gluon.constexpr_function
-def _chunk_layout(BLOCK_V, CHUNK, EPI_WARPS, RUNS_AXIS=False):
-    """A chunk ``[CHUNK, BLOCK_V]`` over ``EPI_WARPS`` warps: each warp CHUNK / EPI_WARPS whole
-    rows, each lane a run of one row's ids (with ``RUNS_AXIS``, the same threads with the run on a
-    third axis, ``[CHUNK, LANES, RUN]``). The per-row work (the winner's exact score, the keys) is
-    repeated by every lane of a row, so fewer lanes per row (more ids per lane) amortise it."""
-    rows_per_warp = CHUNK // EPI_WARPS
-    lanes_per_row = 32 // rows_per_warp
-    run = BLOCK_V // lanes_per_row
-    if RUNS_AXIS:
-        return gl.BlockedLayout(
-            [1, 1, run], [rows_per_warp, lanes_per_row, 1], [EPI_WARPS, 1, 1], [2, 1, 0]
-        )
-    return gl.BlockedLayout([1, run], [rows_per_warp, lanes_per_row], [EPI_WARPS, 1], [1, 0])
-
-
-@gluon.jit
-def _first_words(params, tile, BLOCK_N: gl.constexpr, BLOCK_V: gl.constexpr,
-                 CHUNK: gl.constexpr):  # fmt: skip
-    """The mask words of the first chunk of ``tile`` (none past the last tile)."""
-    num_tiles, row_blocks, num_rows = params[0], params[1], params[2]
-    layout: gl.constexpr = _chunk_layout(BLOCK_V, CHUNK, gl.num_warps())
-    run_layout: gl.constexpr = _chunk_layout(BLOCK_V, CHUNK, gl.num_warps(), True)
-    v_tile = tile // row_blocks
-    rows = (tile - v_tile * row_blocks) * BLOCK_N
-    rows += gl.arange(0, CHUNK, layout=gl.SliceLayout(1, layout))
-    return _mask_words(
-        params[14], rows, (rows < num_rows) & (tile < num_tiles), v_tile * BLOCK_V, params[15],
-        BLOCK_V, run_layout,
-    )  # fmt: skip
-
-
-@gluon.jit
-def _tile_noise(keys_ptr, params, tile, BLOCK_N: gl.constexpr, NB: gl.constexpr,
-                HAND_IN: gl.constexpr):  # fmt: skip
-    """VerifyResample's per-tile preparation, while the tensor cores work on the accumulator: the
-    temperatures of ``tile``'s rows and each (row, 64-id block)'s Gumbel and pick uniform, once
-    per tile into the scratch at ``keys_ptr`` (per chunk, an L1 hit instead of a dependent global
-    load). Returns whether a row of the tile samples, and whether one takes a noisy best (with
-    ``HAND_IN`` the truncated sequences' rows take none)."""
-    row_blocks, num_rows, gamma = params[1], params[2], params[4]
-    temperature_ptr, seed_ptr, positions_ptr = params[5], params[6], params[7]
-    EPI_WARPS: gl.constexpr = gl.num_warps()
-    block_layout: gl.constexpr = gl.BlockedLayout([1], [32], [EPI_WARPS], [0])
-    noise_layout: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [EPI_WARPS, 1], [1, 0])
-    v_tile = tile // row_blocks
-    row_block = tile - v_tile * row_blocks
-    block_rows = row_block * BLOCK_N + gl.arange(0, BLOCK_N, layout=block_layout)
-    block_ok = block_rows < num_rows
-    block_seq = block_rows // (gamma + 1)
-    block_t = gl.load(temperature_ptr + block_seq, mask=block_ok, other=0.0)
-    plain = block_ok
-    if HAND_IN:  # the truncated sequences' rows take no noisy best
-        plain &= gl.load(params[16] + block_seq, mask=block_ok, other=1) == 0
-    any_sampled = gl.max(gl.where(plain & (block_t >= GREEDY_BELOW), 1, 0), 0) > 0
-    any_plain = gl.max(gl.where(plain, 1, 0), 0) > 0
-    noise_rows = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, noise_layout))
-    row = gl.expand_dims(row_block * BLOCK_N + noise_rows, 1)  # [BLOCK_N, 1]
-    noise_ok = row < num_rows
-    noise_seq = row // (gamma + 1)
-    noise_pos = gl.load(positions_ptr + noise_seq, mask=noise_ok, other=0)
-    noise_pos += row - noise_seq * (gamma + 1)
-    noise_seed = gl.load(seed_ptr + noise_seq, mask=noise_ok, other=0)
-    g_a, g_b = row_keys(noise_seed, noise_pos, STREAM_GUMBEL)  # [BLOCK_N, 1]
-    u_a, u_b = row_keys(noise_seed, noise_pos, STREAM_PICK)
-    nb = gl.arange(0, NB, layout=gl.SliceLayout(0, noise_layout))
-    block_id = gl.expand_dims(v_tile * NB + nb, 0)  # [1, NB]
-    g = gumbel_from_bits(token_bits(g_a, g_b, block_id), True)  # [BLOCK_N, NB]
-    u = uniform_from_bits(token_bits(u_a, u_b, block_id))
-    noise_at = gl.expand_dims(noise_rows, 1) * NB + gl.expand_dims(nb, 0)
-    _cta_barrier()  # the previous tile's reads of this scratch are done
-    in_block = gl.arange(0, BLOCK_N, layout=block_layout)
-    gl.store(keys_ptr + in_block, block_t.to(gl.int32, bitcast=True))
-    gl.store(keys_ptr + BLOCK_N + noise_at, g.to(gl.int32, bitcast=True))
-    gl.store(keys_ptr + (1 + NB) * BLOCK_N + noise_at, u.to(gl.int32, bitcast=True))
-    _cta_barrier()
-    return any_sampled, any_plain
-
-
-@gluon.jit
-def _reduce_tile(
-    acc_chunks,
-    keys_ptr,
-    params,
-    tile,
-    next_tile,
-    words,
-    any_sampled,
-    any_plain,
-    VERIFY: gl.constexpr,
-    RETURN_LOGPROBS: gl.constexpr,
-    MASKED: gl.constexpr,
-    HAND_IN: gl.constexpr,
-):
-    """The op's reduction of ``tile``'s accumulator (``acc_chunks``, in shared memory) into its
-    per-(row, tile) summaries, a chunk of ``CHUNK`` rows at a time. With ``MASKED``, ``words`` are
-    the first chunk's mask words; each chunk's are loaded while the chunk before it is reduced,
-    and during the tile's last chunk the first of ``next_tile`` (this warp group's next tile),
-    which it returns. ``any_sampled`` / ``any_plain``: ``_tile_noise``'s (VerifyResample)."""
-    row_blocks = params[1]
-    num_rows = params[2]
-    vocab_size = params[3]
-    NUM_CHUNKS: gl.constexpr = acc_chunks.type.shape[0]
-    CHUNK: gl.constexpr = acc_chunks.type.shape[1]
-    BLOCK_V: gl.constexpr = acc_chunks.type.shape[2]
-    BLOCK_N: gl.constexpr = NUM_CHUNKS * CHUNK
-    NB: gl.constexpr = BLOCK_V // SAMPLE_BLOCK  # the tile's blocks of the two-level sample
-    layout: gl.constexpr = _chunk_layout(BLOCK_V, CHUNK, gl.num_warps())
-    run_layout: gl.constexpr = _chunk_layout(BLOCK_V, CHUNK, gl.num_warps(), True)
-    row_layout: gl.constexpr = gl.SliceLayout(1, layout)
-    col_layout: gl.constexpr = gl.SliceLayout(0, layout)
-    num_splits = gl.cdiv(vocab_size, BLOCK_V)
-    v_tile = tile // row_blocks
-    row_block = tile - v_tile * row_blocks
-    first_rows = row_block * BLOCK_N + gl.arange(0, CHUNK, layout=row_layout)
-    cols = v_tile * BLOCK_V + gl.arange(0, BLOCK_V, layout=col_layout)
-    # Only the chunks with rows below num_rows (a partial last row block skips the rest).
-    live_chunks = gl.cdiv(gl.minimum(num_rows - row_block * BLOCK_N, BLOCK_N), CHUNK)
-    for chunk in range(live_chunks):
-        rows = first_rows + chunk * CHUNK
-        row_ok = rows < num_rows
-        acc = acc_chunks.index(chunk).load(layout)  # [CHUNK, BLOCK_V] fp32
-        chunk_words = 0  # (without MASKED, never read)
-        if MASKED:
-            # this chunk's words, and the next chunk's in flight: after the tile's last chunk,
-            # the first of next_tile (its latency hidden behind this chunk, not paid when that
-            # tile's accumulator is ready)
-            chunk_words = words
-            last = (chunk + 1 == live_chunks).to(gl.int32)
-            next_v = next_tile // row_blocks
-            next_block = next_tile - next_v * row_blocks
-            jump = (next_block - row_block) * BLOCK_N - (chunk + 1) * CHUNK  # to its row 0
-            next_rows = rows + CHUNK + jump * last
-            next_ok = (next_rows < num_rows) & ((last == 0) | (next_tile < params[0]))
-            words = _mask_words(
-                params[14], next_rows, next_ok, (v_tile + (next_v - v_tile) * last) * BLOCK_V,
-                params[15], BLOCK_V, run_layout,
-            )  # fmt: skip
-        ids = gl.expand_dims(cols, 0) + gl.zeros([CHUNK, BLOCK_V], gl.int32, layout)
-        ws_off = rows * num_splits + v_tile
-        if VERIFY:
-            in_chunk = chunk * CHUNK + gl.arange(0, CHUNK, layout=row_layout)
-            temperature = gl.load(keys_ptr + in_chunk)
-            temperature = temperature.to(gl.float32, bitcast=True)
-            greedy = temperature < GREEDY_BELOW  # reference.verify_resample.GREEDY_BELOW
-            scale = gl.where(greedy, 1.0, temperature)
-            if any_plain:
-                if any_sampled:
-                    flags = _chunk_flags(acc, scale, greedy, row_ok)
-                    best, best_id, best_logit = _block_sampled_chunk_best(
-                        acc, chunk_words, ids, scale, greedy, flags, keys_ptr + BLOCK_N,
-                        keys_ptr + (1 + NB) * BLOCK_N, in_chunk, v_tile * BLOCK_V, NB,
-                        run_layout, MASKED,
-                    )  # fmt: skip
-                else:  # greedy rows only: the scores are the logits, dot / 1
-                    kept = _kept(acc, chunk_words, run_layout, MASKED)
-                    best, best_id = gl.reduce((kept, ids), 1, _argmax_combine)
-                    best_logit = best
-                gl.store(params[8] + ws_off, best, mask=row_ok)
-                gl.store(params[9] + ws_off, best_id, mask=row_ok)
-                if RETURN_LOGPROBS:
-                    gl.store(params[10] + ws_off, best_logit, mask=row_ok)
-            if RETURN_LOGPROBS:
-                m, s = _tile_softmax(_kept(acc, chunk_words, run_layout, MASKED), scale)
-                gl.store(params[11] + ws_off, m, mask=row_ok)
-                gl.store(params[12] + ws_off, s, mask=row_ok)
-            if HAND_IN:
-                _hand_in_chunk(
-                    _kept(acc, chunk_words, run_layout, MASKED), rows, row_ok, params[17],
-                    params[18], params[19], v_tile * BLOCK_V, run_layout,
-                )  # fmt: skip
-        else:
-            best, best_id = gl.reduce((acc, ids), 1, _argmax_combine)
-            gl.store(params[8] + ws_off, best, mask=row_ok)
-            gl.store(params[9] + ws_off, best_id, mask=row_ok)
-    return words
-
-
 @gluon.jit
 def _epilogue_partition(
     shared,
@@ -701,104 +520,173 @@ def _epilogue_partition(
     MASKED: gl.constexpr,
     HAND_IN: gl.constexpr = False,
 ):
-    """Per tile: the op's reduction of the accumulator into per-(row, tile) summaries
-    (``_reduce_tile``; with ``MASKED``, of the dots the rows' allowed-token masks keep: a tile's
-    first chunk's words are loaded while the CTA's previous tile's last chunk is reduced: loaded
-    only once the accumulator was ready, they cost a random half-vocabulary mask 1.10x plain
-    verify at 512 rows on an H200, against 1.06 without the loads,
-    ``docs/bench/mask_loads_h200.log``). With ``HAND_IN`` (top-k / top-p) the truncated
-    sequences' rows hand in their dots above a threshold (``_hand_in_chunk``) instead of a noisy
-    best, which the other rows still get; a block of truncated rows only scores no noise and
-    writes no best (stage 2 rewrites their summaries)."""
+    """Per tile: the op's reduction of the accumulator into per-(row, tile) summaries (with
+    ``MASKED``, of the dots the rows' allowed-token masks keep: each chunk's mask words are
+    loaded while the chunk before it is reduced, a tile's first chunk's while the CTA's previous
+    tile's last chunk is: loaded only once the accumulator was ready, they cost a random
+    half-vocabulary mask 1.10x plain verify at 512 rows on an H200, against 1.06 without the
+    loads, ``docs/bench/mask_loads_h200.log``). With
+    ``HAND_IN`` (top-k / top-p) the truncated sequences' rows hand in their dots above a threshold
+    (``_hand_in_chunk``) instead of a noisy best, which the other rows still get; a block of
+    truncated rows only scores no noise and writes no best (stage 2 rewrites their summaries)."""
     params = shared[6]
-    acc_chunks, acc_ready, acc_empty = shared[7:]
+    acc_buf, acc_ready, acc_empty = shared[7:]
     num_tiles = params[0]
-    NUM_CHUNKS: gl.constexpr = acc_chunks.type.shape[0]
-    CHUNK: gl.constexpr = acc_chunks.type.shape[1]
-    BLOCK_V: gl.constexpr = acc_chunks.type.shape[2]
+    row_blocks = params[1]
+    num_rows = params[2]
+    vocab_size = params[3]
+    gamma = params[4]
+    temperature_ptr = params[5]
+    seed_ptr = params[6]
+    positions_ptr = params[7]
+    best_score_ptr = params[8]
+    best_index_ptr = params[9]
+    best_logit_ptr = params[10]
+    max_ptr = params[11]
+    sum_exp_ptr = params[12]
+    allowed_ptr = params[14]
+    num_words = params[15]
+    truncated_ptr = params[16]
+    threshold_ptr = params[17]
+    count_ptr = params[18]
+    hand_in_ptr = params[19]
+    NUM_CHUNKS: gl.constexpr = acc_buf.type.shape[0]
+    CHUNK: gl.constexpr = acc_buf.type.shape[1]
+    BLOCK_V: gl.constexpr = acc_buf.type.shape[2]
     BLOCK_N: gl.constexpr = NUM_CHUNKS * CHUNK
+    NB: gl.constexpr = BLOCK_V // SAMPLE_BLOCK  # the tile's blocks of the two-level sample
     # this CTA's scratch: the rows' temperatures [BLOCK_N], the blocks' Gumbels and uniforms
     # [BLOCK_N, NB] each (SCRATCH_PER_ROW int32 words a row at most)
     keys_ptr = params[13] + gl.program_id(0) * (SCRATCH_PER_ROW * BLOCK_N)
-    words = 0  # (without MASKED, never read)
+    EPI_WARPS: gl.constexpr = gl.num_warps()
+    # A chunk [CHUNK, BLOCK_V] over the partition: each warp CHUNK / EPI_WARPS whole rows, each
+    # lane a run of one row's ids. The per-row work (the winner's exact score, the keys) is
+    # repeated by every lane of a row, so fewer lanes per row (more ids per lane) amortise it.
+    ROWS_PER_WARP: gl.constexpr = CHUNK // EPI_WARPS
+    LANES_PER_ROW: gl.constexpr = 32 // ROWS_PER_WARP
+    RUN: gl.constexpr = BLOCK_V // LANES_PER_ROW
+    layout: gl.constexpr = gl.BlockedLayout(
+        [1, RUN], [ROWS_PER_WARP, LANES_PER_ROW], [EPI_WARPS, 1], [1, 0]
+    )
+    run_layout: gl.constexpr = gl.BlockedLayout(
+        [1, 1, RUN], [ROWS_PER_WARP, LANES_PER_ROW, 1], [EPI_WARPS, 1, 1], [2, 1, 0]
+    )
+    row_layout: gl.constexpr = gl.SliceLayout(1, layout)
+    col_layout: gl.constexpr = gl.SliceLayout(0, layout)
+    block_layout: gl.constexpr = gl.BlockedLayout([1], [32], [EPI_WARPS], [0])
+    noise_layout: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [EPI_WARPS, 1], [1, 0])
+    num_splits = gl.cdiv(vocab_size, BLOCK_V)
     if MASKED:  # the first chunk's mask words of this CTA's first tile
-        words = _first_words(params, gl.program_id(0), BLOCK_N, BLOCK_V, CHUNK)
-    any_sampled = False
-    any_plain = False
+        v_first = gl.program_id(0) // row_blocks
+        first_rows = (gl.program_id(0) - v_first * row_blocks) * BLOCK_N
+        first_rows += gl.arange(0, CHUNK, layout=row_layout)
+        words = _mask_words(
+            allowed_ptr, first_rows, first_rows < num_rows, v_first * BLOCK_V, num_words, BLOCK_V,
+            run_layout,
+        )  # fmt: skip
     for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
         count = tile // gl.num_programs(0)  # this CTA's tiles before this one
+        v_tile = tile // row_blocks
+        row_block = tile - v_tile * row_blocks
         if VERIFY:
-            any_sampled, any_plain = _tile_noise(
-                keys_ptr, params, tile, BLOCK_N, BLOCK_V // SAMPLE_BLOCK, HAND_IN
-            )
+            # The block's rows: temperatures and the blocks' noise, once per tile, shared through
+            # the CTA's scratch (per chunk, an L1 hit instead of a dependent global load).
+            block_rows = row_block * BLOCK_N + gl.arange(0, BLOCK_N, layout=block_layout)
+            block_ok = block_rows < num_rows
+            block_seq = block_rows // (gamma + 1)
+            block_t = gl.load(temperature_ptr + block_seq, mask=block_ok, other=0.0)
+            plain = block_ok
+            if HAND_IN:  # the truncated sequences' rows take no noisy best
+                plain &= gl.load(truncated_ptr + block_seq, mask=block_ok, other=1) == 0
+            any_sampled = gl.max(gl.where(plain & (block_t >= GREEDY_BELOW), 1, 0), 0) > 0
+            any_plain = gl.max(gl.where(plain, 1, 0), 0) > 0
+            # The blocks' noise of the tile's rows, once per tile (while the MMA runs): each
+            # (row, 64-id block) its Gumbel and its pick's uniform, into the CTA's scratch.
+            noise_rows = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, noise_layout))
+            row = gl.expand_dims(row_block * BLOCK_N + noise_rows, 1)  # [BLOCK_N, 1]
+            noise_ok = row < num_rows
+            noise_seq = row // (gamma + 1)
+            noise_pos = gl.load(positions_ptr + noise_seq, mask=noise_ok, other=0)
+            noise_pos += row - noise_seq * (gamma + 1)
+            noise_seed = gl.load(seed_ptr + noise_seq, mask=noise_ok, other=0)
+            g_a, g_b = row_keys(noise_seed, noise_pos, STREAM_GUMBEL)  # [BLOCK_N, 1]
+            u_a, u_b = row_keys(noise_seed, noise_pos, STREAM_PICK)
+            nb = gl.arange(0, NB, layout=gl.SliceLayout(0, noise_layout))
+            block_id = gl.expand_dims(v_tile * NB + nb, 0)  # [1, NB]
+            g = gumbel_from_bits(token_bits(g_a, g_b, block_id), True)  # [BLOCK_N, NB]
+            u = uniform_from_bits(token_bits(u_a, u_b, block_id))
+            noise_at = gl.expand_dims(noise_rows, 1) * NB + gl.expand_dims(nb, 0)
+            _cta_barrier()  # the previous tile's reads of this CTA's scratch are done
+            in_block = gl.arange(0, BLOCK_N, layout=block_layout)
+            gl.store(keys_ptr + in_block, block_t.to(gl.int32, bitcast=True))
+            gl.store(keys_ptr + BLOCK_N + noise_at, g.to(gl.int32, bitcast=True))
+            gl.store(keys_ptr + (1 + NB) * BLOCK_N + noise_at, u.to(gl.int32, bitcast=True))
+            _cta_barrier()
+        first_rows = row_block * BLOCK_N + gl.arange(0, CHUNK, layout=row_layout)
         mbarrier.wait(acc_ready, count & 1)
-        words = _reduce_tile(
-            acc_chunks, keys_ptr, params, tile, tile + gl.num_programs(0), words, any_sampled,
-            any_plain, VERIFY, RETURN_LOGPROBS, MASKED, HAND_IN,
-        )  # fmt: skip
+        cols = v_tile * BLOCK_V + gl.arange(0, BLOCK_V, layout=col_layout)
+        # Only the chunks with rows below num_rows (a partial last row block skips the rest).
+        live_chunks = gl.cdiv(gl.minimum(num_rows - row_block * BLOCK_N, BLOCK_N), CHUNK)
+        for chunk in range(live_chunks):
+            rows = first_rows + chunk * CHUNK
+            row_ok = rows < num_rows
+            acc = acc_buf.index(chunk).load(layout)  # [CHUNK, BLOCK_V] fp32
+            chunk_words = 0  # (without MASKED, never read)
+            if MASKED:
+                # this chunk's words, and the next chunk's in flight: after the tile's last
+                # chunk, the first of this CTA's next tile (its latency hidden behind this
+                # chunk, not paid when that tile's accumulator is ready)
+                chunk_words = words
+                last = (chunk + 1 == live_chunks).to(gl.int32)
+                next_tile = tile + gl.num_programs(0)
+                next_v = next_tile // row_blocks
+                next_block = next_tile - next_v * row_blocks
+                jump = (next_block - row_block) * BLOCK_N - (chunk + 1) * CHUNK  # to its row 0
+                next_rows = rows + CHUNK + jump * last
+                next_ok = (next_rows < num_rows) & ((last == 0) | (next_tile < num_tiles))
+                words = _mask_words(
+                    allowed_ptr, next_rows, next_ok, (v_tile + (next_v - v_tile) * last) * BLOCK_V,
+                    num_words, BLOCK_V, run_layout,
+                )  # fmt: skip
+            ids = gl.expand_dims(cols, 0) + gl.zeros([CHUNK, BLOCK_V], gl.int32, layout)
+            ws_off = rows * num_splits + v_tile
+            if VERIFY:
+                in_chunk = chunk * CHUNK + gl.arange(0, CHUNK, layout=row_layout)
+                temperature = gl.load(keys_ptr + in_chunk)
+                temperature = temperature.to(gl.float32, bitcast=True)
+                greedy = temperature < GREEDY_BELOW  # reference.verify_resample.GREEDY_BELOW
+                scale = gl.where(greedy, 1.0, temperature)
+                if any_plain:
+                    if any_sampled:
+                        flags = _chunk_flags(acc, scale, greedy, row_ok)
+                        best, best_id, best_logit = _block_sampled_chunk_best(
+                            acc, chunk_words, ids, scale, greedy, flags, keys_ptr + BLOCK_N,
+                            keys_ptr + (1 + NB) * BLOCK_N, in_chunk, v_tile * BLOCK_V, NB,
+                            run_layout, MASKED,
+                        )  # fmt: skip
+                    else:  # greedy rows only: the scores are the logits, dot / 1
+                        kept = _kept(acc, chunk_words, run_layout, MASKED)
+                        best, best_id = gl.reduce((kept, ids), 1, _argmax_combine)
+                        best_logit = best
+                    gl.store(best_score_ptr + ws_off, best, mask=row_ok)
+                    gl.store(best_index_ptr + ws_off, best_id, mask=row_ok)
+                    if RETURN_LOGPROBS:
+                        gl.store(best_logit_ptr + ws_off, best_logit, mask=row_ok)
+                if RETURN_LOGPROBS:
+                    m, s = _tile_softmax(_kept(acc, chunk_words, run_layout, MASKED), scale)
+                    gl.store(max_ptr + ws_off, m, mask=row_ok)
+                    gl.store(sum_exp_ptr + ws_off, s, mask=row_ok)
+                if HAND_IN:
+                    _hand_in_chunk(
+                        _kept(acc, chunk_words, run_layout, MASKED), rows, row_ok, threshold_ptr,
+                        count_ptr, hand_in_ptr, v_tile * BLOCK_V, run_layout,
+                    )  # fmt: skip
+            else:
+                best, best_id = gl.reduce((acc, ids), 1, _argmax_combine)
+                gl.store(best_score_ptr + ws_off, best, mask=row_ok)
+                gl.store(best_index_ptr + ws_off, best_id, mask=row_ok)
         _cta_barrier()  # every read of acc_buf is done
         mbarrier.arrive(acc_empty)
-
-
-@gluon.jit
-def _pingpong_consumer(
-    shared,
-    group,
-    RETURN_LOGPROBS: gl.constexpr,
-    MASKED: gl.constexpr,
-    HAND_IN: gl.constexpr,
-):
-    """One of VerifyResample's two consumer warp groups (``group`` 0 or 1): the CTA's tiles
-    alternate between them, and each takes its tile's wgmma accumulator ([BLOCK_N, BLOCK_V] in its
-    registers), then reduces it (``_reduce_tile``) while the other group's wgmma runs, so the
-    tensor cores pass from one group to the other without waiting for an epilogue. The groups
-    share the loader's ring and one accumulator buffer in shared memory (the reduction's view in
-    run layout): a group starts its wgmma once the other's previous tile's wgmma is done
-    (``mma_done``; the ring's ready phases are then those of this group's chunks), and stores its
-    accumulator once the other's reduction has read the buffer (``acc_free``)."""
-    a_desc = shared[0]
-    a_bufs, b_bufs, ready, empty, params = shared[2:7]
-    acc_buf, acc_chunks, mma_done, acc_free = shared[7:]
-    num_tiles = params[0]
-    row_blocks = params[1]
-    vocab_size = params[3]
-    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
-    NUM_CHUNKS: gl.constexpr = acc_chunks.type.shape[0]
-    CHUNK: gl.constexpr = acc_chunks.type.shape[1]
-    BLOCK_V: gl.constexpr = acc_chunks.type.shape[2]
-    BLOCK_N: gl.constexpr = NUM_CHUNKS * CHUNK
-    layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[gl.num_warps(), 1], instr_shape=[16, BLOCK_V, 16]
-    )
-    k_iters = gl.cdiv(a_desc.shape[1], BLOCK_K)
-    programs = gl.num_programs(0)
-    # this group's scratch: the rows' temperatures and the blocks' Gumbels and uniforms
-    keys_ptr = params[13] + (gl.program_id(0) * 2 + group) * (SCRATCH_PER_ROW * BLOCK_N)
-    words = 0  # (without MASKED, never read)
-    if MASKED:  # the first chunk's mask words of this group's first tile
-        words = _first_words(params, gl.program_id(0) + group * programs, BLOCK_N, BLOCK_V, CHUNK)
-    for tile in range(gl.program_id(0) + group * programs, num_tiles, 2 * programs):
-        count = tile // programs  # this CTA's tiles before this one
-        any_sampled, any_plain = _tile_noise(
-            keys_ptr, params, tile, BLOCK_N, BLOCK_V // SAMPLE_BLOCK, HAND_IN
-        )
-        mbarrier.wait(mma_done, (count & 1) ^ 1)  # the other group's previous wgmma is done
-        # mma_done as soon as this group's last wgmma is issued: the other group's first ones
-        # queue behind it (every chunk of this tile has landed, so the other group's ready
-        # phases are its own chunks')
-        acc, _next = _accumulate(
-            a_bufs, b_bufs, ready, empty, count * k_iters, k_iters, layout, mma_done
-        )
-        acc = _masked_dots(acc, tile // row_blocks, vocab_size, layout)
-        mbarrier.wait(acc_free, (count & 1) ^ 1)  # the other group's previous reduction is done
-        acc_buf.store(acc)
-        _cta_barrier()
-        words = _reduce_tile(
-            acc_chunks, keys_ptr, params, tile, tile + 2 * programs, words, any_sampled,
-            any_plain, True, RETURN_LOGPROBS, MASKED, HAND_IN,
-        )  # fmt: skip
-        _cta_barrier()  # every read of acc_buf is done
-        mbarrier.arrive(acc_free)
 
 
 @gluon.jit
@@ -852,55 +740,6 @@ def verify_masked_hand_in_logprobs_epilogue(shared):
 
 
 @gluon.jit
-def pingpong_verify(shared, group):
-    """A VerifyResample consumer warp group (``_pingpong_consumer``)."""
-    _pingpong_consumer(shared, group, False, False, False)
-
-
-@gluon.jit
-def pingpong_verify_logprobs(shared, group):
-    """A VerifyResample consumer warp group with log-probabilities."""
-    _pingpong_consumer(shared, group, True, False, False)
-
-
-@gluon.jit
-def pingpong_verify_masked(shared, group):
-    """A VerifyResample consumer warp group over an allowed-token mask."""
-    _pingpong_consumer(shared, group, False, True, False)
-
-
-@gluon.jit
-def pingpong_verify_masked_logprobs(shared, group):
-    """A VerifyResample consumer warp group over a mask, with log-probabilities."""
-    _pingpong_consumer(shared, group, True, True, False)
-
-
-@gluon.jit
-def pingpong_verify_hand_in(shared, group):
-    """A VerifyResample consumer warp group with the top-k / top-p hand-in."""
-    _pingpong_consumer(shared, group, False, False, True)
-
-
-@gluon.jit
-def pingpong_verify_hand_in_logprobs(shared, group):
-    """A VerifyResample consumer warp group with the hand-in and log-probabilities."""
-    _pingpong_consumer(shared, group, True, False, True)
-
-
-@gluon.jit
-def pingpong_verify_masked_hand_in(shared, group):
-    """A VerifyResample consumer warp group over a mask, with the hand-in."""
-    _pingpong_consumer(shared, group, False, True, True)
-
-
-@gluon.jit
-def pingpong_verify_masked_hand_in_logprobs(shared, group):
-    """A VerifyResample consumer warp group over a mask, with the hand-in and
-    log-probabilities."""
-    _pingpong_consumer(shared, group, True, True, True)
-
-
-@gluon.jit
 def argmax_epilogue(shared):
     """The TiledArgmax epilogue partition (max logit and its id per row and tile)."""
     _epilogue_partition(shared, False, False, False)
@@ -936,7 +775,6 @@ def hopper_tiles_kernel(
     EPI_REGS: gl.constexpr,
     MASKED: gl.constexpr = False,  # VerifyResample over the allowed tokens only
     HAND_IN: gl.constexpr = False,  # VerifyResample's top-k / top-p hand-in (_hand_in_chunk)
-    PINGPONG: gl.constexpr = False,  # VerifyResample on two consumer warp groups
 ):
     BLOCK_N: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
@@ -977,9 +815,7 @@ def hopper_tiles_kernel(
     # The worker partitions' one argument (partitions must share a signature): the loader reads
     # its first seven fields, the epilogue the rest and the params.
     loads = (a_desc, b_desc, a_bufs, b_bufs, ready, empty, params)
-    if PINGPONG:
-        _specialize_pingpong(loads, RETURN_LOGPROBS, MASKED, HAND_IN, CHUNK, EPI_REGS)
-    elif EPI_WARPS == 0:  # TiledArgmax only: the wgmma warps reduce their own accumulator
+    if EPI_WARPS == 0:  # TiledArgmax only: the wgmma warps reduce their own accumulator
         gl.warp_specialize(
             [
                 (_mma_argmax_partition, (a_desc, a_bufs, b_bufs, ready, empty, params)),
@@ -993,132 +829,6 @@ def hopper_tiles_kernel(
             loads, num_tiles, row_blocks, VERIFY, RETURN_LOGPROBS, MASKED, HAND_IN, CHUNK,
             EPI_WARPS, EPI_REGS,
         )  # fmt: skip
-
-
-@gluon.jit
-def _specialize_pingpong(
-    loads,
-    RETURN_LOGPROBS: gl.constexpr,
-    MASKED: gl.constexpr,
-    HAND_IN: gl.constexpr,
-    CHUNK: gl.constexpr,
-    EPI_REGS: gl.constexpr,
-):
-    """VerifyResample's partitions with two consumer warp groups (``_pingpong_consumer``): the
-    kernel's own warps and a worker of as many, and the loader."""
-    a_desc, b_desc, a_bufs, b_bufs, ready, empty, params = loads
-    BLOCK_N: gl.constexpr = a_desc.block_type.shape[0]
-    BLOCK_V: gl.constexpr = b_desc.block_type.shape[0]
-    GROUP_WARPS: gl.constexpr = gl.num_warps()
-    acc_layout: gl.constexpr = gl.SwizzledSharedLayout(
-        vec=4, per_phase=1, max_phase=8, order=[1, 0]
-    )
-    acc_buf = gl.allocate_shared_memory(gl.float32, [BLOCK_N, BLOCK_V], acc_layout)
-    chunks_shape: gl.constexpr = [BLOCK_N // CHUNK, CHUNK, BLOCK_V]
-    if _PUBLIC_REINTERPRET:
-        acc_chunks = acc_buf.reinterpret(gl.float32, chunks_shape, acc_layout)
-    else:
-        acc_chunks = acc_buf._reinterpret(gl.float32, chunks_shape, acc_layout)
-    mma_done = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    acc_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    mbarrier.init(mma_done, count=1)
-    mbarrier.init(acc_free, count=1)
-    shared = (a_desc, b_desc, a_bufs, b_bufs, ready, empty, params, acc_buf, acc_chunks, mma_done,
-              acc_free)  # fmt: skip
-    if HAND_IN:
-        _pingpong_hand_in(shared, loads, RETURN_LOGPROBS, MASKED, GROUP_WARPS, EPI_REGS)
-    elif MASKED and RETURN_LOGPROBS:
-        gl.warp_specialize(
-            [
-                (pingpong_verify_masked_logprobs, (shared, 0)),
-                (pingpong_verify_masked_logprobs, (shared, 1)),
-                (_load_partition, (loads,)),
-            ],
-            [GROUP_WARPS, 1],
-            [EPI_REGS, 24],
-        )
-    elif MASKED:
-        gl.warp_specialize(
-            [
-                (pingpong_verify_masked, (shared, 0)),
-                (pingpong_verify_masked, (shared, 1)),
-                (_load_partition, (loads,)),
-            ],
-            [GROUP_WARPS, 1],
-            [EPI_REGS, 24],
-        )
-    elif RETURN_LOGPROBS:
-        gl.warp_specialize(
-            [
-                (pingpong_verify_logprobs, (shared, 0)),
-                (pingpong_verify_logprobs, (shared, 1)),
-                (_load_partition, (loads,)),
-            ],
-            [GROUP_WARPS, 1],
-            [EPI_REGS, 24],
-        )
-    else:
-        gl.warp_specialize(
-            [
-                (pingpong_verify, (shared, 0)),
-                (pingpong_verify, (shared, 1)),
-                (_load_partition, (loads,)),
-            ],
-            [GROUP_WARPS, 1],
-            [EPI_REGS, 24],
-        )
-
-
-@gluon.jit
-def _pingpong_hand_in(
-    shared,
-    loads,
-    RETURN_LOGPROBS: gl.constexpr,
-    MASKED: gl.constexpr,
-    GROUP_WARPS: gl.constexpr,
-    EPI_REGS: gl.constexpr,
-):
-    """``_specialize_pingpong``'s partitions with the hand-in."""
-    if MASKED and RETURN_LOGPROBS:
-        gl.warp_specialize(
-            [
-                (pingpong_verify_masked_hand_in_logprobs, (shared, 0)),
-                (pingpong_verify_masked_hand_in_logprobs, (shared, 1)),
-                (_load_partition, (loads,)),
-            ],
-            [GROUP_WARPS, 1],
-            [EPI_REGS, 24],
-        )
-    elif MASKED:
-        gl.warp_specialize(
-            [
-                (pingpong_verify_masked_hand_in, (shared, 0)),
-                (pingpong_verify_masked_hand_in, (shared, 1)),
-                (_load_partition, (loads,)),
-            ],
-            [GROUP_WARPS, 1],
-            [EPI_REGS, 24],
-        )
-    elif RETURN_LOGPROBS:
-        gl.warp_specialize(
-            [
-                (pingpong_verify_hand_in_logprobs, (shared, 0)),
-                (pingpong_verify_hand_in_logprobs, (shared, 1)),
-                (_load_partition, (loads,)),
-            ],
-            [GROUP_WARPS, 1],
-            [EPI_REGS, 24],
-        )
-    else:
-        gl.warp_specialize(
-            [
-                (pingpong_verify_hand_in, (shared, 0)),
-                (pingpong_verify_hand_in, (shared, 1)),
-                (_load_partition, (loads,)),
-            ],
-            [GROUP_WARPS, 1],
-            [EPI_REGS, 24],
-        )
 
 
 @gluon.jit
@@ -1299,9 +1009,6 @@ class HopperConfig(NamedTuple):
     epi_warps, epi_regs : the epilogue partition's warps and registers per thread; 0 warps
         (TiledArgmax only): no epilogue partition, the MMA warps reduce their accumulator in
         registers (``_mma_argmax_partition``) and ``chunk`` is unused
-    pingpong : VerifyResample only: no epilogue partition but two consumer warp groups of
-        ``epi_warps`` (4) warps that take turns, each the wgmma of its tile and then its reduction
-        (``_pingpong_consumer``); ``epi_regs`` is the second group's register request
     """
 
     block_n: int = 128
@@ -1311,7 +1018,6 @@ class HopperConfig(NamedTuple):
     chunk: int = 16
     epi_warps: int = 4
     epi_regs: int = 152
-    pingpong: bool = False
 
 
 @functools.cache
@@ -1401,8 +1107,6 @@ def launch(
     """
     if verify and config.epi_warps == 0:
         raise ValueError("config.epi_warps: VerifyResample needs an epilogue partition (>= 4)")
-    if config.pingpong and (not verify or config.epi_warps != 4):
-        raise ValueError("config.pingpong: VerifyResample's consumer warp groups of 4 warps only")
     rows, _ = hidden2d.shape
     dtype = gl.bfloat16 if hidden2d.dtype == torch.bfloat16 else gl.float16
     smem = gl.NVMMASharedLayout.get_default_for([config.block_n, config.block_k], dtype)
@@ -1418,8 +1122,7 @@ def launch(
     device = hidden2d.device
     index = device.index if device.index is not None else torch.cuda.current_device()
     grid = (min(num_tiles, sm_count(index)),)
-    groups = 2 if config.pingpong else 1  # a scratch per consumer of the CTA's tiles
-    keys = _keys_scratch(device, grid[0] * groups * SCRATCH_PER_ROW * config.block_n)
+    keys = _keys_scratch(device, grid[0] * SCRATCH_PER_ROW * config.block_n)
     hopper_tiles_kernel[grid](
         a_desc,
         b_desc,
@@ -1442,12 +1145,5 @@ def launch(
         EPI_REGS=config.epi_regs,
         MASKED=allowed_tokens is not None,
         HAND_IN=hand_in is not None,
-        PINGPONG=config.pingpong,
-        num_warps=launch_warps(config),
+        num_warps=config.block_n // 16,
     )
-
-
-def launch_warps(config: HopperConfig) -> int:
-    """The kernel's own warps (its default partition's): a consumer warp group with
-    ``config.pingpong``, else the wgmma warps, ``block_n / 16``."""
-    return config.epi_warps if config.pingpong else config.block_n // 16

@@ -25,13 +25,7 @@ import triton
 import triton.language as tl
 
 from flashspec_export.kernels import release
-from flashspec_export.kernels.hopper_tiles import (
-    HopperConfig,
-    device_name,
-    launch_warps,
-    runs_on,
-    sm_count,
-)
+from flashspec_export.kernels.hopper_tiles import HopperConfig, device_name, runs_on, sm_count
 
 # Splits per SM: enough programs to fill the GPU about twice, so the whole LM head is in flight
 # in one or two waves and each program streams a long contiguous run of it.
@@ -155,23 +149,19 @@ _WIDE = HopperConfig(block_n=64, block_v=256, stages=4, chunk=8, epi_warps=4, ep
 # 1.15-1.17, 192 rows 1.14-1.19 -> 1.02-1.08, 320 rows 1.08-1.09 -> 1.02-1.04; H100, after,
 # docs/bench/argmax_rows_h100.log: 1.00-1.01 at 160, 0.99-1.01 at 192, 0.99-1.17 at 320 (Gemma-3
 # 1.17, its 128-row tile 1.14), 0.96-0.99 at 448).
-# VerifyResample from 65 rows on the 128 x 128 tile: two consumer warp groups taking turns, each
-# the wgmma of its tile and then its reduction (hopper_tiles._pingpong_consumer), instead of one
-# wgmma partition handing every accumulator to an epilogue partition.
-_PINGPONG = HopperConfig(epi_regs=232, pingpong=True)
 _ARGMAX_64 = HopperConfig(block_n=64, block_v=256, stages=5, epi_warps=0, epi_regs=0)
 _ARGMAX_128 = HopperConfig(block_n=128, block_v=256, stages=4, epi_warps=0, epi_regs=0)
 HOPPER_TUNED = {
     "verify_resample": (
         (16, None),
         (64, _WIDE),
-        (128, _PINGPONG),
+        (128, HopperConfig()),
         (192, _WIDE),
-        (256, _PINGPONG),
+        (256, HopperConfig()),
         (320, _WIDE),
-        (384, _PINGPONG),
+        (384, HopperConfig()),
         (448, _WIDE),
-        (None, _PINGPONG),
+        (None, HopperConfig()),
     ),
     "tiled_argmax": (
         (16, None),
@@ -230,7 +220,7 @@ def choose_config(
     if fast is not None:
         splits = triton.cdiv(vocab_size, fast.block_v)
         return KernelConfig(
-            fast.block_n, fast.block_v, fast.block_k, splits, launch_warps(fast), fast.stages, fast
+            fast.block_n, fast.block_v, fast.block_k, splits, fast.block_n // 16, fast.stages, fast
         )
     if device.type != "cuda" or triton.knobs.runtime.interpret:
         block_n = min(64, max(16, triton.next_power_of_2(rows)))

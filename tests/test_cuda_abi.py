@@ -44,9 +44,9 @@ def test_abi_version_and_workspace_sizes():
     # per (row, split): max + index for the argmax (16-byte aligned)
     assert lib.flashspecTiledArgmaxWorkspaceSize(20, 7, 64) == 20 * 7 * 8 + block
     assert lib.flashspecTiledArgmaxWorkspaceSize(3, 7, 64) == 176 + block  # 168 aligned
-    # 4 floats + 1 int, 16-byte aligned, then the Hopper kernel's row scratch: 256 CTAs x 2
-    # consumers x 9 x 128 int32 (kRowScratchBytes)
-    scratch = 256 * 2 * 9 * 128 * 4
+    # 4 floats + 1 int, 16-byte aligned, then the Hopper kernel's row scratch: 256 CTAs x 9 x 128
+    # int32 (kRowScratchBytes)
+    scratch = 256 * 9 * 128 * 4
     assert lib.flashspecVerifyResampleWorkspaceSize(20, 7, 64) == 2800 + scratch + block
     assert lib.flashspecVerifyResampleWorkspaceSize(3, 7, 64) == 432 + scratch + block
     assert lib.flashspecParamsLayout(5, (ctypes.c_size_t * 32)(), 32) == -1

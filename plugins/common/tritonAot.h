@@ -30,15 +30,12 @@ namespace flashspec
 namespace aot
 {
 
-//! Most CTAs of a Hopper-kernel launch (one per SM up to this), and its row scratch: per CTA and
-//! consumer of its tiles (two consumer warp groups with HopperConfig.pingpong) 9 x BLOCK_N
-//! (<= 128) int32 (the rows' temperatures, and the Gumbel and uniform of each of a tile's at most
-//! four 64-id blocks: hopper_tiles.SCRATCH_PER_ROW).
+//! Most CTAs of a Hopper-kernel launch (one per SM up to this), and its per-CTA row scratch:
+//! 9 x BLOCK_N (<= 128) int32 (the rows' temperatures, and the Gumbel and uniform of each of a
+//! tile's at most four 64-id blocks: hopper_tiles.SCRATCH_PER_ROW).
 constexpr int32_t kMaxPersistentCtas = 256;
-constexpr int32_t kConsumersPerCta = 2;
 constexpr int32_t kScratchPerRow = 9;
-constexpr size_t kRowScratchBytes
-    = size_t{kMaxPersistentCtas} * kConsumersPerCta * kScratchPerRow * 128 * sizeof(int32_t);
+constexpr size_t kRowScratchBytes = size_t{kMaxPersistentCtas} * kScratchPerRow * 128 * sizeof(int32_t);
 
 //! Most rows of a Hopper row block. A launch with fewer rows than its row block first copies them
 //! into a whole block at the end of the workspace: TMA fills a box that reaches past the last
