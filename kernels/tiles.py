@@ -149,13 +149,20 @@ _WIDE = HopperConfig(block_n=64, block_v=256, stages=4, chunk=8, epi_warps=4, ep
 # 1.15-1.17, 192 rows 1.14-1.19 -> 1.02-1.08, 320 rows 1.08-1.09 -> 1.02-1.04; H100, after,
 # docs/bench/argmax_rows_h100.log: 1.00-1.01 at 160, 0.99-1.01 at 192, 0.99-1.17 at 320 (Gemma-3
 # 1.17, its 128-row tile 1.14), 0.96-0.99 at 448).
+# At 65-128 rows (one row block, the LM head read once) the 128-row tile takes a ring of 5 slots
+# (the 64 KB hand-over and 5 slots of 32 KB fill the 227 KB of shared memory): more of the head in
+# flight. H200, x the matmul, 4 -> 5 slots at 128 rows (Llama-3 · Qwen3 · Gemma-3): verify 1.12 ·
+# 1.14 · 1.13 -> 1.09 · 1.11 · 1.10, a mask 1.13 · 1.15 · 1.13 -> 1.10 · 1.12 · 1.11, top-k 50
+# 1-3% faster; from 256 rows no faster, at 384-512 up to 4% slower
+# (docs/bench/ring_depth_ab{.py,_h200.log}).
+_RING5 = HopperConfig(stages=5)
 _ARGMAX_64 = HopperConfig(block_n=64, block_v=256, stages=5, epi_warps=0, epi_regs=0)
 _ARGMAX_128 = HopperConfig(block_n=128, block_v=256, stages=4, epi_warps=0, epi_regs=0)
 HOPPER_TUNED = {
     "verify_resample": (
         (16, None),
         (64, _WIDE),
-        (128, HopperConfig()),
+        (128, _RING5),
         (192, _WIDE),
         (256, HopperConfig()),
         (320, _WIDE),
