@@ -94,6 +94,18 @@ _TRUNCATION_VARIANTS = ((True, False), (False, True), (True, True))
 # holds ceil(V / HAND_IN_STRIDE) (the threshold does not depend on it), so vocabularies up to
 # 262144 ids; larger ones run the native kernels.
 THRESHOLD_BLOCKS = (1024, 2048)
+# The most shared memory one block may opt in to, per architecture (the CUDA C++ Programming
+# Guide's table of compute capabilities): a kernel past it compiles without a driver but cannot
+# launch, so ``compile_kernel`` refuses it.
+MAX_SHARED_BYTES = {
+    80: 163 * 1024,
+    86: 99 * 1024,
+    87: 163 * 1024,
+    89: 99 * 1024,
+    90: 227 * 1024,
+    100: 227 * 1024,
+    120: 99 * 1024,
+}
 
 
 def _verify_tiles_args(hand_in: bool) -> tuple[tuple[str, str], ...]:
@@ -770,6 +782,12 @@ def compile_kernel(spec: KernelSpec, arch: int) -> tuple[bytes, str, int, int]:
         )
     if meta.num_ctas != 1 or meta.launch_cooperative_grid or meta.launch_pdl:
         raise RuntimeError(f"{spec.symbol}: cluster, cooperative or PDL launches: not supported")
+    if meta.shared > MAX_SHARED_BYTES.get(arch, meta.shared):
+        raise RuntimeError(
+            f"{spec.symbol}: needs {meta.shared} bytes of shared memory, past the "
+            f"{MAX_SHARED_BYTES[arch]} a block of sm_{arch} can have (fewer ring slots or a "
+            "smaller tile)"
+        )
     _check_descriptors(spec, meta.tensordesc_meta or [])
     # num_warps: all warps of the CTA (a warp-specialised kernel's partitions included)
     return compiled.asm["cubin"], meta.name, meta.shared, meta.num_warps

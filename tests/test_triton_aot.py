@@ -250,7 +250,8 @@ def test_kernel_signatures_match_the_launcher():
 
 def test_kernels_compile_for_sm90_without_a_driver():
     """A finalize kernel and the Hopper kernel (whose TMA descriptors must be the ones the
-    launcher encodes: aot._check_descriptors), plain and masked, in a process of its own: the
+    launcher encodes: aot._check_descriptors), plain and masked, and one past the shared memory a
+    block can have, which is refused, in a process of its own: the
     parity tests' conftest may have switched this one to the Triton interpreter, whose kernels
     cannot be compiled."""
     code = (
@@ -283,6 +284,18 @@ def test_kernels_compile_for_sm90_without_a_driver():
         "hand_ins, _, _ = aot.hand_in_kernels(['bfloat16'])\n"
         "spec = hand_ins[-1]\n"
         "assert aot.compile_kernel(spec, 90)[1] == '_hand_in_threshold_kernel'\n"
+        # a ring of 6 slots on the 128 x 128 tile (6 x 32 KB and the 64 KB hand-over): compiled,
+        # then refused by name, as it could not launch
+        "from flashspec_export.kernels.hopper_tiles import HopperConfig\n"
+        "specs = {}\n"
+        "ring6 = HopperConfig(stages=6)\n"
+        "aot._hopper_row(specs, 'verify_resample', 'bfloat16', 4096, None, ring6)\n"
+        "spec = next(iter(specs.values()))\n"
+        "try:\n"
+        "    aot.compile_kernel(spec, 90)\n"
+        "    raise SystemExit('a kernel past the shared memory limit was compiled')\n"
+        "except RuntimeError as error:\n"
+        "    assert spec.symbol in str(error) and '232448 a block of sm_90' in str(error), error\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     result = subprocess.run(
