@@ -251,9 +251,8 @@ def test_kernel_signatures_match_the_launcher():
 def test_kernels_compile_for_sm90_without_a_driver():
     """A finalize kernel and the Hopper kernel (whose TMA descriptors must be the ones the
     launcher encodes: aot._check_descriptors), plain and masked, and one past the shared memory a
-    block can have, which is refused, in a process of its own: the
-    parity tests' conftest may have switched this one to the Triton interpreter, whose kernels
-    cannot be compiled."""
+    block can have, which is refused, in a process of its own: the parity tests' conftest may have
+    switched this one to the Triton interpreter, whose kernels cannot be compiled."""
     code = (
         "from flashspec_export.kernels import aot\n"
         "finals, _ = aot.finalize_kernels()\n"
