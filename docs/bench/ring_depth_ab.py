@@ -33,7 +33,8 @@ CONFIGS = {
 
 
 def with_config(config: HopperConfig, fn):
-    """``fn`` with VerifyResample's Hopper rows from 65 rows on taking ``config``."""
+    """``fn`` with VerifyResample's Hopper rows from 65 rows on taking ``config`` (meant for the
+    row counts where the table takes the 128-row tile: 65-128, 193-256, 321-384, 449 on)."""
     shipped = tiles.hopper_row
 
     def row(op, rows):
@@ -59,6 +60,9 @@ def tensors(out) -> list[torch.Tensor]:
 
 
 def cases(head_name: str, row_counts):
+    """Per row count ``(rows, n, vocab_size, args)``: ``verify_resample``'s positional arguments
+    on the ``head_name`` head (bf16, hidden states of std 4, so logits of std 4), n = rows / 4
+    sequences of γ 3."""
     head = HeadShape.from_name(head_name)
     torch.manual_seed(0)
     lm = torch.randn(head.padded_vocab, head.hidden_size, device="cuda", dtype=torch.bfloat16)
