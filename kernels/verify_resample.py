@@ -1013,6 +1013,19 @@ def _mass_cut(x, on, w, p):
     return cut, reach
 
 
+@triton.jit
+def _noisy_keys(logit, ids, seed, position, t_row, LIBDEVICE: tl.constexpr):
+    """``[ROWS, B]`` order keys of the rows' noisy scores at ``logit``, ``ids``: the logit plus
+    the tile pass's Gumbel noise of (seed, position, id), the logit alone on greedy rows (T below
+    GREEDY_BELOW). A larger key is a better score, ties to the lowest id."""
+    key_a, key_b = row_keys(seed, position, STREAM_GUMBEL)  # [ROWS] uint32 each
+    bits = token_bits(key_a[:, None], key_b[:, None], ids)  # named: the interpreter needs it
+    g = gumbel_from_bits(bits, LIBDEVICE)
+    greedy = t_row < GREEDY_BELOW
+    score = tl.where(greedy[:, None], logit, logit + g)
+    return order_key(score, ids)
+
+
 @triton.jit(do_not_specialize=["num_rows", "width", "num_splits", "num_kept"])
 def _truncated_summaries_kernel(
     ws_float_ptr,  # [4, R, S] float32: read (max, sum_exp; TOP_P only), rewritten for settled rows
@@ -1191,7 +1204,7 @@ def _settle_rows(
         ends_inside = tl.max((keep & ~nucleus).to(tl.int32), 1) > 0
         any_nucleus = tl.max(nucleus.to(tl.int32), 1) > 0
         settled = (complete | top_k_known | (~top_k_on & ends_inside)) & any_nucleus
-    else:
+    elif RETURN_LOGPROBS:
         # ---- top-k alone needs no order: the kept set is the known keys at or above the
         # k-th largest (a cut by bisection, ``_selection_cut`` with need = most = k), the
         # softmax is over it, and the Gumbel-max is order-free. Settled where k lies within
@@ -1213,19 +1226,43 @@ def _settle_rows(
             j = tl.arange(0, BLOCK_KEPT)[None, :]
             nucleus = on[:, None] & (j < size[:, None])
             logit, ids = decode_key(tl.load(row_sel + j, mask=nucleus, other=EMPTY_KEY))
+    else:
+        # ---- top-k alone, the sample only: no kept set to sum over, so no cut. The sample is
+        # the best-scoring kept key, and a known key is kept where fewer than k known keys lie
+        # above it (or k is 0 or at least their count). So the known keys are walked in
+        # descending score: a candidate of rank k or more is not kept, nor is any key below
+        # it, so a step drops it and every key below it (the next candidate lies above it,
+        # and so does the largest key, always kept). Three reductions a step; a row stops at
+        # its first kept candidate, on std-4 logits at T 1 most often the first (the
+        # bisection ``_selection_cut`` takes two reductions a step for 20-30 steps).
+        # Settled as above.
+        logit, ids = decode_key(handed)
+        known = (handed > tau[:, None]) & (handed > _NEG_INF_LAST)
+        top_k_on = k > 0
+        over = top_k_on & (known_all > k)
+        top_k_known = top_k_on & (k <= tl.minimum(known_all, num_kept))
+        settled = (complete | top_k_known) & (known_all > 0)
+        ranked = _noisy_keys(logit, ids, seed, position, t_row, LIBDEVICE)
+        alive = known
+        pick = tl.where(settled, EMPTY_KEY, EMPTY_KEY)  # [ROWS] int64: the sample's key
+        searching = settled  # only settled rows are written
+        while tl.max(searching.to(tl.int32), 0) > 0:
+            best = tl.max(tl.where(alive, ranked, EMPTY_KEY), 1)
+            candidate = tl.max(tl.where(alive & (ranked == best[:, None]), handed, EMPTY_KEY), 1)
+            above = tl.sum((known & (handed > candidate[:, None])).to(tl.int32), 1)
+            kept = ~over | (above < k)
+            pick = tl.where(searching & kept, candidate, pick)
+            searching = searching & ~kept
+            alive = alive & (handed > candidate[:, None])
+        _, y = decode_key(pick)
     tl.store(unsettled_ptr + r, (on & ~settled).to(tl.int8), mask=row_ok)
 
-    # ---- the Gumbel-max over the nucleus with the tile pass's noise (greedy rows: the
-    # logit), ties to the lowest id; the nucleus's LSE
-    key_a, key_b = row_keys(seed, position, STREAM_GUMBEL)  # [ROWS] uint32 each
-    bits = token_bits(key_a[:, None], key_b[:, None], ids)  # named: the interpreter needs it
-    g = gumbel_from_bits(bits, LIBDEVICE)
-    greedy = t_row < GREEDY_BELOW
-    score = tl.where(greedy[:, None], logit, logit + g)
-    score = tl.where(nucleus, score, float("-inf"))
-    # one reduction: the largest order key of (score, id) is the best score, ties to the
-    # lowest id (a tuple tl.reduce runs element by element under the interpreter)
-    _, y = decode_key(tl.max(order_key(score, ids), 1))
+    if TOP_P or RETURN_LOGPROBS:
+        # ---- the Gumbel-max over the nucleus with the tile pass's noise, ties to the lowest
+        # id (one reduction of the order keys of (score, id): a tuple tl.reduce runs element
+        # by element under the interpreter)
+        ranked = _noisy_keys(logit, ids, seed, position, t_row, LIBDEVICE)
+        _, y = decode_key(tl.max(tl.where(nucleus, ranked, EMPTY_KEY), 1))
 
     # ---- the settled rows' summaries as one split: split 0 holds the sample (score 0, its
     # index; with RETURN_LOGPROBS its logit, M = LSE, sum 1), the others are empty

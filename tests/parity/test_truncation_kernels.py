@@ -516,15 +516,18 @@ STAGE2_CASES = [
 
 # the +inf logit's inf - inf, on purpose: NumPy (the interpreter) warns, torch does not
 @pytest.mark.filterwarnings("ignore:invalid value encountered in subtract:RuntimeWarning")
+@pytest.mark.parametrize("logprobs", [True, False], ids=["logprobs", "sample_only"])
 @pytest.mark.parametrize("case", STAGE2_CASES)
 @pytest.mark.parametrize("which", ["top_k", "top_p", "both"])
-def test_stage2_equals_its_torch_steps(case, which, monkeypatch):
+def test_stage2_equals_its_torch_steps(case, which, logprobs, monkeypatch):
     """The stage-2 kernel = its torch steps (``truncated_summaries_torch``, on the keys sorted)
     on the same hand-in, in no order: the same rows unsettled, the settled rows' sample (index,
     logit) and summaries rewritten bit for bit (the LSE to float rounding), every other row's
     summaries untouched. Every case has settled rows, and those built for it rows left unsettled
     (k past the known keys, a nucleus past them, no allowed token, a kept set past MAX_KEPT, a
-    count past the buffer, no threshold)."""
+    count past the buffer, no threshold). Without log-probabilities (top-k alone: the sample
+    first, no cut) the sample's fields alone are rewritten. Mutants caught (sample only): a
+    candidate of rank k kept, the first candidate taken whatever its rank."""
     g = torch.Generator().manual_seed(STAGE2_CASES.index(case))
     dots, seqs, thresholds, cap, max_kept = _stage2_case(case, g)
     monkeypatch.setattr(kernels, "MAX_KEPT", max_kept)
@@ -537,7 +540,7 @@ def test_stage2_equals_its_torch_steps(case, which, monkeypatch):
     hand_in = tuple(t.to(DEVICE) for t in (keys, counts, thresholds))
     args = tuple(None if t is None else t.to(DEVICE) for t in args)
     want = truncated_summaries_torch(want_ws, *hand_in, *args)
-    got = kernels._truncated_summaries(got_ws, *hand_in, *args)
+    got = kernels._truncated_summaries(got_ws, *hand_in, *args, return_logprobs=logprobs)
     assert torch.equal(got, want)
     width = dots.shape[0] // len(seqs["truncated"])  # rows per sequence
     settled = (seqs["truncated"] != 0).repeat_interleave(width).to(DEVICE) & ~want
@@ -553,6 +556,12 @@ def test_stage2_equals_its_torch_steps(case, which, monkeypatch):
     def same(got, want):  # bit for bit (an unsettled row's input sums may be NaN: a +inf logit)
         torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
 
+    if not logprobs:  # the sample's score written, the fields of its log-probability not
+        score = kernels.F_BEST_SCORE.value
+        same(got_ws.floats[score], want_ws.floats[score])
+        untouched = [f for f in range(kernels.NUM_FLOAT_FIELDS) if f != score]
+        same(got_ws.floats[untouched], workspace.floats[untouched].to(DEVICE))
+        return
     same(got_ws.floats[others], want_ws.floats[others])
     same(got_ws.floats[lse, ~settled], want_ws.floats[lse, ~settled])
     torch.testing.assert_close(got_ws.floats[lse], want_ws.floats[lse], rtol=1e-6, atol=1e-6,
@@ -562,9 +571,10 @@ def test_stage2_equals_its_torch_steps(case, which, monkeypatch):
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered in subtract:RuntimeWarning")
+@pytest.mark.parametrize("logprobs", [True, False], ids=["logprobs", "sample_only"])
 @pytest.mark.parametrize("case", ["random", "complete"])
 @pytest.mark.parametrize("which", ["top_k", "top_p", "both"])
-def test_stage2_gives_the_same_bits_for_the_hand_in_in_any_order(which, case):
+def test_stage2_gives_the_same_bits_for_the_hand_in_in_any_order(which, case, logprobs):
     """The tile pass hands the keys in in its atomics' order, which changes from run to run and
     between backends: stage 2 on each row's keys shuffled gives the same unsettled rows and the
     same summaries bit for bit, the LSE included (its sums are exact, ``_fixed_terms``). Mutant
@@ -584,7 +594,9 @@ def test_stage2_gives_the_same_bits_for_the_hand_in_in_any_order(which, case):
     for hand_in in (keys, shuffled):
         ws = kernels.VerifyWorkspace(*(t.clone().to(DEVICE) for t in workspace))
         inputs = tuple(t.to(DEVICE) for t in (hand_in, counts, thresholds))
-        results.append((kernels._truncated_summaries(ws, *inputs, *args), ws))
+        results.append(
+            (kernels._truncated_summaries(ws, *inputs, *args, return_logprobs=logprobs), ws)
+        )
     (unsettled, first), (unsettled_again, again) = results
     assert torch.equal(unsettled, unsettled_again)
     assert bool((~unsettled).any())
@@ -705,7 +717,7 @@ from triton.backends.compiler import GPUTarget
 from flashspec_export.kernels import verify_resample as kernels
 
 fn = kernels._truncated_summaries_kernel
-splits, top_p = int(sys.argv[1]), sys.argv[2] == "top_p"
+splits, top_p, logprobs = int(sys.argv[1]), sys.argv[2] == "top_p", sys.argv[3] == "logprobs"
 types = dict(
     ws_float_ptr="*fp32", ws_index_ptr="*i32", keys_ptr="*i64", truncated_ptr="*i32",
     top_k_ptr="*i64", top_p_ptr="*fp32", temperature_ptr="*fp32", seed_ptr="*i64",
@@ -713,7 +725,8 @@ types = dict(
     num_splits="i32", num_kept="i32", count_ptr="*i32", threshold_ptr="*fp32",
 )
 _, shape, warps = kernels.settle_shape(splits)  # the launch's
-constexprs = dict(TOP_K=True, TOP_P=top_p, LIBDEVICE=True, ROWS=1, **shape)
+constexprs = dict(TOP_K=True, TOP_P=top_p, LIBDEVICE=True, ROWS=1, RETURN_LOGPROBS=logprobs,
+                  **shape)
 source = triton.compiler.ASTSource(fn, {n: types.get(n, "constexpr") for n in fn.arg_names},
                                    constexprs)
 compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
@@ -722,11 +735,15 @@ print(len(compiled.asm["cubin"]))
 """
 
 
-@pytest.mark.parametrize(("splits", "which"), [(501, "top_k"), (2048, "top_p")])
-def test_stage2_compiles_for_sm90(splits, which):
+@pytest.mark.parametrize(
+    ("splits", "which", "logprobs"),
+    [(501, "top_k", "logprobs"), (501, "top_k", "sample_only"), (2048, "top_p", "logprobs")],
+)
+def test_stage2_compiles_for_sm90(splits, which, logprobs):
     """The stage-2 kernel compiles for sm_90 without a GPU, as launched on the hand-in's 4096
-    keys: top-k alone (the nucleus compacted, the key widths) and with top-p (the cut by mass);
-    one kernel for every split count up to SETTLE_SPLITS."""
+    keys: top-k alone (with log-probabilities the nucleus compacted; the sample only, its walk
+    by score; the key widths) and with top-p (the cut by mass); one kernel for every split count
+    up to SETTLE_SPLITS."""
     import os
     import subprocess
     import sys
@@ -734,7 +751,7 @@ def test_stage2_compiles_for_sm90(splits, which):
     pytest.importorskip("triton.backends.nvidia")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     result = subprocess.run(
-        [sys.executable, "-c", _COMPILE_STAGE2, str(splits), which],
+        [sys.executable, "-c", _COMPILE_STAGE2, str(splits), which, logprobs],
         capture_output=True, text=True, env=env, timeout=300, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
