@@ -482,6 +482,14 @@ def _stage2_case(name, g):
         top_p = torch.tensor([0.9, 0.8, 0.6, 0.95])
         truncated = torch.ones(n, dtype=torch.int32)
         cap, depth = 128, 100
+    elif name == "flat":  # noise above the logits' spread: samples often past top-k
+        n, width = 16, 4
+        dots = torch.randn(n * width, 4, 32, generator=g) * 0.3
+        temperature = torch.full((n,), 1.5)
+        truncated = torch.ones(n, dtype=torch.int32)
+        top_k = torch.arange(n) % 6 + 1
+        top_p = torch.full((n,), 0.1)  # a nucleus of about 13 of the 40 handed in
+        depth = 40
     elif name == "many_splits":  # one row, 200 splits, the product's 4096 keys a row
         n, width = 1, 1
         dots = torch.randn(1, 200, 40, generator=g) * 3
@@ -510,7 +518,7 @@ def _stage2_case(name, g):
 
 STAGE2_CASES = [
     "random", "ties", "neg_inf", "complete", "past_the_hand_in", "max_kept", "compacted",
-    "thresholds", "many_splits",
+    "thresholds", "flat", "many_splits",
 ]  # fmt: skip
 
 
