@@ -1026,6 +1026,38 @@ def _noisy_keys(logit, ids, seed, position, t_row, LIBDEVICE: tl.constexpr):
     return order_key(score, ids)
 
 
+@triton.jit
+def _sample_walk(ranked, handed, members, first, searching, k, over, reach, fixed, p_fixed,
+                 RANK: tl.constexpr, MASS: tl.constexpr):  # fmt: skip
+    """The sample of each ``searching`` row without its truncation's cut: the key in ``handed``
+    of the best-``ranked`` (``_noisy_keys``) of the row's ``members`` [ROWS, B] that the
+    truncation keeps, ``first`` its largest key (kept always). ``RANK``: kept where fewer than
+    ``k`` members lie above it, or the row is not ``over`` (k off or past the members); ``MASS``:
+    kept where their weights ``fixed`` (``_fixed_terms``) sum below ``p_fixed``, or the row does
+    not ``reach`` it. Both tests fail for every key below one that fails them, so the members are
+    walked in descending score: a step takes the best-ranked left, and where the truncation
+    does not keep it drops it and every key below it (the largest key stays, so a row stops).
+    Three reductions a step (four with both tests); on std-4 logits at T 1 the first candidate
+    is most often kept (a cut by bisection, ``_selection_cut`` / ``_mass_cut``, takes 10-30
+    steps of two). Rows not searching: ``EMPTY_KEY``."""
+    alive = members
+    pick = tl.where(searching, EMPTY_KEY, EMPTY_KEY)  # [ROWS] int64
+    while tl.max(searching.to(tl.int32), 0) > 0:
+        best = tl.max(tl.where(alive, ranked, EMPTY_KEY), 1)
+        candidate = tl.max(tl.where(alive & (ranked == best[:, None]), handed, EMPTY_KEY), 1)
+        above = members & (handed > candidate[:, None])
+        kept = searching
+        if RANK:
+            kept = kept & (~over | (tl.sum(above.to(tl.int32), 1) < k))
+        if MASS:
+            mass = tl.sum(tl.where(above, fixed, 0), 1)
+            kept = kept & (~reach | (candidate == first) | (mass < p_fixed))
+        pick = tl.where(kept, candidate, pick)
+        searching = searching & ~kept
+        alive = alive & (handed > candidate[:, None])
+    return pick
+
+
 @triton.jit(do_not_specialize=["num_rows", "width", "num_splits", "num_kept"])
 def _truncated_summaries_kernel(
     ws_float_ptr,  # [4, R, S] float32: read (max, sum_exp; TOP_P only), rewritten for settled rows
@@ -1199,11 +1231,31 @@ def _settle_rows(
             top_k_known = top_k_on
             top = tl.zeros_like(theta)
         probs = _kept_probs(logit, keep, top, top_k_on, m, s, TOP_K, LIBDEVICE)
-        nucleus_cut, reach = _mass_cut(handed, keep, probs, tl.where(p < 1.0, p, 2.0))
-        nucleus = keep & tl.where(reach[:, None], handed >= nucleus_cut[:, None], True)
-        ends_inside = tl.max((keep & ~nucleus).to(tl.int32), 1) > 0
-        any_nucleus = tl.max(nucleus.to(tl.int32), 1) > 0
-        settled = (complete | top_k_known | (~top_k_on & ends_inside)) & any_nucleus
+        if RETURN_LOGPROBS:  # the nucleus itself: its LSE is summed below
+            nucleus_cut, reach = _mass_cut(handed, keep, probs, tl.where(p < 1.0, p, 2.0))
+            nucleus = keep & tl.where(reach[:, None], handed >= nucleus_cut[:, None], True)
+            ends_inside = tl.max((keep & ~nucleus).to(tl.int32), 1) > 0
+            any_nucleus = tl.max(nucleus.to(tl.int32), 1) > 0
+            settled = (complete | top_k_known | (~top_k_on & ends_inside)) & any_nucleus
+        else:
+            # ---- the sample only: no cut. A kept key is in the nucleus where the mass of the
+            # kept keys above it is below p (``_mass_cut``'s nucleus; the largest always is),
+            # so the nucleus ends inside the kept keys where their lowest is not in it, and
+            # the sample is the walk's (``_sample_walk``)
+            fixed, nan = _fixed_terms(probs, keep)
+            p_fixed = (tl.where(p < 1.0, p, 2.0) * FIXED_ONE).to(tl.int64)
+            reach = (tl.sum(fixed, 1) >= p_fixed) & ~nan
+            first = tl.max(tl.where(keep, handed, EMPTY_KEY), 1)  # the largest kept key
+            last = tl.min(tl.where(keep, handed, FULL_KEY), 1)
+            above_last = tl.sum(tl.where(keep & (handed > last[:, None]), fixed, 0), 1)
+            ends_inside = reach & (last < first) & (above_last >= p_fixed)
+            settled = (complete | top_k_known | (~top_k_on & ends_inside)) & (first > EMPTY_KEY)
+            ranked = _noisy_keys(logit, ids, seed, position, t_row, LIBDEVICE)
+            pick = _sample_walk(
+                ranked, handed, keep, first, settled, top_k_on, top_k_on, reach, fixed, p_fixed,
+                RANK=False, MASS=True,
+            )  # fmt: skip
+            _, y = decode_key(pick)
     elif RETURN_LOGPROBS:
         # ---- top-k alone needs no order: the kept set is the known keys at or above the
         # k-th largest (a cut by bisection, ``_selection_cut`` with need = most = k), the
@@ -1227,37 +1279,24 @@ def _settle_rows(
             nucleus = on[:, None] & (j < size[:, None])
             logit, ids = decode_key(tl.load(row_sel + j, mask=nucleus, other=EMPTY_KEY))
     else:
-        # ---- top-k alone, the sample only: no kept set to sum over, so no cut. The sample is
-        # the best-scoring kept key, and a known key is kept where fewer than k known keys lie
-        # above it (or k is 0 or at least their count). So the known keys are walked in
-        # descending score: a candidate of rank k or more is not kept, nor is any key below
-        # it, so a step drops it and every key below it (the next candidate lies above it,
-        # and so does the largest key, always kept). Three reductions a step; a row stops at
-        # its first kept candidate, on std-4 logits at T 1 most often the first (the
-        # bisection ``_selection_cut`` takes two reductions a step for 20-30 steps).
-        # Settled as above.
+        # ---- top-k alone, the sample only: no kept set to sum over, so no cut. A known key
+        # is kept where fewer than k known keys lie above it (or k is 0 or at least their
+        # count); the sample is the walk's (``_sample_walk``). Settled as above.
         logit, ids = decode_key(handed)
         known = (handed > tau[:, None]) & (handed > _NEG_INF_LAST)
         top_k_on = k > 0
-        over = top_k_on & (known_all > k)
         top_k_known = top_k_on & (k <= tl.minimum(known_all, num_kept))
         settled = (complete | top_k_known) & (known_all > 0)
+        first = tl.max(tl.where(known, handed, EMPTY_KEY), 1)  # the largest known key
         ranked = _noisy_keys(logit, ids, seed, position, t_row, LIBDEVICE)
-        alive = known
-        pick = tl.where(settled, EMPTY_KEY, EMPTY_KEY)  # [ROWS] int64: the sample's key
-        searching = settled  # only settled rows are written
-        while tl.max(searching.to(tl.int32), 0) > 0:
-            best = tl.max(tl.where(alive, ranked, EMPTY_KEY), 1)
-            candidate = tl.max(tl.where(alive & (ranked == best[:, None]), handed, EMPTY_KEY), 1)
-            above = tl.sum((known & (handed > candidate[:, None])).to(tl.int32), 1)
-            kept = ~over | (above < k)
-            pick = tl.where(searching & kept, candidate, pick)
-            searching = searching & ~kept
-            alive = alive & (handed > candidate[:, None])
+        pick = _sample_walk(
+            ranked, handed, known, first, settled, k, top_k_on & (known_all > k), settled,
+            handed, k, RANK=True, MASS=False,
+        )  # fmt: skip
         _, y = decode_key(pick)
     tl.store(unsettled_ptr + r, (on & ~settled).to(tl.int8), mask=row_ok)
 
-    if TOP_P or RETURN_LOGPROBS:
+    if RETURN_LOGPROBS:
         # ---- the Gumbel-max over the nucleus with the tile pass's noise, ties to the lowest
         # id (one reduction of the order keys of (score, id): a tuple tl.reduce runs element
         # by element under the interpreter)

@@ -489,6 +489,7 @@ def _stage2_case(name, g):
         truncated = torch.ones(n, dtype=torch.int32)
         top_k = torch.arange(n) % 6 + 1
         top_p = torch.full((n,), 0.1)  # a nucleus of about 13 of the 40 handed in
+        top_p[0] = 1e-13  # below 2**-40, the unit of the exact sums: the top token alone
         depth = 40
     elif name == "many_splits":  # one row, 200 splits, the product's 4096 keys a row
         n, width = 1, 1
