@@ -1,10 +1,11 @@
-"""Top-k's stage 2 without log-probabilities, before and after the walk by score: the sample
-first (the known keys walked by descending noisy score until one of rank below k) against the
-cut by bisection and the nucleus compacted. Whole ``verify_resample`` calls in one process
-(``scripts/kernel_bench.time_graphs``: CUDA graphs, settled, interleaved), × plain verify; bf16,
-logits of std 4, γ 3, ``settle_only``. ``--before`` is the earlier ``kernels/verify_resample.py``
-(``git show COMMIT:kernels/verify_resample.py > FILE``), loaded as a module of its own. Each
-call's outputs (tokens, counts, unsettled rows) must be the same bit for bit with both.
+"""Stage 2 without log-probabilities, before and after the walk by score: the sample first (the
+kept keys walked by descending noisy score until one the truncation keeps: of rank below k, of
+mass above it below p) against the cuts by bisection (top-k's nucleus then compacted). Whole
+``verify_resample`` calls in one process (``scripts/kernel_bench.time_graphs``: CUDA graphs,
+settled, interleaved), × plain verify; bf16, logits of std 4, γ 3, ``settle_only``. ``--before``
+is the earlier ``kernels/verify_resample.py`` (``git show COMMIT:kernels/verify_resample.py >
+FILE``), loaded as a module of its own. Each call's outputs (tokens, counts, unsettled rows) must
+be the same bit for bit with both.
 
     python docs/bench/stage2_walk_ab.py --before FILE --heads llama3-8b qwen3-8b
 """
@@ -27,6 +28,13 @@ from ring_depth_ab import cases, tensors  # beside this script
 
 from flashspec_export.kernels import verify_resample as after
 
+CALLS = {  # name: (top-k, top-p)
+    "top_k_50": (50, None),
+    "top_k_1024": (1024, None),
+    "top_p_0.9": (None, 0.9),
+    "top_k_50_top_p_0.9": (50, 0.9),
+}
+
 
 def load_before(path: str):
     """The module at ``path`` (an earlier ``kernels/verify_resample.py``)."""
@@ -42,38 +50,65 @@ def main() -> None:
     parser.add_argument("--before", required=True)
     parser.add_argument("--heads", nargs="+", default=["llama3-8b"])
     parser.add_argument("--rows", nargs="+", type=int, default=[4, 16, 64, 128, 512])
-    parser.add_argument("--k", nargs="+", type=int, default=[50, 1024])
+    parser.add_argument("--calls", nargs="+", default=list(CALLS))
+    parser.add_argument("--warps", nargs="*", type=int, default=[],
+                        help="also the walk with stage 2 at these warps")  # fmt: skip
     args = parser.parse_args()
     before = load_before(args.before)
-    versions = {"before": before, "after": after}
+    versions = {"before": before.verify_resample, "after": after.verify_resample}
+    versions.update({f"after_w{w}": with_warps(w) for w in args.warps})
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
     for head in args.heads:
         for rows, n, _, call_args in cases(head, args.rows):
             fns = {"verify": functools.partial(after.verify_resample, *call_args)}
-            for k in args.k:
-                top_k = torch.full((n,), k, device="cuda")
+            for name in args.calls:
+                k, p = CALLS[name]
+                truncation = {}
+                if k is not None:
+                    truncation["top_k"] = torch.full((n,), k, device="cuda")
+                if p is not None:
+                    truncation["top_p"] = torch.full((n,), p, device="cuda")
                 outs = {}
-                for tag, module in versions.items():
-                    fn = functools.partial(
-                        module.verify_resample, *call_args, settle_only=True, top_k=top_k
-                    )
-                    fns[f"top_k_{k}/{tag}"] = fn
+                for tag, verify in versions.items():
+                    fn = functools.partial(verify, *call_args, settle_only=True, **truncation)
+                    fns[f"{name}/{tag}"] = fn
                     outs[tag] = tensors(fn())
-                if not all(map(torch.equal, outs["before"], outs["after"])):
-                    raise SystemExit(f"{head} R={rows} top-k {k}: the outputs differ")
+                for tag in versions:
+                    if not all(map(torch.equal, outs["before"], outs[tag])):
+                        raise SystemExit(f"{head} R={rows} {name} {tag}: the outputs differ")
                 unsettled = int(outs["after"][-1].sum())
-                print(f"{head} R={rows} top-k {k}: {unsettled} of {rows} rows unsettled")
+                print(f"{head} R={rows} {name}: {unsettled} of {rows} rows unsettled")
             times = {k: statistics.median(v) for k, v in time_graphs(fns, 20, 200).items()}
             plain = times["verify"]
-            cells = "; ".join(cell(times, plain, k) for k in args.k)
+            cells = "; ".join(cell(times, plain, name, versions) for name in args.calls)
             print(f"{head} R={rows} verify {plain:.1f} µs, x verify, before -> after: {cells}",
                   flush=True)  # fmt: skip
 
 
-def cell(times: dict[str, float], plain: float, k: int) -> str:
-    """Top-k ``k``'s ratios to plain verify, before -> after, and the µs saved."""
-    was, now = times[f"top_k_{k}/before"], times[f"top_k_{k}/after"]
-    return f"top-k {k} {was / plain:.3f} -> {now / plain:.3f} ({was - now:+.1f} µs)"
+def with_warps(warps: int):
+    """``verify_resample`` whose stage 2 launches with ``warps`` warps."""
+    shipped = after.settle_shape
+
+    def shape(*args, **kwargs):
+        kept, constexprs, _ = shipped(*args, **kwargs)
+        return kept, constexprs, warps
+
+    def call(*args, **kwargs):
+        after.settle_shape = shape
+        try:
+            return after.verify_resample(*args, **kwargs)
+        finally:
+            after.settle_shape = shipped
+
+    return call
+
+
+def cell(times: dict[str, float], plain: float, name: str, versions) -> str:
+    """Call ``name``'s ratios to plain verify, before -> after (-> the other warps), and the µs
+    the walk saved."""
+    ratios = " -> ".join(f"{times[f'{name}/{tag}'] / plain:.3f}" for tag in versions)
+    saved = times[f"{name}/before"] - times[f"{name}/after"]
+    return f"{name} {ratios} ({saved:+.1f} µs)"
 
 
 if __name__ == "__main__":
