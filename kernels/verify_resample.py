@@ -907,6 +907,7 @@ def _top_k_kept(handed, tau, known_all, k, num_kept):
 # and the CUDA library, keep the same nucleus and give the same LSE bit for bit (float sums in the
 # atomics' order moved a top-p boundary token between two runs: 1 row of 129 at p 0.95).
 FIXED_ONE: tl.constexpr = tl.constexpr(2.0**40)
+NO_LIMIT: tl.constexpr = tl.constexpr(2**63 - 1)  # ``_sample_walk``'s limit that keeps every key
 
 
 @triton.jit
@@ -1027,31 +1028,25 @@ def _noisy_keys(logit, ids, seed, position, t_row, LIBDEVICE: tl.constexpr):
 
 
 @triton.jit
-def _sample_walk(ranked, handed, members, first, searching, k, over, reach, fixed, p_fixed,
-                 RANK: tl.constexpr, MASS: tl.constexpr):  # fmt: skip
+def _sample_walk(ranked, handed, members, first, searching, weight, limit):
     """The sample of each ``searching`` row without its truncation's cut: the key in ``handed``
     of the best-``ranked`` (``_noisy_keys``) of the row's ``members`` [ROWS, B] that the
-    truncation keeps, ``first`` its largest key (kept always). ``RANK``: kept where fewer than
-    ``k`` members lie above it, or the row is not ``over`` (k off or past the members); ``MASS``:
-    kept where their weights ``fixed`` (``_fixed_terms``) sum below ``p_fixed``, or the row does
-    not ``reach`` it. Both tests fail for every key below one that fails them, so the members are
-    walked in descending score: a step takes the best-ranked left, and where the truncation
-    does not keep it drops it and every key below it (the largest key stays, so a row stops).
-    Three reductions a step (four with both tests); on std-4 logits at T 1 the first candidate
-    is most often kept (a cut by bisection, ``_selection_cut`` / ``_mass_cut``, takes 10-30
-    steps of two). Rows not searching: ``EMPTY_KEY``."""
+    truncation keeps — a member is kept where the ``weight`` [ROWS, B] int64 of the members
+    above it sums below the row's ``limit``, and ``first``, the row's largest member, always.
+    Top-k: a weight of one, the limit k (none where k is off or past the members); top-p: the
+    exact probabilities (``_fixed_terms``), the limit p. A member that fails fails with every
+    member below it, so the members are walked in descending score: a step takes the
+    best-ranked left, and where it is not kept drops it and every member below it (never
+    ``first``, so a row stops). Three reductions a step; on std-4 logits at T 1 the first
+    candidate is most often kept (a cut by bisection, ``_selection_cut`` / ``_mass_cut``, takes
+    10-30 steps of two). Rows not searching: ``EMPTY_KEY``."""
     alive = members
     pick = tl.where(searching, EMPTY_KEY, EMPTY_KEY)  # [ROWS] int64
     while tl.max(searching.to(tl.int32), 0) > 0:
         best = tl.max(tl.where(alive, ranked, EMPTY_KEY), 1)
         candidate = tl.max(tl.where(alive & (ranked == best[:, None]), handed, EMPTY_KEY), 1)
-        above = members & (handed > candidate[:, None])
-        kept = searching
-        if RANK:
-            kept = kept & (~over | (tl.sum(above.to(tl.int32), 1) < k))
-        if MASS:
-            mass = tl.sum(tl.where(above, fixed, 0), 1)
-            kept = kept & (~reach | (candidate == first) | (mass < p_fixed))
+        above = tl.sum(tl.where(members & (handed > candidate[:, None]), weight, 0), 1)
+        kept = searching & ((candidate == first) | (above < limit))
         pick = tl.where(kept, candidate, pick)
         searching = searching & ~kept
         alive = alive & (handed > candidate[:, None])
@@ -1251,11 +1246,8 @@ def _settle_rows(
             ends_inside = reach & (last < first) & (above_last >= p_fixed)
             settled = (complete | top_k_known | (~top_k_on & ends_inside)) & (first > EMPTY_KEY)
             ranked = _noisy_keys(logit, ids, seed, position, t_row, LIBDEVICE)
-            pick = _sample_walk(
-                ranked, handed, keep, first, settled, top_k_on, top_k_on, reach, fixed, p_fixed,
-                RANK=False, MASS=True,
-            )  # fmt: skip
-            _, y = decode_key(pick)
+            limit = tl.where(reach, p_fixed, NO_LIMIT)
+            _, y = decode_key(_sample_walk(ranked, handed, keep, first, settled, fixed, limit))
     elif RETURN_LOGPROBS:
         # ---- top-k alone needs no order: the kept set is the known keys at or above the
         # k-th largest (a cut by bisection, ``_selection_cut`` with need = most = k), the
@@ -1289,11 +1281,9 @@ def _settle_rows(
         settled = (complete | top_k_known) & (known_all > 0)
         first = tl.max(tl.where(known, handed, EMPTY_KEY), 1)  # the largest known key
         ranked = _noisy_keys(logit, ids, seed, position, t_row, LIBDEVICE)
-        pick = _sample_walk(
-            ranked, handed, known, first, settled, k, top_k_on & (known_all > k), settled,
-            handed, k, RANK=True, MASS=False,
-        )  # fmt: skip
-        _, y = decode_key(pick)
+        one = tl.where(known, 1, 0).to(tl.int64)
+        limit = tl.where(top_k_on & (known_all > k), k, NO_LIMIT)
+        _, y = decode_key(_sample_walk(ranked, handed, known, first, settled, one, limit))
     tl.store(unsettled_ptr + r, (on & ~settled).to(tl.int8), mask=row_ok)
 
     if RETURN_LOGPROBS:
