@@ -534,9 +534,10 @@ def test_stage2_equals_its_torch_steps(case, which, logprobs, monkeypatch):
     logit) and summaries rewritten bit for bit (the LSE to float rounding), every other row's
     summaries untouched. Every case has settled rows, and those built for it rows left unsettled
     (k past the known keys, a nucleus past them, no allowed token, a kept set past MAX_KEPT, a
-    count past the buffer, no threshold). Without log-probabilities (top-k alone: the sample
-    first, no cut) the sample's fields alone are rewritten. Mutants caught (sample only): a
-    candidate of rank k kept, the first candidate taken whatever its rank."""
+    count past the buffer, no threshold). Without log-probabilities (the walk by score, no cut)
+    the sample's fields alone are rewritten. Mutants caught (sample only): a candidate kept at
+    its limit (rank k, or mass p above it), the first candidate taken whatever its rank or
+    mass."""
     g = torch.Generator().manual_seed(STAGE2_CASES.index(case))
     dots, seqs, thresholds, cap, max_kept = _stage2_case(case, g)
     monkeypatch.setattr(kernels, "MAX_KEPT", max_kept)
@@ -746,13 +747,18 @@ print(len(compiled.asm["cubin"]))
 
 @pytest.mark.parametrize(
     ("splits", "which", "logprobs"),
-    [(501, "top_k", "logprobs"), (501, "top_k", "sample_only"), (2048, "top_p", "logprobs")],
+    [
+        (501, "top_k", "logprobs"),
+        (501, "top_k", "sample_only"),
+        (2048, "top_p", "logprobs"),
+        (2048, "top_p", "sample_only"),
+    ],
 )
 def test_stage2_compiles_for_sm90(splits, which, logprobs):
     """The stage-2 kernel compiles for sm_90 without a GPU, as launched on the hand-in's 4096
-    keys: top-k alone (with log-probabilities the nucleus compacted; the sample only, its walk
-    by score; the key widths) and with top-p (the cut by mass); one kernel for every split count
-    up to SETTLE_SPLITS."""
+    keys: top-k alone (with log-probabilities the nucleus compacted; the key widths) and with
+    top-p (the cut by mass), each also without log-probabilities (the walk by score); one kernel
+    for every split count up to SETTLE_SPLITS."""
     import os
     import subprocess
     import sys
