@@ -1206,7 +1206,8 @@ def _settle_rows(
     tau = tl.where(theta == -FLT_MAX, EMPTY_KEY, tau)
     tau = tl.where((count > CAP) | (theta != theta), FULL_KEY, tau)
     # ---- the known keys: above tau and of finite logits
-    known_all = tl.sum(((handed > tau[:, None]) & (handed > _NEG_INF_LAST)).to(tl.int32), 1)
+    known = (handed > tau[:, None]) & (handed > _NEG_INF_LAST)
+    known_all = tl.sum(known.to(tl.int32), 1)
     # every finite logit of the row was handed in, and no more than L of them
     complete = (tau == EMPTY_KEY) & (known_all <= num_kept)
     if TOP_P:
@@ -1221,7 +1222,7 @@ def _settle_rows(
             top = tl.max(tl.where(keep, logit, float("-inf")), 1)  # the largest kept logit
             top = tl.where(top == float("-inf"), 0.0, top)
         else:  # top-p alone: every known key is kept (no selection's reductions)
-            keep = (handed > tau[:, None]) & (handed > _NEG_INF_LAST)
+            keep = known
             top_k_on = tl.zeros_like(on)
             top_k_known = top_k_on
             top = tl.zeros_like(theta)
@@ -1275,7 +1276,6 @@ def _settle_rows(
         # is kept where fewer than k known keys lie above it (or k is 0 or at least their
         # count); the sample is the walk's (``_sample_walk``). Settled as above.
         logit, ids = decode_key(handed)
-        known = (handed > tau[:, None]) & (handed > _NEG_INF_LAST)
         top_k_on = k > 0
         top_k_known = top_k_on & (k <= tl.minimum(known_all, num_kept))
         settled = (complete | top_k_known) & (known_all > 0)
