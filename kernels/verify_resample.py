@@ -1402,8 +1402,10 @@ def _truncated_summaries(
     kept, shape, num_warps = settle_shape(splits, cap)
     block_kept = shape["BLOCK_KEPT"]
     unsettled = torch.empty(rows, dtype=torch.int8, device=keys.device)
-    selected = unsettled  # placeholder pointer, never read (BLOCK_HANDED <= 2 · BLOCK_KEPT)
-    if shape["BLOCK_HANDED"] > 2 * block_kept:
+    # placeholder pointer, never read: only top-k alone with log-probabilities compacts its
+    # nucleus through the scratch, and only when BLOCK_HANDED > 2 · BLOCK_KEPT
+    selected = unsettled
+    if top_p is None and return_logprobs and shape["BLOCK_HANDED"] > 2 * block_kept:
         (selected,) = launch_workspace(
             keys.device, "truncation_selected", ((rows, 2 * block_kept), torch.int64)
         )
