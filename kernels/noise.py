@@ -16,9 +16,9 @@ the ONNX bodies use, within an ulp or two of ``log1p``.
 
 Cost per vocabulary element (``token_bits`` + ``gumbel_from_bits``): 7 multiply-mods in 32-bit
 instructions (``umulhi`` for the high word), two rotations and two logs, all in registers; no
-memory traffic. Row keys are derived once per row in int64. (The Hopper verify epilogue gets the
-first round's values for runs of consecutive ids from five add-mods per id:
-``kernels/hopper_tiles.py: _run_bits``.)
+memory traffic. Row keys are derived once per row (the seed split in int64, then 32-bit). (The
+Hopper verify epilogue gets the first round's values for runs of consecutive ids from five
+add-mods per id: ``kernels/hopper_tiles.py: _run_bits``.)
 """
 
 from __future__ import annotations
@@ -69,13 +69,6 @@ def mul_mod(x, y):
 
 
 @triton.jit
-def _mul_mod_i64(x, y):
-    """``(x * y) % P`` for int64 ``x, y`` in ``[0, P)`` (per-row key derivation only)."""
-    z = x * y
-    return _sub_p((z & P) + (z >> 31))
-
-
-@triton.jit
 def rot16(x):
     """(x % 2**16) * 2**15 + x // 2**16 — the 31-bit word rotated by 16."""
     return ((x & 0xFFFF) << 15) + (x >> 16)
@@ -96,31 +89,26 @@ def rnd(x):
 
 
 @triton.jit
-def _rnd_i64(x):
-    x2 = _mul_mod_i64(x, x)
-    x4 = _mul_mod_i64(x2, x2)
-    return rot16(_mul_mod_i64(x4, x))
-
-
-@triton.jit
 def row_keys(seed, position, stream):
-    """Row keys ``(a, b)`` of ``reference.noise.row_keys``, once per row (int64 arithmetic).
+    """Row keys ``(a, b)`` of ``reference.noise.row_keys``, once per row.
 
     ``seed`` int64 in ``[0, 2**63)``, ``position`` int64 in ``[0, P)``, ``stream`` a small int;
     any broadcastable shapes. Returns uint32 ``a`` in ``[1, P - 1]`` and ``b`` in ``[0, P)``.
+    The seed's halves are split in int64, then every value is in ``[0, P]`` and the rounds run
+    in 32-bit instructions (``rnd``), as ``token_bits``: about half the instructions of int64
+    products, which matters where a program derives one row's keys (stage 2 of top-k / top-p).
     """
     seed = seed.to(tl.int64)
-    position = position.to(tl.int64)
-    s0 = seed & P  # seed % 2**31, in [0, P]: K_INIT + s0 < 2P
-    hi = seed >> 31  # below 2**32: one fold leaves at most P + 1
-    s1 = _sub_p((hi & P) + (hi >> 31))
-    h = _rnd_i64(add_mod(s0, K_INIT))
-    h = _rnd_i64(add_mod(h, s1))
-    h = _rnd_i64(add_mod(h, position))
-    h = _rnd_i64(add_mod(h, stream))
-    y = _rnd_i64(add_mod(h, K_A))
+    s0 = (seed & P).to(tl.uint32)  # seed % 2**31, in [0, P]: K_INIT + s0 < 2P
+    hi = seed >> 31  # below 2**32: one fold leaves at most P + 1, one subtraction at most P
+    s1 = _sub_p((hi & P) + (hi >> 31)).to(tl.uint32)
+    h = rnd(add_mod(s0, K_INIT))
+    h = rnd(add_mod(h, s1))
+    h = rnd(add_mod(h, position.to(tl.int64).to(tl.uint32)))
+    h = rnd(add_mod(h, stream))
+    y = rnd(add_mod(h, K_A))
     a = 1 + tl.where(y == P - 1, 0, y)  # 1 + y % (P - 1) for y in [0, P)
-    b = _rnd_i64(add_mod(h, K_B))
+    b = rnd(add_mod(h, K_B))
     return a.to(tl.uint32), b.to(tl.uint32)
 
 

@@ -16,25 +16,37 @@ import triton.language as tl
 EMPTY_KEY: tl.constexpr = tl.constexpr(-(2**63))
 FULL_KEY: tl.constexpr = tl.constexpr(2**63 - 1)
 LOW_WORD: tl.constexpr = tl.constexpr(2**31 - 1)
+EMPTY_VALUE_KEY: tl.constexpr = tl.constexpr(-(2**31))  # below every ``value_key``
+
+
+@triton.jit
+def value_key(logits):
+    """int32 keys of fp32 ``logits`` in their order (a key's high word): larger = larger, -0.0
+    as +0.0; -inf's key is above ``EMPTY_VALUE_KEY``."""
+    finite_zero = tl.where(logits == 0.0, 0.0, logits)  # named: the interpreter's .to needs it
+    bits = finite_zero.to(tl.int32, bitcast=True)
+    return tl.where(bits >= 0, bits, bits ^ LOW_WORD)
+
+
+@triton.jit
+def decode_value_key(ordered):
+    """The fp32 logits of int32 ``value_key`` keys."""
+    bits = tl.where(ordered >= 0, ordered, ordered ^ LOW_WORD)
+    return bits.to(tl.float32, bitcast=True)
 
 
 @triton.jit
 def order_key(logits, ids):
     """int64 order keys of fp32 ``logits`` at int ``ids`` (broadcast): larger = earlier."""
-    finite_zero = tl.where(logits == 0.0, 0.0, logits)  # named: the interpreter's .to needs it
-    bits = finite_zero.to(tl.int32, bitcast=True)
-    ordered = tl.where(bits >= 0, bits, bits ^ LOW_WORD).to(tl.int64)
     low = LOW_WORD - ids
-    return (ordered << 32) | low.to(tl.int64)
+    return (value_key(logits).to(tl.int64) << 32) | low.to(tl.int64)
 
 
 @triton.jit
 def decode_key(keys):
     """(logit fp32, id int64) of int64 order keys (``order_key``'s inverse, as ``decode_keys``;
     the low word of a key is ``2**31 - 1 - id`` >= 0, so its bit 31 is clear)."""
-    ordered = (keys >> 32).to(tl.int32)
-    bits = tl.where(ordered >= 0, ordered, ordered ^ LOW_WORD)
-    logit = bits.to(tl.float32, bitcast=True)
+    logit = decode_value_key((keys >> 32).to(tl.int32))
     low = keys & LOW_WORD
     return logit, -low + LOW_WORD  # 2**31 - 1 - low (the interpreter: the tensor first)
 

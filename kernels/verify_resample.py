@@ -54,9 +54,12 @@ from flashspec_export.kernels.noise import (
 )
 from flashspec_export.kernels.order_keys import (
     EMPTY_KEY,
+    EMPTY_VALUE_KEY,
     FULL_KEY,
     decode_key,
+    decode_value_key,
     order_key,
+    value_key,
 )
 from flashspec_export.kernels.tiles import (
     KernelConfig,
@@ -782,10 +785,11 @@ def _hand_in_threshold_kernel(
         on |= p < 1.0
     rank = tl.minimum(tl.maximum(target * num_sampled // vocab_size, 1), num_sampled)
     rank = tl.minimum(rank, DEPTH)
-    top = top_sorted(order_key(x, i)[None, :], DEPTH)  # [1, DEPTH], largest first
-    kth = tl.max(tl.where(tl.arange(0, DEPTH)[None, :] == rank - 1, top, EMPTY_KEY), 1)
-    theta, _ = decode_key(kth)
-    theta = tl.maximum(tl.max(theta, 0), -FLT_MAX)
+    # the values alone (int32 keys: half the shuffles of (value, id) keys; the rank's value is
+    # the same, ties or not)
+    top = top_sorted(value_key(x)[None, :], DEPTH)  # [1, DEPTH], largest first
+    kth = tl.max(tl.where(tl.arange(0, DEPTH)[None, :] == rank - 1, top, EMPTY_VALUE_KEY), 1)
+    theta = tl.maximum(tl.max(decode_value_key(kth), 0), -FLT_MAX)
     tl.store(out_ptr + r, tl.where(on, theta, float("nan")))
     tl.store(count_ptr + r, 0)
     if r == n * width:
@@ -809,9 +813,9 @@ def _pair_side(n_dims: tl.constexpr, axis: tl.constexpr):
 
 @triton.jit
 def _compare_and_swap(h, flip, axis: tl.constexpr):
-    """One step of a bitonic network on the int64 hypercube ``h``: each pair along ``axis`` put in
-    ascending order, or descending where ``flip`` (broadcast) is 1. An element's partner is the
-    pair's sum minus itself (int64 wraps around, exactly): one add-reduction per pair, where
+    """One step of a bitonic network on the integer hypercube ``h``: each pair along ``axis`` put
+    in ascending order, or descending where ``flip`` (broadcast) is 1. An element's partner is
+    the pair's sum minus itself (the sum wraps around, exactly): one add-reduction per pair, where
     ``tl.sort`` takes an xor-reduction — the same shuffles on a GPU, but a reduction the Triton
     interpreter runs vectorised (its xor-reduction loops in Python, element by element)."""
     n_dims: tl.constexpr = _log2(h.numel)
@@ -833,7 +837,8 @@ def _bitonic_merge(h, stage: tl.constexpr, order: tl.constexpr):
 
 @triton.jit
 def top_sorted(x, K: tl.constexpr):
-    """The ``K`` largest int64 keys of each row of ``x [ROWS, B]``, largest first (``B``, ``K``
+    """The ``K`` largest integer keys (int32 or int64) of each row of ``x [ROWS, B]``, largest
+    first (``B``, ``K``
     powers of two, ``2 <= K <= B``): ``tl.topk``'s bitonic top-k — runs of ``K`` sorted
     alternately, then halved by pairwise max and merged again — with the add-reduction
     compare-and-swap above. ``log K · (log K + 1) / 2`` steps over all ``ROWS · B`` keys, then

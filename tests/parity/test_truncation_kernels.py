@@ -694,10 +694,14 @@ def test_mass_cut_keeps_what_the_exact_mass_before_keeps_in_any_order():
         assert torch.equal(got, exact_nucleus(keys, weights))
 
 
-@pytest.mark.parametrize("k", [2, 16, 1024, 2048])
-def test_top_sorted_equals_torch_topk(k):
+TOP_SORTED_CASES = [(2, torch.int64), (16, torch.int64), (1024, torch.int64), (2048, torch.int64),
+                    (16, torch.int32)]  # fmt: skip
+
+
+@pytest.mark.parametrize(("k", "dtype"), TOP_SORTED_CASES)
+def test_top_sorted_equals_torch_topk(k, dtype):
     """``top_sorted`` (the bitonic top-k with the add-reduction compare-and-swap) = torch.topk's
-    values on rows of random int64 keys, duplicates, and both ends of int64 (the pair sums
+    values on rows of random keys, duplicates, and both ends of the key type (the pair sums
     wrap)."""
     import triton.language as tl
 
@@ -709,12 +713,13 @@ def test_top_sorted_equals_torch_topk(k):
 
     rows, b = 4, 2048
     g = torch.Generator().manual_seed(k)
-    x = torch.randint(-(2**63), 2**63 - 1, (rows, b), generator=g, dtype=torch.int64)
+    info = torch.iinfo(dtype)
+    x = torch.randint(info.min, info.max, (rows, b), generator=g, dtype=dtype)
     x[1] = torch.randint(-3, 3, (b,), generator=g)  # many duplicates
-    x[2, ::3] = -(2**63)  # EMPTY_KEY
-    x[2, 1::7] = 2**63 - 1
+    x[2, ::3] = info.min  # EMPTY_KEY, EMPTY_VALUE_KEY
+    x[2, 1::7] = info.max
     x[3] = torch.arange(b)  # already sorted (ascending)
-    out = torch.empty(rows, k, dtype=torch.int64, device=DEVICE)
+    out = torch.empty(rows, k, dtype=dtype, device=DEVICE)
     topk_kernel[(1,)](x.to(DEVICE), out, ROWS=rows, B=b, K=k)
     assert torch.equal(out.cpu(), x.topk(k, dim=-1).values)
 
