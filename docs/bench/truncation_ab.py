@@ -1,13 +1,15 @@
-"""Stage 2 without log-probabilities, before and after the walk by score: the sample first (the
-kept keys walked by descending noisy score until one the truncation keeps: of rank below k, of
-mass above it below p) against the cuts by bisection (top-k's nucleus then compacted). Whole
+"""Truncated verify calls at this checkout against an earlier one's kernels: whole
 ``verify_resample`` calls in one process (``scripts/kernel_bench.time_graphs``: CUDA graphs,
 settled, interleaved), × plain verify; bf16, logits of std 4, γ 3, ``settle_only``. ``--before``
-is the earlier ``kernels/verify_resample.py`` (``git show COMMIT:kernels/verify_resample.py >
-FILE``), loaded as a module of its own. Each call's outputs (tokens, counts, unsettled rows) must
-be the same bit for bit with both.
+is a folder holding an earlier commit's ``kernels/*.py`` (``for f in $(git ls-tree --name-only
+COMMIT kernels/); do git show COMMIT:$f > DIR/$(basename $f); done``): its ``order_keys``,
+``noise``, ``hopper_tiles`` and ``verify_resample`` are loaded as modules of their own, each
+importing the earlier ones. Each call's outputs (tokens, counts, unsettled rows) must be the same
+bit for bit with both.
 
-    python docs/bench/stage2_walk_ab.py --before FILE --heads llama3-8b qwen3-8b
+    python docs/bench/truncation_ab.py --before DIR --heads llama3-8b qwen3-8b
+    # stage2_walk_ab_h200.log (the walk by score, 698851d -> afc6c46: --before held
+    # 698851d's verify_resample.py alone), truncation_ab_h200.log
 """
 
 from __future__ import annotations
@@ -36,12 +38,34 @@ CALLS = {  # name: (top-k, top-p)
 }
 
 
-def load_before(path: str):
-    """The module at ``path`` (an earlier ``kernels/verify_resample.py``)."""
-    spec = importlib.util.spec_from_file_location("flashspec_export.kernels._before", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
+# The modules reloaded from --before, in import order (the rest are this checkout's).
+RELOADED = ("order_keys", "noise", "hopper_tiles", "verify_resample")
+
+
+def load_before(folder: str):
+    """The earlier ``verify_resample`` module: each of ``RELOADED`` from ``folder``, loaded while
+    the ones before it stand in for this checkout's (in ``sys.modules`` and as attributes of
+    ``flashspec_export.kernels``), which are put back after."""
+    import flashspec_export.kernels as package
+
+    names = [f"flashspec_export.kernels.{name}" for name in RELOADED]
+    kept = {name: sys.modules[name] for name in names if name in sys.modules}
+    attributes = {name: getattr(package, name, None) for name in RELOADED}
+    module = None
+    try:
+        for name, full in zip(RELOADED, names, strict=True):
+            spec = importlib.util.spec_from_file_location(
+                f"flashspec_export.kernels._before_{name}", pathlib.Path(folder) / f"{name}.py"
+            )
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = module
+            spec.loader.exec_module(module)
+            sys.modules[full] = module
+            setattr(package, name, module)
+    finally:
+        sys.modules.update(kept)
+        for name, value in attributes.items():
+            setattr(package, name, value)
     return module
 
 
@@ -105,7 +129,7 @@ def with_warps(warps: int):
 
 def cell(times: dict[str, float], plain: float, name: str, versions) -> str:
     """Call ``name``'s ratios to plain verify, before -> after (-> the other warps), and the µs
-    the walk saved."""
+    saved."""
     ratios = " -> ".join(f"{times[f'{name}/{tag}'] / plain:.3f}" for tag in versions)
     saved = times[f"{name}/before"] - times[f"{name}/after"]
     return f"{name} {ratios} ({saved:+.1f} µs)"
