@@ -3,7 +3,7 @@
 head, bf16, logits of std 4, γ 3, ``settle_only``), for plain verify, verify with
 log-probabilities, top-k 50 and 1024, top-p 0.9 and both:
 
-    python docs/bench/truncation_breakdown.py 4 16 128 512    # stage2_breakdown_walk_h200.log
+    python docs/bench/truncation_breakdown.py 4 16 128 512    # truncation_breakdown_h200.log
 
 Eager calls leave the GPU idle between launches, so it runs cooler and faster than under the
 benchmarks' back-to-back CUDA graphs: compare kernels here, whole calls in ``stage2_widths.py``.
