@@ -22,12 +22,10 @@ CALLS = 5
 
 def main() -> None:
     rows, variant = int(sys.argv[1]), sys.argv[2]
+    name, value = {"top_k_50": ("top_k", 50), "top_k_1024": ("top_k", 1024),
+                   "top_p_0.9": ("top_p", 0.9)}[variant]  # fmt: skip
     for _, n, args in cases([rows]):
-        options = {
-            "top_k_50": lambda: dict(top_k=torch.full((n,), 50, device="cuda")),
-            "top_k_1024": lambda: dict(top_k=torch.full((n,), 1024, device="cuda")),
-            "top_p_0.9": lambda: dict(top_p=torch.full((n,), 0.9, device="cuda")),
-        }[variant]()
+        options = {name: torch.full((n,), value, device="cuda")}
         for _ in range(CALLS):
             vr.verify_resample(*args, settle_only=True, **options)
         torch.cuda.synchronize()
