@@ -232,3 +232,55 @@ def evaluate_noise(seed, position, token, stream: int):
         BLOCK=block,
     )
     return bits, uniform, gumbel
+
+
+@triton.jit(do_not_specialize=["vocab", "stream"])
+def _exponential_race_kernel(
+    weights_ptr,  # [M, V] float32, rows of unit stride
+    seed_ptr,  # [M] int64
+    position_ptr,  # [M] int64
+    out_ptr,  # [M] int64 out
+    vocab,
+    stream,
+    LIBDEVICE: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """One row: ``argmax_v weights_v / E_v`` over its ``vocab`` ids, the first on ties."""
+    m = tl.program_id(0)
+    a, b = row_keys(tl.load(seed_ptr + m), tl.load(position_ptr + m), stream)
+    best = tl.full([], float("-inf"), tl.float32)
+    best_id = tl.full([], 0, tl.int64)
+    row = weights_ptr + m.to(tl.int64) * vocab
+    for start in range(0, vocab, BLOCK):
+        v = start + tl.arange(0, BLOCK)
+        ok = v < vocab
+        w = tl.load(row + v, mask=ok, other=0.0)
+        e = exponential_from_bits(token_bits(a, b, v), LIBDEVICE)
+        score = tl.where(ok, tl.math.div_rn(w, e), float("-inf"))
+        # torch.argmax's rule: NaN is the largest, then the first index
+        score = tl.where(score == score, score, float("inf"))
+        block_best, block_id = tl.max(score, 0, return_indices=True,
+                                      return_indices_tie_break_left=True)  # fmt: skip
+        take = block_best > best  # an earlier block keeps a tie
+        best_id = tl.where(take, (start + block_id).to(tl.int64), best_id)
+        best = tl.where(take, block_best, best)
+    tl.store(out_ptr + m, best_id)
+
+
+def exponential_race(weights, seed, positions, stream: int):
+    """``reference.sampled_verify.exponential_race`` in one launch, the noise computed in
+    registers (the reference materialises it in int64, dozens of passes over [N, R, V]):
+    ``weights [N, R, V]`` float32, ``seed [N]`` int64, ``positions [N, R]`` int64 -> [N, R]
+    int64. Bit for bit the reference's on a GPU (libdevice's logs, IEEE division), within the
+    interpreter's logs on the CPU."""
+    n, width, vocab = weights.shape
+    weights = weights.contiguous()
+    seeds = seed.to(torch.int64)[:, None].expand(n, width).contiguous()
+    positions = positions.to(torch.int64).contiguous()
+    out = torch.empty((n, width), dtype=torch.int64, device=weights.device)
+    if out.numel():
+        _exponential_race_kernel[(n * width,)](
+            weights, seeds, positions, out, vocab, stream,
+            LIBDEVICE=use_libdevice(weights), BLOCK=2048,
+        )  # fmt: skip
+    return out

@@ -45,6 +45,7 @@ from flashspec_export.kernels.block_sample import SAMPLE_BLOCK, tile_block_sampl
 from flashspec_export.kernels.noise import (
     STREAM_GUMBEL,
     STREAM_PICK,
+    exponential_race,
     gumbel_from_bits,
     math_exp,
     math_log,
@@ -1451,7 +1452,8 @@ def _truncated_summaries(
 
 def _recompute(result, seqs, hidden, lm_head, drafts, temperature, seed, positions, vocab_size,
                return_logprobs, top_k, top_p, allowed_tokens) -> None:  # fmt: skip
-    """The sequences ``seqs`` verified again by the materialised path, written into ``result``."""
+    """The sequences ``seqs`` verified again by the materialised path (its exponential race in
+    one launch, ``noise.exponential_race``), written into ``result``."""
     from flashspec_export.ops import standard
 
     def pick(t):
@@ -1460,7 +1462,7 @@ def _recompute(result, seqs, hidden, lm_head, drafts, temperature, seed, positio
     again = standard.verify_resample(
         hidden[seqs], lm_head, drafts[seqs], temperature[seqs], seed[seqs], positions[seqs],
         vocab_size, return_logprobs=return_logprobs, top_k=pick(top_k), top_p=pick(top_p),
-        allowed_tokens=pick(allowed_tokens),
+        allowed_tokens=pick(allowed_tokens), race=exponential_race,
     )  # fmt: skip
     result.tokens[seqs] = again.tokens
     result.num_emitted[seqs] = again.num_emitted

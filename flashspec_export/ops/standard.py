@@ -41,8 +41,12 @@ def verify_resample(
     top_k=None,
     top_p=None,
     allowed_tokens=None,
+    race=exponential_race,
 ) -> VerifyResult:
-    """Materialised ``VerifyResample``; arguments as ``reference.verify_resample``."""
+    """Materialised ``VerifyResample``; arguments as ``reference.verify_resample``. ``race``: the
+    exponential race of the truncated rows (``reference.sampled_verify.exponential_race``'s
+    signature; the Triton backend's recompute passes ``kernels.noise.exponential_race``, one
+    launch with the same bits on a GPU)."""
     gamma = draft_tokens.shape[1]
     greedy = is_greedy(temperature)  # [N]
     logits = no_nan(hidden.float() @ lm_head[:vocab_size].float().T)  # [N, γ + 1, V]
@@ -50,11 +54,14 @@ def verify_resample(
     logits = _truncated(logits, top_k, top_p, allowed_tokens)
     probs = torch.softmax(logits, dim=-1)  # [N, γ + 1, V]
     row_pos = positions[:, None] + torch.arange(gamma + 1, device=positions.device)
-    sampled = _two_level_sample(probs, seed, row_pos)  # [N, γ + 1]
-    per_id = truncated_rows(top_k, top_p, temperature)[:, None]  # top-k / top-p rows
-    if bool(per_id.any()):
-        race = exponential_race(probs, seed, row_pos, noise.STREAM_GUMBEL)  # keyed by id
-        sampled = torch.where(per_id, race, sampled)
+    per_id = truncated_rows(top_k, top_p, temperature)  # top-k / top-p sequences
+    if bool(per_id.all()):  # no two-level sample to take
+        sampled = race(probs, seed, row_pos, noise.STREAM_GUMBEL)  # keyed by id
+    else:
+        sampled = _two_level_sample(probs, seed, row_pos)  # [N, γ + 1]
+        if bool(per_id.any()):
+            by_id = race(probs, seed, row_pos, noise.STREAM_GUMBEL)
+            sampled = torch.where(per_id[:, None], by_id, sampled)
     # Where softmax is undefined (a +inf logit, or none above -inf) the sample is the argmax:
     # the lowest +inf id, or the lowest id of a row of -inf (no_nan's rule).
     undefined = (logits == float("inf")).any(dim=-1) | (logits == float("-inf")).all(dim=-1)

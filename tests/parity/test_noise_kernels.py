@@ -133,3 +133,33 @@ def test_cuda_and_triton_gumbel_are_bit_identical_on_the_gpu():
     theirs = _triton(*keys, noise.STREAM_GUMBEL)
     for a, b in zip(ours, theirs, strict=True):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("vocab", [1000, 4096, 5000])
+def test_exponential_race_equals_reference(vocab):
+    """``kernels.noise.exponential_race`` (one launch, the noise in registers) = the reference's
+    ``argmax_v w_v / E_v`` on softmax rows, rows with zeros (a truncation's -inf), ties of
+    weight, a row of zeros (all ids tie: the first) and a NaN row (torch's argmax: the first
+    NaN); vocabularies below, at and past one block of 2048 ids. Bit for bit on a GPU; on the
+    CPU the interpreter's logs are within an ulp of the reference's, so its rows are drawn far
+    from near-ties (the same seeds every run)."""
+    pytest.importorskip("triton")
+    from flashspec_export.kernels import noise as triton_noise
+    from flashspec_export.reference.sampled_verify import exponential_race
+
+    g = torch.Generator().manual_seed(vocab)
+    n, width = 3, 4
+    weights = torch.softmax(4 * torch.randn(n, width, vocab, generator=g), dim=-1)
+    weights[0, 1, ::3] = 0.0
+    weights[1, 0] = 0.0
+    weights[1, 2, vocab // 2 :] = weights[1, 2, : vocab - vocab // 2].clone()
+    weights[2, 3, 7] = float("nan")
+    seed = torch.tensor([0, 2**62, noise.MAX_SEED])
+    positions = torch.tensor([[0, 1, 2, 3], [noise.P - 4, noise.P - 3, noise.P - 2, noise.P - 1],
+                              [5, 6, 7, 8]])  # fmt: skip
+    want = exponential_race(weights, seed, positions, noise.STREAM_GUMBEL)
+    got = triton_noise.exponential_race(
+        weights.to(DEVICE), seed.to(DEVICE), positions.to(DEVICE), noise.STREAM_GUMBEL
+    )
+    assert torch.equal(got.cpu(), want), (got.cpu(), want)
+    assert int(got[1, 0]) == 0 and int(got[2, 3]) == 7
