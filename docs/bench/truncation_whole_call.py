@@ -5,14 +5,22 @@ read keeps them out of a CUDA graph), mean of ``--calls`` calls on fresh hidden 
 (Llama-3-8B head, bf16, logits of std 4, γ 3): the time and the share of calls that recomputed.
 
     python docs/bench/truncation_whole_call.py --rows 16 128 512    # truncation_whole_call_h200.log
+
+``--breakdown``: also each whole call's largest kernels (``kernel_times``: eager calls under
+``torch.profiler``, µs a call), where the recompute's time goes.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import pathlib
+import sys
 
 import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from kernel_times import kernel_times  # beside this script
 
 from flashspec_export.config import HeadShape
 from flashspec_export.kernels import verify_resample as vr
@@ -39,6 +47,16 @@ def timed(fn, inputs) -> float:
     return 1000 * start.elapsed_time(end) / len(inputs)
 
 
+def truncation_of(n: int, k: int | None, p: float | None) -> dict:
+    """``verify_resample``'s top_k / top_p arguments for ``n`` sequences."""
+    truncation = {}
+    if k is not None:
+        truncation["top_k"] = torch.full((n,), k, device="cuda")
+    if p is not None:
+        truncation["top_p"] = torch.full((n,), p, device="cuda")
+    return truncation
+
+
 def verify(lm, fixed, hidden, drafts, **options):
     """``verify_resample`` on ``hidden``, ``drafts`` and the head ``lm``; ``fixed``: the
     temperatures, seeds, positions and vocabulary size."""
@@ -49,6 +67,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", nargs="+", type=int, default=[16, 128, 512])
     parser.add_argument("--calls", type=int, default=20)
+    parser.add_argument("--breakdown", action="store_true")
     args = parser.parse_args()
     head = HeadShape.from_name("llama3-8b")
     torch.manual_seed(0)
@@ -74,11 +93,7 @@ def main() -> None:
         plain = timed(call, inputs)
         cells = [f"verify {plain:.0f}"]
         for label, (k, p) in CALLS.items():
-            truncation = {}
-            if k is not None:
-                truncation["top_k"] = torch.full((n,), k, device="cuda")
-            if p is not None:
-                truncation["top_p"] = torch.full((n,), p, device="cuda")
+            truncation = truncation_of(n, k, p)
             settle = functools.partial(call, settle_only=True, **truncation)
             recomputing = sum(bool(settle(*x)[1].any()) for x in inputs)
             whole = timed(functools.partial(call, **truncation), inputs)
@@ -88,6 +103,13 @@ def main() -> None:
                 f"({only / plain:.2f}), {recomputing} of {len(inputs)} calls recompute"
             )
         print(f"R={rows}: " + "; ".join(cells), flush=True)
+        if args.breakdown:
+            for label, (k, p) in CALLS.items():
+                truncation = truncation_of(n, k, p)
+                times = kernel_times(functools.partial(call, *inputs[0], **truncation))
+                top = sorted(times.items(), key=lambda t: -t[1][1])[:8]
+                parts = "; ".join(f"{name} {us:.0f} ({count}x)" for name, (count, us) in top)
+                print(f"  R={rows} {label}, one call's largest kernels: {parts}", flush=True)
 
 
 if __name__ == "__main__":
