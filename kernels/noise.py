@@ -239,48 +239,65 @@ def _exponential_race_kernel(
     weights_ptr,  # [M, V] float32, rows of unit stride
     seed_ptr,  # [M] int64
     position_ptr,  # [M] int64
-    out_ptr,  # [M] int64 out
+    score_ptr,  # [M, num_chunks] float32 out: each chunk's best w / E (NaN as +inf)
+    index_ptr,  # [M, num_chunks] int64 out: its first id
     vocab,
     stream,
     LIBDEVICE: tl.constexpr,
+    CHUNK: tl.constexpr,  # ids a program races, a multiple of BLOCK
     BLOCK: tl.constexpr,
 ):
-    """One row: ``argmax_v weights_v / E_v`` over its ``vocab`` ids, the first on ties."""
+    """Row ``program_id(0)``'s chunk ``program_id(1)``: ``max_v w_v / E_v`` over its ids and the
+    first id that takes it (torch.argmax's rule: NaN is the largest)."""
     m = tl.program_id(0)
+    chunk = tl.program_id(1)
     a, b = row_keys(tl.load(seed_ptr + m), tl.load(position_ptr + m), stream)
     best = tl.full([], float("-inf"), tl.float32)
-    best_id = tl.full([], 0, tl.int64)
+    best_id = (chunk * CHUNK).to(tl.int64)
     row = weights_ptr + m.to(tl.int64) * vocab
-    for start in range(0, vocab, BLOCK):
+    for start in range(chunk * CHUNK, tl.minimum(chunk * CHUNK + CHUNK, vocab), BLOCK):
         v = start + tl.arange(0, BLOCK)
         ok = v < vocab
         w = tl.load(row + v, mask=ok, other=0.0)
         e = exponential_from_bits(token_bits(a, b, v), LIBDEVICE)
         score = tl.where(ok, tl.math.div_rn(w, e), float("-inf"))
-        # torch.argmax's rule: NaN is the largest, then the first index
         score = tl.where(score == score, score, float("inf"))
         block_best, block_id = tl.max(score, 0, return_indices=True,
                                       return_indices_tie_break_left=True)  # fmt: skip
         take = block_best > best  # an earlier block keeps a tie
         best_id = tl.where(take, (start + block_id).to(tl.int64), best_id)
         best = tl.where(take, block_best, best)
-    tl.store(out_ptr + m, best_id)
+    at = m.to(tl.int64) * tl.num_programs(1) + chunk
+    tl.store(score_ptr + at, best)
+    tl.store(index_ptr + at, best_id)
+
+
+# Ids a program of the race takes: 16 programs a row on a 128k vocabulary (one a row took 360 µs
+# for 16 rows on an H200, docs/bench/truncation_whole_call_h200.log).
+RACE_CHUNK = 8192
 
 
 def exponential_race(weights, seed, positions, stream: int):
-    """``reference.sampled_verify.exponential_race`` in one launch, the noise computed in
-    registers (the reference materialises it in int64, dozens of passes over [N, R, V]):
-    ``weights [N, R, V]`` float32, ``seed [N]`` int64, ``positions [N, R]`` int64 -> [N, R]
-    int64. Bit for bit the reference's on a GPU (libdevice's logs, IEEE division), within the
-    interpreter's logs on the CPU."""
+    """``reference.sampled_verify.exponential_race`` with the noise computed in registers (the
+    reference materialises it in int64, dozens of passes over [N, R, V]): each row raced in
+    chunks of ``RACE_CHUNK`` ids, then the first id of the best chunk scores. ``weights [N, R,
+    V]`` float32, ``seed [N]`` int64, ``positions [N, R]`` int64 -> [N, R] int64. Bit for bit
+    the reference's on a GPU (libdevice's logs, IEEE division), within the interpreter's logs on
+    the CPU."""
     n, width, vocab = weights.shape
+    rows = n * width
     weights = weights.contiguous()
     seeds = seed.to(torch.int64)[:, None].expand(n, width).contiguous()
     positions = positions.to(torch.int64).contiguous()
-    out = torch.empty((n, width), dtype=torch.int64, device=weights.device)
-    if out.numel():
-        _exponential_race_kernel[(n * width,)](
-            weights, seeds, positions, out, vocab, stream,
-            LIBDEVICE=use_libdevice(weights), BLOCK=2048,
+    chunks = triton.cdiv(vocab, RACE_CHUNK)
+    scores = torch.empty((rows, chunks), dtype=torch.float32, device=weights.device)
+    index = torch.empty((rows, chunks), dtype=torch.int64, device=weights.device)
+    if rows:
+        _exponential_race_kernel[(rows, chunks)](
+            weights, seeds, positions, scores, index, vocab, stream,
+            LIBDEVICE=use_libdevice(weights), CHUNK=RACE_CHUNK, BLOCK=2048,
         )  # fmt: skip
-    return out
+    # the first id among the chunks' best (chunks in id order; NaN came as +inf, which ties)
+    best = scores.max(dim=1, keepdim=True).values
+    first = index.masked_fill(scores != best, torch.iinfo(torch.int64).max).min(dim=1).values
+    return first.view(n, width)

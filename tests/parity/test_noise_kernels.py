@@ -135,14 +135,15 @@ def test_cuda_and_triton_gumbel_are_bit_identical_on_the_gpu():
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("vocab", [1000, 4096, 5000])
+@pytest.mark.parametrize("vocab", [1000, 4096, 5000, 20000])
 def test_exponential_race_equals_reference(vocab):
-    """``kernels.noise.exponential_race`` (one launch, the noise in registers) = the reference's
-    ``argmax_v w_v / E_v`` on softmax rows, rows with zeros (a truncation's -inf), ties of
-    weight, a row of zeros (all ids tie: the first) and a NaN row (torch's argmax: the first
-    NaN); vocabularies below, at and past one block of 2048 ids. Bit for bit on a GPU; on the
-    CPU the interpreter's logs are within an ulp of the reference's, so its rows are drawn far
-    from near-ties (the same seeds every run)."""
+    """``kernels.noise.exponential_race`` (the noise in registers, each row in chunks of
+    ``RACE_CHUNK`` ids) = the reference's ``argmax_v w_v / E_v`` on softmax rows, rows with zeros
+    (a truncation's -inf), ties of weight, a row of zeros (all ids tie: the first) and rows with
+    NaN (torch's argmax: the first NaN, also one past the first chunk); vocabularies below, at
+    and past one block of 2048 ids, and past one chunk. Bit for bit on a GPU; on the CPU the
+    interpreter's logs are within an ulp of the reference's, so its rows are drawn far from
+    near-ties (the same seeds every run)."""
     pytest.importorskip("triton")
     from flashspec_export.kernels import noise as triton_noise
     from flashspec_export.reference.sampled_verify import exponential_race
@@ -154,6 +155,7 @@ def test_exponential_race_equals_reference(vocab):
     weights[1, 0] = 0.0
     weights[1, 2, vocab // 2 :] = weights[1, 2, : vocab - vocab // 2].clone()
     weights[2, 3, 7] = float("nan")
+    weights[2, 2, [vocab - 5, vocab - 3]] = float("nan")  # past the first chunk where V > 8192
     seed = torch.tensor([0, 2**62, noise.MAX_SEED])
     positions = torch.tensor([[0, 1, 2, 3], [noise.P - 4, noise.P - 3, noise.P - 2, noise.P - 1],
                               [5, 6, 7, 8]])  # fmt: skip
@@ -162,4 +164,5 @@ def test_exponential_race_equals_reference(vocab):
         weights.to(DEVICE), seed.to(DEVICE), positions.to(DEVICE), noise.STREAM_GUMBEL
     )
     assert torch.equal(got.cpu(), want), (got.cpu(), want)
-    assert int(got[1, 0]) == 0 and int(got[2, 3]) == 7
+    assert int(got[1, 0]) == 0 and int(got[2, 3]) == 7 and int(got[2, 2]) == vocab - 5
+    assert vocab < triton_noise.RACE_CHUNK or bool((got >= triton_noise.RACE_CHUNK).any())
