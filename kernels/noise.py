@@ -234,13 +234,14 @@ def evaluate_noise(seed, position, token, stream: int):
     return bits, uniform, gumbel
 
 
-@triton.jit(do_not_specialize=["vocab", "stream"])
+@triton.jit(do_not_specialize=["width", "vocab", "stream"])
 def _exponential_race_kernel(
-    weights_ptr,  # [M, V] float32, rows of unit stride
-    seed_ptr,  # [M] int64
+    weights_ptr,  # [M, V] float32, rows of unit stride (M = N · width)
+    seed_ptr,  # [N] int64: row m's is m // width's
     position_ptr,  # [M] int64
     score_ptr,  # [M, num_chunks] float32 out: each chunk's best w / E (NaN as +inf)
     index_ptr,  # [M, num_chunks] int64 out: its first id
+    width,
     vocab,
     stream,
     LIBDEVICE: tl.constexpr,
@@ -251,7 +252,7 @@ def _exponential_race_kernel(
     first id that takes it (torch.argmax's rule: NaN is the largest)."""
     m = tl.program_id(0)
     chunk = tl.program_id(1)
-    a, b = row_keys(tl.load(seed_ptr + m), tl.load(position_ptr + m), stream)
+    a, b = row_keys(tl.load(seed_ptr + m // width), tl.load(position_ptr + m), stream)
     best = tl.full([], float("-inf"), tl.float32)
     best_id = (chunk * CHUNK).to(tl.int64)
     row = weights_ptr + m.to(tl.int64) * vocab
@@ -287,14 +288,14 @@ def exponential_race(weights, seed, positions, stream: int):
     n, width, vocab = weights.shape
     rows = n * width
     weights = weights.contiguous()
-    seeds = seed.to(torch.int64)[:, None].expand(n, width).contiguous()
+    seed = seed.to(torch.int64).contiguous()
     positions = positions.to(torch.int64).contiguous()
     chunks = triton.cdiv(vocab, RACE_CHUNK)
     scores = torch.empty((rows, chunks), dtype=torch.float32, device=weights.device)
     index = torch.empty((rows, chunks), dtype=torch.int64, device=weights.device)
     if rows:
         _exponential_race_kernel[(rows, chunks)](
-            weights, seeds, positions, scores, index, vocab, stream,
+            weights, seed, positions, scores, index, width, vocab, stream,
             LIBDEVICE=use_libdevice(weights), CHUNK=RACE_CHUNK, BLOCK=2048,
         )  # fmt: skip
     # the first id among the chunks' best (chunks in id order; NaN came as +inf, which ties)
